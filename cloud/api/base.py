@@ -1,0 +1,93 @@
+"""
+The API's base classes: every view of /api/v1/ derives from one of them.
+
+- ``PrincipalMixin`` resolves ``request.principal`` right after authentication.
+- ``ScopedViewSet.get_queryset`` applies ``visible_to(principal, action)`` -- the one place
+  scoping happens in the API; views never filter by tenant by hand.
+- ``TenantScopedViewSet`` serves tenant-owned models; ``PlatformViewSet`` platform-owned ones.
+- ``ScopedRelatedField`` accepts only objects the principal can see, so a payload cannot point
+  at another tenant's team (it is "not found", like one that does not exist).
+- ``StrictSerializerMixin`` refuses unknown and read-only fields instead of ignoring them.
+"""
+
+from rest_framework import serializers, viewsets
+from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
+from rest_framework.views import APIView
+
+from tenants.permissions import RolePolicy
+from tenants.principals import principal_for_request
+from tenants.scoping import CHANGE, VIEW
+
+UUID_PATTERN = r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
+
+
+def action_for(method: str) -> str:
+    return VIEW if method in SAFE_METHODS else CHANGE
+
+
+class PrincipalMixin:
+    """Sets ``request.principal`` (None when anonymous) before permissions and throttles run."""
+
+    def perform_authentication(self, request):
+        request.user  # noqa: B018 -- forces DRF to authenticate now
+        request.principal = principal_for_request(request)
+
+
+class PrincipalAPIView(PrincipalMixin, APIView):
+    """A plain API view that still knows its principal (``/me``)."""
+
+
+class ScopedViewSet(PrincipalMixin, viewsets.GenericViewSet):
+    """Base of every resource viewset: scoped queryset, role policy, UUID lookups."""
+
+    policy: str = ""
+    permission_classes = [IsAuthenticated, RolePolicy]
+    lookup_value_regex = UUID_PATTERN
+
+    def get_queryset(self):
+        return super().get_queryset().visible_to(self.request.principal, action_for(self.request.method))
+
+    @property
+    def principal(self):
+        return self.request.principal
+
+
+class TenantScopedViewSet(ScopedViewSet):
+    """Viewset of a tenant-owned model: tenant B gets 404 on tenant A's objects."""
+
+
+class PlatformViewSet(ScopedViewSet):
+    """Viewset of a platform-owned model (inventory, catalogue)."""
+
+
+class ScopedRelatedField(serializers.PrimaryKeyRelatedField):
+    """A related object by id, looked up only among the objects the principal can see."""
+
+    def get_queryset(self):
+        request = self.context["request"]
+        return super().get_queryset().visible_to(getattr(request, "principal", None))
+
+
+class StrictSerializerMixin:
+    """Unknown fields and read-only fields in a payload are a 400, not silently dropped."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            errors = {}
+            for name in data:
+                field = self.fields.get(name)
+                if field is None:
+                    errors[name] = [serializers.ErrorDetail("This field is not accepted here.", code="unknown_field")]
+                elif field.read_only:
+                    errors[name] = [serializers.ErrorDetail("This field is read-only.", code="read_only")]
+            if errors:
+                raise serializers.ValidationError(errors)
+        return super().to_internal_value(data)
+
+
+class StrictSerializer(StrictSerializerMixin, serializers.Serializer):
+    pass
+
+
+class StrictModelSerializer(StrictSerializerMixin, serializers.ModelSerializer):
+    pass

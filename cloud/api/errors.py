@@ -1,0 +1,66 @@
+"""
+The API's one error format (drf-standardized-errors), extended for domain errors:
+
+    {"type": "client_error", "errors": [{"code": "quota_exceeded", "detail": "...", "attr": null,
+                                         "meta": {"limit": 8, "in_use": 6, "asked": 4}}]}
+
+Database conflicts that slip past a service's checks (a unique race, a protected delete) are a
+409, never a 500. Unknown /api/ URLs get the same shape (``not_found``).
+"""
+
+from dataclasses import asdict
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError
+from django.db.models import ProtectedError
+from django.http import JsonResponse
+from drf_standardized_errors import formatter, handler
+from rest_framework import exceptions, status
+
+from cloud.errors import Conflict
+from cloud.middleware import error_body
+
+
+class ExceptionHandler(handler.ExceptionHandler):
+    def convert_known_exceptions(self, exc):
+        if isinstance(exc, ProtectedError):
+            return Conflict("The object is still in use by other objects; remove those first.", code="protected")
+        if isinstance(exc, IntegrityError):
+            return Conflict("The change conflicts with existing data (a duplicate or a concurrent change).",
+                            code="integrity_conflict")
+        if isinstance(exc, DjangoValidationError):
+            detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+            return exceptions.ValidationError(detail)
+        return super().convert_known_exceptions(exc)
+
+
+class ExceptionFormatter(formatter.ExceptionFormatter):
+    def get_error_type(self):
+        if self.exc.status_code == status.HTTP_400_BAD_REQUEST and isinstance(self.exc.detail, dict):
+            return formatter.VALIDATION_ERROR
+        return super().get_error_type()
+
+    def format_error_response(self, error_response):
+        data = asdict(error_response)
+        meta = getattr(self.exc, "meta", None)
+        if meta:
+            for error in data["errors"]:
+                error["meta"] = meta
+        return data
+
+
+def api_not_found(request, exception=None):
+    """JSON 404 for unknown URLs under /api/; the console keeps Django's page."""
+    from django.views.defaults import page_not_found
+
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("client_error", "not_found", "No API endpoint matches this URL."), status=404)
+    return page_not_found(request, exception)
+
+
+def api_server_error(request):
+    from django.views.defaults import server_error
+
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("server_error", "error", "Server Error (500)"), status=500)
+    return server_error(request)

@@ -1,0 +1,8 @@
+"""Page-number pagination, capped: every list orders by an explicit field, so pages are stable."""
+
+from rest_framework.pagination import PageNumberPagination
+
+
+class Pagination(PageNumberPagination):
+    page_size_query_param = "page_size"
+    max_page_size = 200

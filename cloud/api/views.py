@@ -1,0 +1,140 @@
+"""Inventory and catalogue API. Tenants read the catalogue with aggregate availability; staff the rest."""
+
+from django.db.models import Count, Q
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from .. import services
+from ..capacity import availability
+from ..choices import SwitchTier
+from ..filtersets import GPUFilterSet, NodeFilterSet, OfferingFilterSet
+from ..models import GPU, Fabric, GPUModel, Node, Offering, Region
+from . import serializers as s
+from .base import PlatformViewSet
+
+
+class ReadMixin(mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    pass
+
+
+class CatalogueWriteMixin:
+    """Create and partial update through the viewset's named services."""
+
+    create_service = None
+    update_service = None
+    update_kwarg = ""
+
+    def create(self, request):
+        data = self.get_serializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        obj = type(self).create_service(actor=request.principal, **data.validated_data)
+        return Response(self.get_serializer(obj).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, pk=None):
+        obj = self.get_object()
+        data = self.get_serializer(obj, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        if data.validated_data:
+            obj = type(self).update_service(actor=request.principal, **{self.update_kwarg: obj},
+                                            **data.validated_data)
+        return Response(self.get_serializer(obj).data)
+
+
+class RegionViewSet(ReadMixin, CatalogueWriteMixin, PlatformViewSet):
+    policy = "regions"
+    queryset = Region.objects.all()
+    serializer_class = s.RegionSerializer
+    filterset_fields = ["slug", "is_active"]
+    ordering_fields = ["slug", "name"]
+    ordering = ["slug"]
+    create_service = services.region_create
+    update_service = services.region_update
+    update_kwarg = "region"
+
+
+class GPUModelViewSet(ReadMixin, CatalogueWriteMixin, PlatformViewSet):
+    policy = "gpu-models"
+    queryset = GPUModel.objects.all()
+    serializer_class = s.GPUModelSerializer
+    filterset_fields = ["slug", "vendor"]
+    ordering_fields = ["slug", "memory_gib", "fp16_tflops", "fp8_tflops"]
+    ordering = ["slug"]
+    create_service = services.gpu_model_create
+    update_service = services.gpu_model_update
+    update_kwarg = "gpu_model"
+
+
+class OfferingViewSet(ReadMixin, CatalogueWriteMixin, PlatformViewSet):
+    """Offerings with list prices and, per region, how many units could start now."""
+
+    policy = "offerings"
+    queryset = Offering.objects.select_related("gpu_model")
+    serializer_class = s.OfferingSerializer
+    filterset_class = OfferingFilterSet
+    ordering_fields = ["slug", "price_per_gpu_hour", "kind"]
+    ordering = ["slug"]
+    create_service = services.offering_create
+    update_service = services.offering_update
+    update_kwarg = "offering"
+
+    def get_serializer_context(self):
+        return super().get_serializer_context() | {"availability": getattr(self, "_availability", {})}
+
+    def paginate_queryset(self, queryset):
+        page = super().paginate_queryset(queryset)
+        self._availability = availability(list(page if page is not None else queryset))
+        return page
+
+    def get_object(self):
+        obj = super().get_object()
+        self._availability = availability([obj])
+        return obj
+
+
+class FabricViewSet(ReadMixin, PlatformViewSet):
+    policy = "fabrics"
+    queryset = Fabric.objects.select_related("region").annotate(
+        leaf_count=Count("switches", filter=Q(switches__tier=SwitchTier.LEAF), distinct=True),
+        spine_count=Count("switches", filter=Q(switches__tier=SwitchTier.SPINE), distinct=True),
+        node_count=Count("nodes", distinct=True),
+    )
+    serializer_class = s.FabricSerializer
+    filterset_fields = ["region"]
+    ordering_fields = ["slug", "created_at"]
+    ordering = ["slug"]
+
+
+class NodeViewSet(ReadMixin, PlatformViewSet):
+    """The fleet (staff). Maintenance holds and releases a node through the transition table."""
+
+    policy = "nodes"
+    queryset = Node.objects.select_related("region", "leaf").annotate(gpu_count=Count("gpus"))
+    serializer_class = s.NodeSerializer
+    filterset_class = NodeFilterSet
+    ordering_fields = ["hostname", "state", "state_changed_at", "created_at"]
+    ordering = ["hostname"]
+
+    @extend_schema(request=s.NodeMaintenanceSerializer, responses=s.NodeSerializer, methods=["POST"])
+    @extend_schema(request=None, responses=s.NodeSerializer, methods=["DELETE"])
+    @action(detail=True, methods=["post", "delete"])
+    def maintenance(self, request, pk=None):
+        """POST holds the node for maintenance (with a reason); DELETE returns it to its pool."""
+        node = self.get_object()
+        if request.method == "POST":
+            data = s.NodeMaintenanceSerializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            services.node_maintenance_start(actor=request.principal, node=node, reason=data.validated_data["reason"])
+        else:
+            services.node_maintenance_end(actor=request.principal, node=node)
+        return Response(self.get_serializer(self.get_object()).data)
+
+
+class GPUViewSet(ReadMixin, PlatformViewSet):
+    policy = "gpus"
+    queryset = GPU.objects.select_related("node", "model")
+    serializer_class = s.GPUSerializer
+    filterset_class = GPUFilterSet
+    ordering_fields = ["index", "state", "health"]
+    ordering = ["node__hostname", "index"]

@@ -1,0 +1,61 @@
+"""
+What can be sold right now, per offering and region: aggregate counts only, never identities.
+
+Read-only selectors. A bare-metal unit is a whole available node; a VM or container unit needs
+``gpus_per_unit`` available GPUs on one shared host; a fractional unit is one slot of a GPU.
+Spares, nodes that are not serving, and unhealthy GPUs never count.
+"""
+
+from collections import defaultdict
+
+from django.db.models import Count
+
+from .choices import GPUState, Health, NodePool, NodeState, OfferingKind
+from .models import GPU, Node, Offering
+
+SELLABLE_HEALTH = [Health.HEALTHY, Health.DEGRADED]
+
+
+def availability(offerings: list[Offering]) -> dict:
+    """``{offering_id: {region_slug: {"units": n, "gpus": g}}}`` in two queries, whatever the fleet size."""
+    model_ids = {o.gpu_model_id for o in offerings}
+    # Whole available bare-metal nodes per (region, GPU model).
+    nodes = defaultdict(int)
+    if any(o.kind == OfferingKind.BARE_METAL for o in offerings):
+        rows = (
+            Node.objects.filter(pool=NodePool.BARE_METAL, state=NodeState.AVAILABLE, is_spare=False,
+                                health__in=SELLABLE_HEALTH, gpus__model_id__in=model_ids)
+            .values("region__slug", "gpus__model_id")
+            .annotate(n=Count("id", distinct=True))
+        )
+        for row in rows:
+            nodes[(row["region__slug"], row["gpus__model_id"])] += row["n"]
+    # Available GPUs per shared host, kept per host because a unit cannot span hosts.
+    per_host = defaultdict(list)
+    if any(o.kind != OfferingKind.BARE_METAL for o in offerings):
+        rows = (
+            GPU.objects.filter(node__pool=NodePool.SHARED, node__state=NodeState.IN_SERVICE, node__is_spare=False,
+                               state=GPUState.AVAILABLE, health__in=SELLABLE_HEALTH, model_id__in=model_ids)
+            .values("node_id", "node__region__slug", "model_id")
+            .annotate(n=Count("id"))
+        )
+        for row in rows:
+            per_host[(row["node__region__slug"], row["model_id"])].append(row["n"])
+    regions = {region for region, _ in nodes} | {region for region, _ in per_host}
+
+    result = {}
+    for offering in offerings:
+        by_region = {}
+        for region in sorted(regions):
+            key = (region, offering.gpu_model_id)
+            if offering.kind == OfferingKind.BARE_METAL:
+                units = nodes.get(key, 0)
+                gpus = units * offering.gpus_per_unit
+            else:
+                hosts = per_host.get(key, [])
+                units = sum(n // offering.gpus_per_unit for n in hosts) * offering.slots_per_gpu
+                gpus = sum(hosts)
+            if units or gpus:
+                by_region[region] = {"units": units, "gpus": gpus}
+        result[offering.pk] = by_region
+    return result

@@ -1,0 +1,11 @@
+"""The Celery application: configured from Django settings (CELERY_ namespace)."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cloud.settings")
+
+app = Celery("cloud", task_cls="celery.contrib.django.task:DjangoTask")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

@@ -1,0 +1,69 @@
+"""States and kinds of the infrastructure inventory."""
+
+from django.db import models
+
+
+class NodeState(models.TextChoices):
+    """Node lifecycle (in the spirit of OpenStack Ironic); legal moves are in cloud.transitions."""
+
+    ENROLLED = "enrolled", "Enrolled"
+    VALIDATING = "validating", "Validating (burn-in)"
+    AVAILABLE = "available", "Available"
+    ALLOCATED = "allocated", "Allocated (bare metal)"
+    IN_SERVICE = "in_service", "In service (shared host)"
+    RELEASING = "releasing", "Releasing (cleaning)"
+    SUSPECT = "suspect", "Suspect (missed heartbeats)"
+    QUARANTINED = "quarantined", "Quarantined"
+    REFERENCE_UNAVAILABLE = "reference_unavailable", "Reference values unavailable"
+    FAULTY = "faulty", "Faulty"
+    REPAIR = "repair", "In repair"
+    MAINTENANCE = "maintenance", "Maintenance (operator hold)"
+
+
+class GPUState(models.TextChoices):
+    """Lifecycle of one GPU of a shared host; a bare-metal node's GPUs follow their node."""
+
+    AVAILABLE = "available", "Available"
+    ALLOCATED = "allocated", "Allocated"
+    SCRUBBING = "scrubbing", "Scrubbing"
+    QUARANTINED = "quarantined", "Quarantined"
+
+
+class Health(models.TextChoices):
+    """Last known health of a node or GPU."""
+
+    HEALTHY = "healthy", "Healthy"
+    DEGRADED = "degraded", "Degraded"
+    FAILED = "failed", "Failed"
+    UNKNOWN = "unknown", "Unknown"
+
+
+class NodePool(models.TextChoices):
+    """Bare-metal nodes are sold whole; shared hosts run several tenants' VMs and containers."""
+
+    BARE_METAL = "bare_metal", "Bare metal"
+    SHARED = "shared", "Shared host"
+
+
+class SwitchTier(models.TextChoices):
+    """Tiers of an InfiniBand fat tree; each node hangs off one leaf."""
+
+    LEAF = "leaf", "Leaf"
+    SPINE = "spine", "Spine"
+    CORE = "core", "Core"
+
+
+class OfferingKind(models.TextChoices):
+    """What is sold: whole servers, passthrough VMs, or containers (whole or fractional GPUs)."""
+
+    BARE_METAL = "bare_metal", "Bare metal"
+    VM = "vm", "Virtual machine"
+    CONTAINER = "container", "Container"
+
+
+class IsolationMode(models.TextChoices):
+    """How an offering keeps tenants' GPU memory apart."""
+
+    EXCLUSIVE = "exclusive", "Exclusive GPU"
+    MIG = "mig", "MIG partition"
+    SHARED = "shared", "Shared with a memory cap"

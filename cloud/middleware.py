@@ -1,0 +1,66 @@
+"""Request-wide plumbing: a request id for logs and audit events, and the body size limit."""
+
+import contextvars
+import re
+import uuid
+
+from django.conf import settings
+from django.http import JsonResponse
+
+_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
+
+
+def current_request_id() -> str | None:
+    """The id of the request being served, or None outside a request (tasks, commands)."""
+    return _request_id.get()
+
+
+class RequestIdMiddleware:
+    """Give every request an id (the client's ``X-Request-ID`` when well-formed) and echo it."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        offered = request.headers.get("X-Request-ID", "")
+        request.id = offered if _CLIENT_ID.match(offered) else uuid.uuid4().hex
+        token = _request_id.set(request.id)
+        try:
+            response = self.get_response(request)
+        finally:
+            _request_id.reset(token)
+        response["X-Request-ID"] = request.id
+        return response
+
+
+def error_body(status_type: str, code: str, detail: str, attr: str | None = None) -> dict:
+    """The one error shape every 4xx/5xx of the API has (drf-standardized-errors)."""
+    return {"type": status_type, "errors": [{"code": code, "detail": detail, "attr": attr}]}
+
+
+class BodySizeLimitMiddleware:
+    """
+    Refuse a body larger than DATA_UPLOAD_MAX_MEMORY_SIZE with a JSON 413 before anything reads it.
+
+    Django only enforces the limit when ``request.body`` is read; DRF's parsers read the stream
+    directly, so without this a 5 MB JSON body would be parsed in full.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if limit is not None and length > limit:
+            body = error_body(
+                "client_error",
+                "request_too_large",
+                f"The request body is {length} bytes; the limit is {limit} bytes.",
+            )
+            return JsonResponse(body, status=413)
+        return self.get_response(request)

@@ -1,0 +1,297 @@
+"""
+The infrastructure inventory: regions, InfiniBand fabrics and switches, nodes, GPUs, the GPU
+model catalogue and the offerings sold on them. Platform-owned: tenants see offerings and
+aggregate availability, never a node or GPU identity.
+"""
+
+import uuid
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from security.crypto import EncryptedTextField
+
+from .choices import GPUState, Health, IsolationMode, NodePool, NodeState, OfferingKind, SwitchTier
+
+PKEY_MIN = 0x0001
+PKEY_MAX = 0x7FFE  # 0x7FFF is the default (management) partition and is never handed out.
+
+
+class PlatformQuerySet(models.QuerySet):
+    """Platform-owned rows: staff see all of them; tenants see them only where a model opts in."""
+
+    tenant_readable = False
+
+    def visible_to(self, principal, action="view"):
+        if principal is None:
+            return self.none()
+        if principal.is_platform:
+            return self.all() if (action == "view" or principal.is_platform_admin) else self.none()
+        return self.all() if (self.tenant_readable and action == "view") else self.none()
+
+
+class CatalogueQuerySet(PlatformQuerySet):
+    """The public catalogue (regions, GPU models, offerings): every signed-in principal reads it."""
+
+    tenant_readable = True
+
+
+class Region(models.Model):
+    """A location with its own fabrics and nodes; a reservation names one or more regions."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=100)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = CatalogueQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self):
+        return self.slug
+
+
+class GPUModel(models.Model):
+    """A catalogue row with the published figures a logical GPU spec is matched against."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=100)
+    vendor = models.CharField(max_length=50, default="NVIDIA")
+    memory_gib = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(4096)])
+    memory_bandwidth_tbs = models.DecimalField(
+        max_digits=6, decimal_places=2, validators=[MinValueValidator(0), MaxValueValidator(1000)]
+    )
+    fp16_tflops = models.DecimalField(
+        "dense FP16/BF16 TFLOPS", max_digits=8, decimal_places=1,
+        validators=[MinValueValidator(0), MaxValueValidator(1_000_000)],
+    )
+    fp8_tflops = models.DecimalField(
+        "dense FP8 TFLOPS", max_digits=8, decimal_places=1, null=True, blank=True,
+        validators=[MinValueValidator(0), MaxValueValidator(1_000_000)],
+    )
+    mig_max_instances = models.PositiveSmallIntegerField(
+        default=0, validators=[MaxValueValidator(64)], help_text="0 when the GPU has no MIG support."
+    )
+    tdp_watts = models.PositiveIntegerField(validators=[MaxValueValidator(100_000)])
+
+    objects = CatalogueQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["slug"]
+        verbose_name = "GPU model"
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def supports_mig(self) -> bool:
+        return self.mig_max_instances > 0
+
+
+class Fabric(models.Model):
+    """An InfiniBand fabric of one region: a fat tree of switches and a pool of partition keys."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="fabrics")
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=50)
+    pkey_min = models.PositiveIntegerField(default=PKEY_MIN)
+    pkey_max = models.PositiveIntegerField(default=PKEY_MAX)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = PlatformQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["region__slug", "slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["region", "slug"], name="fabric_slug_unique_per_region"),
+            models.CheckConstraint(
+                condition=Q(pkey_min__gte=PKEY_MIN, pkey_max__lte=PKEY_MAX, pkey_min__lte=models.F("pkey_max")),
+                name="fabric_pkey_pool_in_range",
+                violation_error_message="The P_Key pool must lie within 0x0001-0x7FFE.",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.region.slug}/{self.slug}"
+
+
+class Switch(models.Model):
+    """One switch of a fabric; ``pod`` groups leaves under the same spine block."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    fabric = models.ForeignKey(Fabric, on_delete=models.CASCADE, related_name="switches")
+    name = models.CharField(max_length=100)
+    tier = models.CharField(max_length=8, choices=SwitchTier.choices)
+    pod = models.PositiveIntegerField(default=0)
+
+    objects = PlatformQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["fabric", "tier", "name"]
+        verbose_name_plural = "switches"
+        constraints = [models.UniqueConstraint(fields=["fabric", "name"], name="switch_name_unique_per_fabric")]
+
+    def __str__(self):
+        return self.name
+
+
+class Node(models.Model):
+    """
+    A GPU server. Bare-metal nodes are sold whole; shared hosts run tenants' VMs and containers.
+    Its BMC password is encrypted at rest and never leaves the control plane through the API.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    hostname = models.CharField(max_length=253, unique=True)
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="nodes")
+    fabric = models.ForeignKey(Fabric, on_delete=models.PROTECT, related_name="nodes")
+    leaf = models.ForeignKey(
+        Switch, on_delete=models.PROTECT, related_name="nodes", limit_choices_to={"tier": SwitchTier.LEAF}
+    )
+    pool = models.CharField(max_length=16, choices=NodePool.choices, default=NodePool.BARE_METAL)
+    is_spare = models.BooleanField(default=False, help_text="Held back for fast replacement of failed nodes.")
+    bmc_address = models.CharField(max_length=255, help_text="Redfish endpoint of the node's BMC.")
+    bmc_username = models.CharField(max_length=64, blank=True)
+    bmc_password = EncryptedTextField(blank=True)
+    cpu_cores = models.PositiveIntegerField()
+    ram_gib = models.PositiveIntegerField()
+    nvme_tb = models.DecimalField(max_digits=6, decimal_places=2)
+    state = models.CharField(max_length=24, choices=NodeState.choices, default=NodeState.ENROLLED)
+    state_reason = models.CharField(max_length=500, blank=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = PlatformQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["hostname"]
+        indexes = [models.Index(fields=["region", "pool", "state"], name="node_capacity_idx")]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=NodeState.values), name="node_state_valid"),
+            models.CheckConstraint(condition=Q(cpu_cores__gt=0, ram_gib__gt=0), name="node_sizes_positive"),
+        ]
+
+    def __str__(self):
+        return self.hostname
+
+    def clean(self):
+        super().clean()
+        if self.fabric_id and self.region_id and self.fabric.region_id != self.region_id:
+            raise ValidationError({"fabric": f"Fabric {self.fabric} is not in region {self.region}."})
+        if self.leaf_id and self.fabric_id and self.leaf.fabric_id != self.fabric_id:
+            raise ValidationError({"leaf": f"Switch {self.leaf} is not on fabric {self.fabric}."})
+
+
+class GPU(models.Model):
+    """One GPU of a node. On shared hosts it is the unit that is allocated, scrubbed and re-verified."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField("GPU UUID", max_length=64, unique=True)
+    serial = models.CharField(max_length=64, unique=True)
+    pci_bus_id = models.CharField(max_length=32)
+    model = models.ForeignKey(GPUModel, on_delete=models.PROTECT, related_name="gpus")
+    memory_mib = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=GPUState.choices, default=GPUState.AVAILABLE)
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
+    mig_enabled = models.BooleanField(default=False)
+
+    objects = PlatformQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["node__hostname", "index"]
+        verbose_name = "GPU"
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_index_unique_per_node"),
+            models.UniqueConstraint(fields=["node", "pci_bus_id"], name="gpu_pci_unique_per_node"),
+            models.CheckConstraint(condition=Q(state__in=GPUState.values), name="gpu_state_valid"),
+        ]
+        indexes = [models.Index(fields=["model", "state"], name="gpu_capacity_idx")]
+
+    def __str__(self):
+        return f"{self.node.hostname}/gpu{self.index}"
+
+
+class Offering(models.Model):
+    """
+    What is sold: a kind of instance on a GPU model, with list prices per GPU-hour.
+
+    Fractional container offerings cut each GPU into ``slots_per_gpu`` memory slots; everything
+    else sells whole GPUs (``slots_per_gpu`` 1).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=OfferingKind.choices)
+    gpu_model = models.ForeignKey(GPUModel, on_delete=models.PROTECT, related_name="offerings")
+    gpus_per_unit = models.PositiveSmallIntegerField(validators=[MinValueValidator(1), MaxValueValidator(8)])
+    slots_per_gpu = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
+    )
+    isolation_mode = models.CharField(max_length=16, choices=IsolationMode.choices, default=IsolationMode.EXCLUSIVE)
+    price_per_gpu_hour = models.DecimalField(
+        max_digits=8, decimal_places=4, validators=[MinValueValidator(0), MaxValueValidator(10_000)]
+    )
+    reserved_discount_pct = models.DecimalField(
+        max_digits=5, decimal_places=2, default=0, validators=[MinValueValidator(0), MaxValueValidator(100)]
+    )
+    spot_available = models.BooleanField(default=False)
+    spot_floor_price = models.DecimalField(
+        max_digits=8, decimal_places=4, null=True, blank=True,
+        validators=[MinValueValidator(0), MaxValueValidator(10_000)],
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = CatalogueQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(kind=OfferingKind.BARE_METAL) | Q(gpus_per_unit=8, slots_per_gpu=1),
+                name="offering_bare_metal_whole_node",
+                violation_error_message="A bare-metal offering sells whole 8-GPU nodes.",
+            ),
+            models.CheckConstraint(
+                condition=Q(slots_per_gpu=1) | Q(kind=OfferingKind.CONTAINER, gpus_per_unit=1),
+                name="offering_fractions_only_for_single_gpu_containers",
+                violation_error_message="Only single-GPU container offerings may be fractional.",
+            ),
+            models.CheckConstraint(
+                condition=Q(spot_available=False) | Q(spot_floor_price__isnull=False),
+                name="offering_spot_needs_floor",
+                violation_error_message="A spot variant needs a floor price.",
+            ),
+        ]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def pool(self) -> str:
+        return NodePool.BARE_METAL if self.kind == OfferingKind.BARE_METAL else NodePool.SHARED
+
+    @property
+    def reserved_price_per_gpu_hour(self):
+        return (self.price_per_gpu_hour * (100 - self.reserved_discount_pct) / 100).quantize(self.price_per_gpu_hour)
+
+    def clean(self):
+        super().clean()
+        if self.isolation_mode == IsolationMode.MIG and self.gpu_model_id and not self.gpu_model.supports_mig:
+            raise ValidationError({"isolation_mode": f"{self.gpu_model} does not support MIG."})
+        if self.spot_available and self.spot_floor_price is None:
+            raise ValidationError({"spot_floor_price": "A spot variant needs a floor price."})
+        floor, price = self.spot_floor_price, self.price_per_gpu_hour
+        if floor is not None and price is not None and floor > price:
+            raise ValidationError({"spot_floor_price": "The spot floor cannot exceed the on-demand price."})

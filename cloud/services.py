@@ -1,0 +1,107 @@
+"""
+State changes of the inventory and the catalogue. Each writes one audit event in its transaction.
+"""
+
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+from django.db.models import Model
+from django.utils import timezone
+
+from security.audit import audit_record, snapshot
+
+from .choices import NodePool, NodeState
+from .errors import Conflict
+from .models import GPUModel, Node, Offering, Region
+from .transitions import NODE_TRANSITIONS, compare_and_set
+
+#
+# Catalogue: regions, GPU models, offerings
+#
+
+
+def _catalogue_save(*, actor, instance: Model, changes: dict, action: str) -> Model:
+    """Apply ``changes``, validate the row (constraints included), save and audit."""
+    is_new = instance._state.adding
+    before = None if is_new else snapshot(instance, list(changes))
+    for field, value in changes.items():
+        setattr(instance, field, value)
+    instance.full_clean()
+    try:
+        with transaction.atomic():
+            instance.save()
+    except IntegrityError:
+        raise Conflict(f"A {instance._meta.verbose_name} with this slug already exists.", code="duplicate") from None
+    audit_record(actor=actor, action=action, target=instance, before=before, after=snapshot(instance, list(changes)))
+    return instance
+
+
+@transaction.atomic
+def region_create(*, actor, **fields) -> Region:
+    """Add a region to the catalogue."""
+    return _catalogue_save(actor=actor, instance=Region(), changes=fields, action="region.create")
+
+
+@transaction.atomic
+def region_update(*, actor, region: Region, **changes) -> Region:
+    """Rename or (de)activate a region."""
+    return _catalogue_save(actor=actor, instance=region, changes=changes, action="region.update")
+
+
+@transaction.atomic
+def gpu_model_create(*, actor, **fields) -> GPUModel:
+    """Add a GPU model with its published figures."""
+    return _catalogue_save(actor=actor, instance=GPUModel(), changes=fields, action="gpu_model.create")
+
+
+@transaction.atomic
+def gpu_model_update(*, actor, gpu_model: GPUModel, **changes) -> GPUModel:
+    """Correct a GPU model's figures."""
+    return _catalogue_save(actor=actor, instance=gpu_model, changes=changes, action="gpu_model.update")
+
+
+@transaction.atomic
+def offering_create(*, actor, **fields) -> Offering:
+    """Put a new offering on sale."""
+    return _catalogue_save(actor=actor, instance=Offering(), changes=fields, action="offering.create")
+
+
+@transaction.atomic
+def offering_update(*, actor, offering: Offering, **changes) -> Offering:
+    """Change an offering's prices or terms, or take it off sale (is_active)."""
+    return _catalogue_save(actor=actor, instance=offering, changes=changes, action="offering.update")
+
+
+#
+# Nodes
+#
+
+
+@transaction.atomic
+def node_transition(
+    *, actor, node: Node, target: str, reason: str = "", only_from: frozenset[str] | None = None
+) -> Node:
+    """
+    Move a node to ``target`` if the transition table allows it from its current state
+    (compare-and-set: a concurrent move makes this a 409 naming the state it found).
+    """
+    now = timezone.now()
+    previous = compare_and_set(
+        Node.objects.all(), node.pk, table=NODE_TRANSITIONS, target=target, only_from=only_from,
+        state_reason=reason[:500], state_changed_at=now,
+    )
+    node.refresh_from_db(fields=["state", "state_reason", "state_changed_at"])
+    audit_record(actor=actor, action="node.transition", target=node, before={"state": previous},
+                 after={"state": target, "reason": reason[:500]})
+    return node
+
+
+def node_maintenance_start(*, actor, node: Node, reason: str) -> Node:
+    """Hold a node for the operator; a node held by a tenant cannot be (409)."""
+    return node_transition(actor=actor, node=node, target=NodeState.MAINTENANCE, reason=reason)
+
+
+def node_maintenance_end(*, actor, node: Node) -> Node:
+    """Return a held node to its pool: bare metal to ``available``, a shared host to ``in_service``."""
+    target = NodeState.IN_SERVICE if node.pool == NodePool.SHARED else NodeState.AVAILABLE
+    return node_transition(actor=actor, node=node, target=target, only_from=frozenset({NodeState.MAINTENANCE}))

@@ -1,0 +1,340 @@
+"""
+Meridian settings: one module, every value from the environment.
+
+With nothing set, Meridian runs on its embedded default: SQLite in IMMEDIATE transaction mode
+and a file-system Celery broker, both under the data folder (``var/``), and simulated drivers.
+Production sets DATABASE_URL (PostgreSQL), CELERY_BROKER_URL (RabbitMQ), REDIS_URL,
+DJANGO_SECRET_KEY, DJANGO_ALLOWED_HOSTS and MERIDIAN_ENCRYPTION_KEYS.
+See https://docs.djangoproject.com/en/5.2/ref/settings/
+"""
+
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+import environ
+from cryptography.fernet import Fernet
+from csp.constants import NONE, SELF
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+
+def _file_secret(path: Path, make) -> str:
+    """Read a secret kept in the data folder, creating it on first use (embedded mode only)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(make())
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+#
+# Core
+#
+DATA_DIR = Path(env("MERIDIAN_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+SECRET_KEY = env("DJANGO_SECRET_KEY", default=None) or _file_secret(
+    DATA_DIR / "secret_key", lambda: secrets.token_urlsafe(64)
+)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "drf_standardized_errors",
+    "django_celery_beat",
+    "axes",
+    "csp",
+    "cloud",
+    "tenants",
+    "provisioning",
+    "security",
+]
+
+MIDDLEWARE = [
+    "cloud.middleware.RequestIdMiddleware",
+    "cloud.middleware.BodySizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    # Last, as django-axes asks: it turns a lockout raised by the auth backend into a response.
+    "axes.middleware.AxesMiddleware",
+]
+
+ROOT_URLCONF = "cloud.urls"
+WSGI_APPLICATION = "cloud.wsgi.application"
+AUTH_USER_MODEL = "tenants.User"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+#
+# Database
+# https://docs.djangoproject.com/en/5.2/ref/databases/#sqlite-transaction-behavior
+#
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'meridian.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # IMMEDIATE takes the write lock at BEGIN, so read-then-write transactions never deadlock
+    # ("database is locked"); every write transaction is serialised, which is the SQLite
+    # counterpart of PostgreSQL's constraints and row locks.
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DJANGO_CONN_MAX_AGE", default=0))
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+#
+# Cache (throttles). Redis in production; a per-process memory cache in embedded mode.
+#
+REDIS_URL = env("REDIS_URL", default="")
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "meridian"}
+    )
+}
+
+#
+# Passwords and login
+# https://docs.djangoproject.com/en/5.2/topics/auth/passwords/
+#
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# https://django-axes.readthedocs.io/en/latest/4_configuration.html
+AXES_FAILURE_LIMIT = env.int("MERIDIAN_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("MERIDIAN_LOGIN_COOLOFF_MINUTES", default=15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+
+#
+# Deploy-time security: on whenever DEBUG is off, so `check --deploy` is clean with just a
+# real secret key and allowed hosts. The local run command serves plain HTTP on loopback and
+# turns the HTTPS-only parts off with MERIDIAN_SECURE_TRANSPORT=0 (DEBUG stays off).
+#
+SECURE_TRANSPORT = env.bool("MERIDIAN_SECURE_TRANSPORT", default=not DEBUG)
+SECURE_SSL_REDIRECT = SECURE_TRANSPORT
+SESSION_COOKIE_SECURE = SECURE_TRANSPORT
+CSRF_COOKIE_SECURE = SECURE_TRANSPORT
+SECURE_HSTS_SECONDS = 31_536_000 if SECURE_TRANSPORT else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_TRANSPORT
+SECURE_HSTS_PRELOAD = SECURE_TRANSPORT
+if env.bool("MERIDIAN_BEHIND_TLS_PROXY", default=False):
+    # Only behind a proxy that always sets this header; otherwise a client could fake HTTPS.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+# Bodies above this are refused with 413 before anything parses them (cloud.middleware).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1_000_000
+
+# https://django-csp.readthedocs.io/en/latest/configuration.html
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        # Swagger UI sets style attributes from script.
+        "style-src": [SELF, "'unsafe-inline'"],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
+
+#
+# Internationalisation and static files
+#
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+#
+# REST API
+# https://www.django-rest-framework.org/api-guide/settings/
+#
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.authentication.APITokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PAGINATION_CLASS": "cloud.api.pagination.Pagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_THROTTLE_CLASSES": ["cloud.api.throttling.PrincipalRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "principal": env("MERIDIAN_API_RATE", default="1200/min"),
+        "anonymous": env("MERIDIAN_API_ANON_RATE", default="120/min"),
+    },
+    "DEFAULT_SCHEMA_CLASS": "drf_standardized_errors.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "drf_standardized_errors.handler.exception_handler",
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+DRF_STANDARDIZED_ERRORS = {
+    "ENABLE_IN_DEBUG_FOR_UNHANDLED_EXCEPTIONS": True,
+    "EXCEPTION_HANDLER_CLASS": "cloud.api.errors.ExceptionHandler",
+    "EXCEPTION_FORMATTER_CLASS": "cloud.api.errors.ExceptionFormatter",
+}
+
+# https://drf-spectacular.readthedocs.io/en/latest/settings.html
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Meridian API",
+    "DESCRIPTION": (
+        "Control plane of a multi-tenant GPU cloud. Authenticate with `Authorization: Bearer mrd_...`; "
+        "a session call picks its tenant with the `X-Meridian-Tenant` header. Every 4xx has one JSON shape: "
+        '`{"type": ..., "errors": [{"code", "detail", "attr"}]}`.'
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "ValidationErrorEnum": "drf_standardized_errors.openapi_serializers.ValidationErrorEnum.choices",
+        "ClientErrorEnum": "drf_standardized_errors.openapi_serializers.ClientErrorEnum.choices",
+        "ServerErrorEnum": "drf_standardized_errors.openapi_serializers.ServerErrorEnum.choices",
+        "ErrorCode401Enum": "drf_standardized_errors.openapi_serializers.ErrorCode401Enum.choices",
+        "ErrorCode403Enum": "drf_standardized_errors.openapi_serializers.ErrorCode403Enum.choices",
+        "ErrorCode404Enum": "drf_standardized_errors.openapi_serializers.ErrorCode404Enum.choices",
+        "ErrorCode405Enum": "drf_standardized_errors.openapi_serializers.ErrorCode405Enum.choices",
+        "ErrorCode406Enum": "drf_standardized_errors.openapi_serializers.ErrorCode406Enum.choices",
+        "ErrorCode415Enum": "drf_standardized_errors.openapi_serializers.ErrorCode415Enum.choices",
+        "ErrorCode429Enum": "drf_standardized_errors.openapi_serializers.ErrorCode429Enum.choices",
+        "ErrorCode500Enum": "drf_standardized_errors.openapi_serializers.ErrorCode500Enum.choices",
+        "TenantRoleEnum": "tenants.choices.TenantRole.choices",
+        "TeamRoleEnum": "tenants.choices.TeamRole.choices",
+        "NodeStateEnum": "cloud.choices.NodeState.choices",
+        "GPUStateEnum": "cloud.choices.GPUState.choices",
+    },
+    "POSTPROCESSING_HOOKS": ["drf_standardized_errors.openapi_hooks.postprocess_schema_enums"],
+}
+
+#
+# Celery
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html
+#
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _broker = DATA_DIR / "broker"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker / "queue"),
+        "data_folder_out": str(_broker / "queue"),
+        "control_folder": str(_broker / "control"),
+        "polling_interval": 0.1,
+    }
+    for _folder in ("queue", "control"):
+        (_broker / _folder).mkdir(parents=True, exist_ok=True)
+else:
+    # py-amqp publisher confirms: a publish returns only once RabbitMQ has the message.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+# Below RabbitMQ's 30-minute consumer_timeout; lifecycle work is a chain of short steps.
+CELERY_TASK_TIME_LIMIT = 10 * 60
+CELERY_TASK_SOFT_TIME_LIMIT = 9 * 60
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 10
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = env("MERIDIAN_CELERY_QUEUE", default="meridian")
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULE = {
+    "tenants.invitation_expire": {"task": "tenants.invitation_expire", "schedule": 300.0},
+}
+
+#
+# Meridian
+#
+# Fernet keys for secrets at rest, newest first; older keys still decrypt (rotation).
+MERIDIAN_ENCRYPTION_KEYS = env.list("MERIDIAN_ENCRYPTION_KEYS", default=[]) or [
+    _file_secret(DATA_DIR / "encryption_key", lambda: Fernet.generate_key().decode())
+]
+# Drivers: "simulated" in the embedded default and most tests.
+MERIDIAN_BMC_DRIVER = env("MERIDIAN_BMC_DRIVER", default="simulated")
+# API tokens never live longer than this; a token without an expiry is allowed.
+MERIDIAN_TOKEN_MAX_TTL = timedelta(days=env.int("MERIDIAN_TOKEN_MAX_TTL_DAYS", default=365))
+MERIDIAN_INVITATION_TTL = timedelta(days=env.int("MERIDIAN_INVITATION_TTL_DAYS", default=7))
+# Limits when no Quota row exists for a tenant (teams without a row share their tenant's).
+MERIDIAN_DEFAULT_QUOTAS = {
+    "gpus": env.int("MERIDIAN_DEFAULT_GPU_QUOTA", default=64),
+    "vpcs": env.int("MERIDIAN_DEFAULT_VPC_QUOTA", default=10),
+    "instances": env.int("MERIDIAN_DEFAULT_INSTANCE_QUOTA", default=32),
+}
+MERIDIAN_PUBLIC_URL = env("MERIDIAN_PUBLIC_URL", default="http://127.0.0.1:8000")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("MERIDIAN_LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

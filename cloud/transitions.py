@@ -1,0 +1,71 @@
+"""
+Legal state moves, one table per model, and the one way to make a move: compare-and-set.
+
+Later issues add states and moves to these tables; they do not invent parallel ones.
+"""
+
+from django.db import models
+
+from .choices import GPUState, NodeState
+from .errors import InvalidTransition
+
+N = NodeState
+NODE_TRANSITIONS: dict[str, frozenset[str]] = {
+    N.ENROLLED: frozenset({N.VALIDATING, N.MAINTENANCE}),
+    N.VALIDATING: frozenset(
+        {N.AVAILABLE, N.IN_SERVICE, N.FAULTY, N.QUARANTINED, N.REFERENCE_UNAVAILABLE, N.MAINTENANCE}
+    ),
+    N.AVAILABLE: frozenset(
+        {N.ALLOCATED, N.IN_SERVICE, N.VALIDATING, N.SUSPECT, N.QUARANTINED, N.REFERENCE_UNAVAILABLE, N.FAULTY,
+         N.MAINTENANCE}
+    ),
+    N.ALLOCATED: frozenset({N.RELEASING, N.SUSPECT, N.FAULTY, N.QUARANTINED}),
+    N.IN_SERVICE: frozenset({N.AVAILABLE, N.SUSPECT, N.FAULTY, N.QUARANTINED, N.MAINTENANCE}),
+    N.RELEASING: frozenset({N.AVAILABLE, N.FAULTY, N.QUARANTINED, N.REFERENCE_UNAVAILABLE}),
+    N.SUSPECT: frozenset({N.AVAILABLE, N.ALLOCATED, N.IN_SERVICE, N.FAULTY, N.MAINTENANCE}),
+    N.QUARANTINED: frozenset({N.VALIDATING, N.REPAIR, N.MAINTENANCE}),
+    N.REFERENCE_UNAVAILABLE: frozenset({N.VALIDATING, N.QUARANTINED, N.MAINTENANCE}),
+    N.FAULTY: frozenset({N.REPAIR, N.MAINTENANCE}),
+    N.REPAIR: frozenset({N.VALIDATING}),
+    N.MAINTENANCE: frozenset({N.VALIDATING, N.AVAILABLE, N.IN_SERVICE}),
+}
+# States a node may be held in by an operator for maintenance (never while a tenant holds it).
+NODE_MAINTAINABLE = frozenset(s for s, targets in NODE_TRANSITIONS.items() if N.MAINTENANCE in targets)
+
+G = GPUState
+GPU_TRANSITIONS: dict[str, frozenset[str]] = {
+    G.AVAILABLE: frozenset({G.ALLOCATED, G.QUARANTINED}),
+    G.ALLOCATED: frozenset({G.SCRUBBING, G.QUARANTINED}),
+    G.SCRUBBING: frozenset({G.AVAILABLE, G.QUARANTINED}),
+    G.QUARANTINED: frozenset({G.AVAILABLE}),
+}
+
+
+def sources_of(table: dict[str, frozenset[str]], target: str) -> frozenset[str]:
+    """Every state from which ``target`` may be reached."""
+    return frozenset(source for source, targets in table.items() if target in targets)
+
+
+def compare_and_set(
+    queryset: models.QuerySet, pk, *, table: dict[str, frozenset[str]], target: str, field: str = "state",
+    only_from: frozenset[str] | None = None, **also
+) -> str:
+    """
+    Move row ``pk`` to ``target`` if its current state allows it, in one conditional UPDATE.
+
+    Returns the state it was in. Raises InvalidTransition naming the current state when the move
+    is illegal, or when another writer moved the row first (the UPDATE matched nothing).
+    ``only_from`` narrows the legal sources further (ending maintenance starts only from it).
+    """
+    sources = sources_of(table, target)
+    if only_from is not None:
+        sources &= only_from
+    current = queryset.filter(pk=pk).values_list(field, flat=True).first()
+    if current is None:
+        raise queryset.model.DoesNotExist
+    if current in sources:
+        updated = queryset.filter(pk=pk, **{f"{field}__in": [current]}).update(**{field: target}, **also)
+        if updated:
+            return current
+        current = queryset.filter(pk=pk).values_list(field, flat=True).first()
+    raise InvalidTransition(model=queryset.model._meta.verbose_name, current=current, target=target)

@@ -1,0 +1,79 @@
+"""
+The console's first pages: sign-in, a home page listing the user's tenants, and accepting an
+invitation. The full console comes later; these pages already use the same services as the API.
+"""
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.password_validation import validate_password
+from django.db import connection
+from django.http import JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET
+
+from cloud.errors import DomainError
+from tenants import services as tenant_services
+from tenants.models import Membership
+
+
+class EmailAuthenticationForm(AuthenticationForm):
+    username = forms.EmailField(label="E-mail", widget=forms.EmailInput(attrs={"autofocus": True,
+                                                                               "autocomplete": "email"}))
+
+
+class LoginView(auth_views.LoginView):
+    form_class = EmailAuthenticationForm
+    redirect_authenticated_user = True
+
+
+class LogoutView(auth_views.LogoutView):
+    pass
+
+
+@login_required
+def home(request):
+    memberships = Membership.objects.filter(user=request.user).select_related("tenant").order_by("tenant__name")
+    return render(request, "home.html", {"memberships": memberships})
+
+
+class AcceptInvitationForm(forms.Form):
+    email = forms.EmailField(label="E-mail")
+    password = forms.CharField(label="Choose a password", widget=forms.PasswordInput, min_length=10)
+
+    def clean_password(self):
+        password = self.cleaned_data["password"]
+        validate_password(password)
+        return password
+
+
+def invitation_accept(request, secret: str):
+    """Join a tenant from an invitation link: signed-in users join as themselves."""
+    signed_in = request.user.is_authenticated
+    form = None if signed_in else AcceptInvitationForm(request.POST or None)
+    if request.method == "POST" and (signed_in or form.is_valid()):
+        try:
+            membership = tenant_services.invitation_accept(
+                secret=secret, user=request.user if signed_in else None,
+                email="" if signed_in else form.cleaned_data["email"],
+                password="" if signed_in else form.cleaned_data["password"],
+            )
+        except DomainError as exc:
+            messages.error(request, str(exc.detail))
+        else:
+            if not signed_in:
+                login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
+            messages.success(request, f"You joined {membership.tenant.name} as {membership.role}.")
+            return redirect("home")
+    return render(request, "tenants/invitation_accept.html", {"form": form})
+
+
+@require_GET
+def health(request):
+    """Liveness and database reachability, for load balancers and the run supervisor."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"status": "ok"})

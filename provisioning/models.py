@@ -1,0 +1,1 @@
+"""Reservations, allocations, instances and operations arrive with the reservations issue."""

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SecurityConfig(AppConfig):
+    name = "security"
+    verbose_name = "Security and audit"

@@ -1,0 +1,73 @@
+"""
+The one door for writing audit events.
+
+Every service that changes state calls ``audit_record`` inside its transaction, so the event
+commits or rolls back with the change. It is a cheap append; the tamper-evident chain over these
+rows is built by a sealer, separately, so writers are never serialised.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import uuid
+from typing import Any
+
+from django.db import connection, models
+
+from cloud.middleware import current_request_id
+
+from .models import AuditEvent
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (uuid.UUID, decimal.Decimal)):
+        return str(value)
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        return value.isoformat()
+    if isinstance(value, models.Model):
+        return str(value.pk)
+    return value
+
+
+def snapshot(instance: models.Model, fields: list[str]) -> dict[str, Any]:
+    """The named fields of ``instance`` as JSON-ready values (foreign keys as ids)."""
+    out = {}
+    for name in fields:
+        field = instance._meta.get_field(name)
+        value = getattr(instance, field.attname)
+        out[name] = _jsonable(value)
+    return out
+
+
+def audit_record(
+    *,
+    actor,
+    action: str,
+    target: models.Model,
+    tenant_id: uuid.UUID | None = None,
+    before: dict | None = None,
+    after: dict | None = None,
+) -> AuditEvent:
+    """
+    Append one audit event for a change made by ``actor`` (a Principal, a User, or None for the
+    system) to ``target``. Must run inside the transaction that makes the change.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("audit_record must be called inside the transaction that makes the change.")
+    user = getattr(actor, "user", actor)
+    token = getattr(actor, "token", None)
+    if tenant_id is None:
+        tenant_id = getattr(target, "tenant_id", None)
+    return AuditEvent.objects.create(
+        actor_id=getattr(user, "pk", None),
+        actor_email=getattr(user, "email", "") or "",
+        token_id=getattr(token, "pk", None),
+        tenant_id=tenant_id,
+        action=action,
+        target_type=target._meta.label_lower,
+        target_id=str(target.pk),
+        before=before,
+        after=after,
+        request_id=current_request_id() or "",
+    )

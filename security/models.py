@@ -1,0 +1,38 @@
+"""Security records. For now the audit trail; attestation, isolation and keys come later."""
+
+from django.db import models
+
+from tenants.scoping import TenantScopedQuerySet
+
+
+class AuditEvent(models.Model):
+    """
+    One state change made through a service: who, in which tenant, what, on which object, the
+    values before and after, and the request it came from. Written in the same transaction as
+    the change (security.audit.audit_record is the only writer) and never updated.
+
+    Plain ids, not foreign keys: the trail outlives the objects and people it names.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    occurred_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor_id = models.UUIDField(null=True, blank=True)
+    actor_email = models.CharField(max_length=254, blank=True)
+    token_id = models.UUIDField(null=True, blank=True)
+    tenant_id = models.UUIDField(null=True, blank=True, db_index=True)
+    action = models.CharField(max_length=64, db_index=True)
+    target_type = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=64)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    request_id = models.CharField(max_length=64, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_path = "tenant_id"
+    team_path = None
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self):
+        return f"{self.action} {self.target_type}:{self.target_id} by {self.actor_email or 'system'}"

@@ -1,0 +1,64 @@
+from django.contrib import admin
+from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+
+from .models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User
+
+
+@admin.register(User)
+class UserAdmin(BaseUserAdmin):
+    ordering = ["email"]
+    list_display = ["email", "full_name", "platform_role", "is_active", "date_joined"]
+    list_filter = ["platform_role", "is_active"]
+    search_fields = ["email", "full_name"]
+    fieldsets = [
+        (None, {"fields": ["email", "password"]}),
+        ("Profile", {"fields": ["full_name"]}),
+        ("Platform", {"fields": ["platform_role", "is_active", "is_superuser"]}),
+    ]
+    add_fieldsets = [(None, {"classes": ["wide"], "fields": ["email", "password1", "password2"]})]
+    filter_horizontal: list[str] = []
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "created_at"]
+    search_fields = ["name", "slug"]
+    inlines = [MembershipInline]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "tenant"]
+    list_filter = ["tenant"]
+    search_fields = ["name", "slug"]
+
+
+@admin.register(TeamMembership)
+class TeamMembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "team", "role"]
+    list_filter = ["role"]
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "email", "role", "team", "created_at", "expires_at", "accepted_at", "revoked_at"]
+    readonly_fields = ["digest"]
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "team", "resource", "gpu_model", "limit"]
+    list_filter = ["resource"]
+
+
+@admin.register(APIToken)
+class APITokenAdmin(admin.ModelAdmin):
+    list_display = ["name", "user", "tenant", "scope", "prefix", "expires_at", "revoked_at", "last_used_at"]
+    list_filter = ["scope"]
+    readonly_fields = ["prefix", "digest", "last_used_at"]

@@ -1,0 +1,265 @@
+"""Tenancy API: thin views that parse input, call one service and serialize the result."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+
+from cloud.api.base import PrincipalAPIView, TenantScopedViewSet
+
+from .. import services
+from ..models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant
+from . import serializers as s
+
+
+class ReadMixin(mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    pass
+
+
+#
+# Me
+#
+
+
+class MeView(PrincipalAPIView):
+    """The signed-in user, their tenants and roles, and who this request acts as."""
+
+    @extend_schema(responses=s.MeSerializer)
+    def get(self, request):
+        user = request.user
+        memberships = Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__name")
+        data = {
+            "id": user.pk, "email": user.email, "full_name": user.full_name, "platform_role": user.platform_role,
+            "memberships": memberships, "acting_as": request.principal,
+        }
+        return Response(s.MeSerializer(data).data)
+
+
+#
+# Tenants
+#
+
+
+class TenantViewSet(ReadMixin, TenantScopedViewSet):
+    """The tenant this request acts in (staff see and create all)."""
+
+    policy = "tenants"
+    queryset = Tenant.objects.all()
+    serializer_class = s.TenantSerializer
+    filterset_fields = ["slug"]
+    ordering_fields = ["name", "slug", "created_at"]
+    ordering = ["name"]
+
+    @extend_schema(request=s.TenantCreateSerializer, responses={201: s.TenantCreatedSerializer})
+    def create(self, request):
+        data = s.TenantCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        created = services.tenant_create(actor=self.principal, **data.validated_data)
+        tenant = created.tenant
+        tenant.owner_email, tenant.invitation_link = created.owner.email, created.invitation_link
+        return Response(s.TenantCreatedSerializer(tenant).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.TenantSerializer, responses=s.TenantSerializer)
+    def partial_update(self, request, pk=None):
+        tenant = self.get_object()
+        data = s.TenantSerializer(tenant, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        if "name" in data.validated_data:
+            tenant = services.tenant_update(actor=self.principal, tenant=tenant, name=data.validated_data["name"])
+        return Response(s.TenantSerializer(tenant).data)
+
+
+#
+# Teams and memberships
+#
+
+
+class TeamViewSet(ReadMixin, TenantScopedViewSet):
+    policy = "teams"
+    queryset = Team.objects.all()
+    serializer_class = s.TeamSerializer
+    filterset_fields = ["slug"]
+    ordering_fields = ["name", "slug", "created_at"]
+    ordering = ["name"]
+
+    def create(self, request):
+        data = self.get_serializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        team = services.team_create(actor=self.principal, **data.validated_data)
+        return Response(self.get_serializer(team).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, pk=None):
+        team = self.get_object()
+        data = self.get_serializer(team, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        if data.validated_data:
+            team = services.team_update(actor=self.principal, team=team, **data.validated_data)
+        return Response(self.get_serializer(team).data)
+
+    def destroy(self, request, pk=None):
+        services.team_delete(actor=self.principal, team=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MembershipViewSet(ReadMixin, TenantScopedViewSet):
+    """Who is in the tenant with which role. People join through invitations."""
+
+    policy = "memberships"
+    queryset = Membership.objects.select_related("user")
+    serializer_class = s.MembershipSerializer
+    filterset_fields = ["role"]
+    ordering_fields = ["created_at", "role"]
+    ordering = ["created_at"]
+
+    def partial_update(self, request, pk=None):
+        membership = self.get_object()
+        data = self.get_serializer(membership, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        if "role" in data.validated_data:
+            membership = services.membership_set_role(
+                actor=self.principal, membership=membership, role=data.validated_data["role"]
+            )
+        return Response(self.get_serializer(membership).data)
+
+    def destroy(self, request, pk=None):
+        services.membership_remove(actor=self.principal, membership=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TeamMembershipViewSet(ReadMixin, TenantScopedViewSet):
+    policy = "team-memberships"
+    queryset = TeamMembership.objects.select_related("user", "team")
+    serializer_class = s.TeamMembershipSerializer
+    filterset_fields = ["team", "role"]
+    ordering_fields = ["created_at", "role"]
+    ordering = ["created_at"]
+
+    def create(self, request):
+        data = self.get_serializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tm = services.team_membership_add(actor=self.principal, **data.validated_data)
+        return Response(self.get_serializer(tm).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.TeamMembershipUpdateSerializer)
+    def partial_update(self, request, pk=None):
+        tm = self.get_object()
+        data = s.TeamMembershipUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tm = services.team_membership_set_role(actor=self.principal, team_membership=tm, **data.validated_data)
+        return Response(self.get_serializer(tm).data)
+
+    def destroy(self, request, pk=None):
+        services.team_membership_remove(actor=self.principal, team_membership=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+#
+# Invitations
+#
+
+
+class InvitationViewSet(ReadMixin, TenantScopedViewSet):
+    policy = "invitations"
+    queryset = Invitation.objects.select_related("team")
+    serializer_class = s.InvitationSerializer
+    filterset_fields = ["role", "team"]
+    ordering_fields = ["created_at", "expires_at"]
+    ordering = ["-created_at"]
+
+    @extend_schema(responses={201: s.InvitationCreatedSerializer})
+    def create(self, request):
+        data = self.get_serializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        invitation, link = services.invitation_create(actor=self.principal, **data.validated_data)
+        invitation.link = link
+        return Response(s.InvitationCreatedSerializer(invitation).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        services.invitation_revoke(actor=self.principal, invitation=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InvitationAcceptView(PrincipalAPIView):
+    """
+    Accept an invitation by its secret: signed in, join as yourself; otherwise create your
+    account with an e-mail address and a password. Scoped by the secret, not by a tenant.
+    """
+
+    permission_classes = [AllowAny]
+    throttle_scope = "anonymous"
+
+    @extend_schema(request=s.InvitationAcceptSerializer, responses={201: s.MyMembershipSerializer})
+    def post(self, request):
+        data = s.InvitationAcceptSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = request.user if request.user.is_authenticated else None
+        membership = services.invitation_accept(
+            secret=data.validated_data["token"], user=user,
+            email=data.validated_data.get("email", ""), password=data.validated_data.get("password", ""),
+        )
+        return Response(s.MyMembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+
+#
+# API tokens
+#
+
+
+class APITokenViewSet(ReadMixin, TenantScopedViewSet):
+    """Your API tokens (tenant admins and owners: every token of the tenant)."""
+
+    policy = "api-tokens"
+    queryset = APIToken.objects.select_related("user", "team")
+    serializer_class = s.APITokenSerializer
+    filterset_fields = ["scope", "team"]
+    ordering_fields = ["created_at", "expires_at", "last_used_at", "name"]
+    ordering = ["-created_at"]
+
+    @extend_schema(responses={201: s.IssuedTokenSerializer})
+    def create(self, request):
+        data = self.get_serializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        issued = services.token_issue(actor=self.principal, **data.validated_data)
+        issued.token.token = issued.secret
+        return Response(s.IssuedTokenSerializer(issued.token).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        """Revoke the token (it stays listed, with revoked_at)."""
+        services.token_revoke(actor=self.principal, token=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+#
+# Quotas
+#
+
+
+class QuotaViewSet(ReadMixin, TenantScopedViewSet):
+    """Quotas of the tenant and its teams; set by platform admins."""
+
+    policy = "quotas"
+    queryset = Quota.objects.select_related("gpu_model")
+    serializer_class = s.QuotaSerializer
+    filterset_fields = ["resource", "team", "tenant"]
+    ordering_fields = ["resource", "limit", "updated_at"]
+    ordering = ["resource", "limit"]
+
+    def create(self, request):
+        data = self.get_serializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        quota = services.quota_set(actor=self.principal, **data.validated_data)
+        return Response(self.get_serializer(quota).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.QuotaUpdateSerializer)
+    def partial_update(self, request, pk=None):
+        quota = self.get_object()
+        data = s.QuotaUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        quota = services.quota_set(actor=self.principal, tenant=quota.tenant, team=quota.team,
+                                   resource=quota.resource, gpu_model=quota.gpu_model, **data.validated_data)
+        return Response(self.get_serializer(quota).data)
+
+    def destroy(self, request, pk=None):
+        services.quota_delete(actor=self.principal, quota=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+

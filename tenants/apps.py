@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class TenantsConfig(AppConfig):
+    name = "tenants"
+    verbose_name = "Tenants and identity"
+
+    def ready(self):
+        from .api import schema  # noqa: F401 -- registers the OpenAPI auth scheme

@@ -1,0 +1,73 @@
+"""
+Bearer-token authentication for the API.
+
+``Authorization: Bearer mrd_<prefix>_<secret>``: one indexed lookup by prefix, a SHA-256 digest
+compared in constant time, then revocation and expiry. A bad token is a 401 whose code says
+which (``token_invalid``, ``token_revoked``, ``token_expired``) and reveals nothing else.
+Tokens are never accepted from the query string.
+"""
+
+import re
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.exceptions import AuthenticationFailed
+
+from .models import APIToken
+
+TOKEN_FORMAT = re.compile(r"^mrd_(?P<prefix>[0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+TOKEN_INVALID = "The API token is not valid."
+TOKEN_REVOKED = "The API token has been revoked."
+TOKEN_EXPIRED = "The API token has expired."
+
+
+def token_invalid():
+    return AuthenticationFailed(TOKEN_INVALID, code="token_invalid")
+
+
+def token_revoked():
+    return AuthenticationFailed(TOKEN_REVOKED, code="token_revoked")
+
+
+def authenticate_token(raw: str) -> APIToken:
+    """The live token for ``raw``, or AuthenticationFailed saying why not."""
+    match = TOKEN_FORMAT.match(raw)
+    if match is None:
+        raise token_invalid()
+    token = (
+        APIToken.objects.select_related("user", "tenant", "team").filter(prefix=match["prefix"]).first()
+    )
+    if token is None or not token.matches(raw) or not token.user.is_active:
+        raise token_invalid()
+    if token.revoked_at is not None:
+        raise token_revoked()
+    if token.is_expired:
+        raise AuthenticationFailed(TOKEN_EXPIRED, code="token_expired")
+    now = timezone.now()
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        # Coarse on purpose: one write a minute per token, not one per request.
+        APIToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token
+
+
+class APITokenAuthentication(BaseAuthentication):
+    keyword = "bearer"
+
+    def authenticate(self, request):
+        parts = get_authorization_header(request).split()
+        if not parts or parts[0].lower() != self.keyword.encode():
+            return None
+        if len(parts) != 2:
+            raise token_invalid()
+        try:
+            raw = parts[1].decode("ascii")
+        except UnicodeDecodeError:
+            raise token_invalid() from None
+        token = authenticate_token(raw)
+        return token.user, token
+
+    def authenticate_header(self, request):
+        return 'Bearer realm="meridian"'

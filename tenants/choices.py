@@ -1,0 +1,52 @@
+"""Roles, scopes and quota resources of tenants and their people."""
+
+from django.db import models
+
+
+class TenantRole(models.TextChoices):
+    """A user's role in one tenant; each role includes the rights of those below it."""
+
+    OWNER = "owner", "Owner"
+    ADMIN = "admin", "Admin"
+    MEMBER = "member", "Member"
+    VIEWER = "viewer", "Viewer"
+
+    @property
+    def rank(self) -> int:
+        return _TENANT_RANK[self]
+
+    def at_least(self, other: "TenantRole") -> bool:
+        return self.rank >= TenantRole(other).rank
+
+
+_TENANT_RANK = {TenantRole.VIEWER: 0, TenantRole.MEMBER: 1, TenantRole.ADMIN: 2, TenantRole.OWNER: 3}
+
+
+class TeamRole(models.TextChoices):
+    """A user's role in one team of a tenant."""
+
+    ADMIN = "admin", "Team admin"
+    MEMBER = "member", "Team member"
+
+
+class PlatformRole(models.TextChoices):
+    """Platform staff roles, separate from any tenant role."""
+
+    NONE = "", "None"
+    ADMIN = "platform_admin", "Platform admin"
+    APPROVER = "platform_approver", "Platform approver"
+
+
+class TokenScope(models.TextChoices):
+    """What an API token may do at most; its user's current role narrows it further."""
+
+    READ = "read", "Read"
+    READ_WRITE = "read_write", "Read and write"
+
+
+class QuotaResource(models.TextChoices):
+    """What a quota limits."""
+
+    GPUS = "gpus", "GPUs"
+    VPCS = "vpcs", "VPCs"
+    INSTANCES = "instances", "Concurrent instances"

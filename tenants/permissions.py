@@ -1,0 +1,79 @@
+"""
+Who may do what: one table from resource and kind of request to the least role that may.
+
+"read" covers the safe methods, "write" the others; a DRF action name (``create``, ``accept``)
+overrides either for that action. A tenant role means "this role or above in the principal's
+tenant". Object-level rules (an admin cannot touch an owner; a team admin manages only their
+team) live in the services, next to the change they guard. Visibility is not decided here: the
+tenant-scoped queryset does that, and what a principal cannot see answers 404.
+"""
+
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+
+from .choices import TenantRole
+
+ANY = "any"  # any signed-in principal, in a tenant or platform-wide (catalogue reads, own tokens)
+PLATFORM = "platform"  # any platform role (staff reads)
+PLATFORM_ADMIN = "platform_admin"
+NOBODY = "nobody"
+
+VIEWER, MEMBER, ADMIN, OWNER = TenantRole.VIEWER, TenantRole.MEMBER, TenantRole.ADMIN, TenantRole.OWNER
+
+POLICIES: dict[str, dict[str, str]] = {
+    "tenants": {"read": VIEWER, "write": OWNER, "create": PLATFORM_ADMIN},
+    "teams": {"read": VIEWER, "write": ADMIN},
+    "memberships": {"read": VIEWER, "write": ADMIN},
+    "team-memberships": {"read": VIEWER, "write": MEMBER},  # tenant admins, or the team's own admins (service)
+    "invitations": {"read": ADMIN, "write": ADMIN},
+    "api-tokens": {"read": ANY, "write": ANY},  # one's own; admins see the tenant's (queryset)
+    "quotas": {"read": VIEWER, "write": PLATFORM_ADMIN},
+    "audit-events": {"read": ADMIN, "write": NOBODY},
+    "regions": {"read": ANY, "write": PLATFORM_ADMIN},
+    "gpu-models": {"read": ANY, "write": PLATFORM_ADMIN},
+    "offerings": {"read": ANY, "write": PLATFORM_ADMIN},
+    "fabrics": {"read": PLATFORM, "write": PLATFORM_ADMIN},
+    "nodes": {"read": PLATFORM, "write": PLATFORM_ADMIN},
+    "gpus": {"read": PLATFORM, "write": PLATFORM_ADMIN},
+}
+
+READ_ONLY_TOKEN = "This API token is read-only."
+TENANT_REQUIRED = "Choose a tenant with the X-Meridian-Tenant header (id or slug)."
+
+
+def required_role(policy: str, action: str | None, method: str) -> str:
+    rules = POLICIES[policy]
+    return rules.get(action or "", rules["read" if method in SAFE_METHODS else "write"])
+
+
+def allows(principal, need: str, *, safe: bool) -> bool:
+    """Whether ``principal`` meets ``need``; raises a 400 when a tenant must be chosen first."""
+    if need == NOBODY or principal is None:
+        return False
+    if principal.is_platform:
+        if need == PLATFORM_ADMIN:
+            return principal.is_platform_admin
+        # Platform staff read everything; outside platform resources they change only their own tokens.
+        return safe or need == ANY
+    if need in (PLATFORM, PLATFORM_ADMIN):
+        return False
+    if need == ANY:
+        return True
+    if principal.tenant is None:
+        from cloud.errors import DomainError
+
+        raise DomainError(TENANT_REQUIRED, code="tenant_required")
+    return principal.has_role(need)
+
+
+class RolePolicy(BasePermission):
+    """Applies POLICIES and the token's scope to every request of a Meridian viewset."""
+
+    def has_permission(self, request, view):
+        principal = getattr(request, "principal", None)
+        if principal is None:
+            return False
+        safe = request.method in SAFE_METHODS
+        if not safe and not principal.can_write:
+            raise PermissionDenied(READ_ONLY_TOKEN, code="token_read_only")
+        return allows(principal, required_role(view.policy, getattr(view, "action", None), request.method), safe=safe)

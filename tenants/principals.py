@@ -1,0 +1,78 @@
+"""Who a request acts as: built from the token or the session, and the user's current roles."""
+
+import uuid
+
+from rest_framework.exceptions import NotFound
+
+from .authentication import token_revoked
+from .choices import PlatformRole, TenantRole
+from .models import APIToken, Membership, TeamMembership, User
+from .scoping import Principal
+
+TENANT_HEADER = "X-Meridian-Tenant"
+
+
+def _team_roles(user: User, tenant_id) -> dict:
+    return dict(TeamMembership.objects.filter(user=user, team__tenant_id=tenant_id).values_list("team_id", "role"))
+
+
+def principal_for_token(token: APIToken) -> Principal:
+    """
+    The principal of a token: its scope intersected with its user's *current* role, so a
+    demotion or a removal takes effect on the next request. A token whose user left the tenant
+    (or the token's team, or lost the platform role) no longer works.
+    """
+    user = token.user
+    if token.tenant_id is None:
+        if user.platform_role == PlatformRole.NONE:
+            raise token_revoked()
+        return Principal(user=user, token=token, scope=token.scope)
+    membership = Membership.objects.filter(tenant_id=token.tenant_id, user=user).first()
+    if membership is None:
+        raise token_revoked()
+    team_roles = _team_roles(user, token.tenant_id)
+    if token.team_id and token.team_id not in team_roles and not TenantRole(membership.role).at_least(TenantRole.ADMIN):
+        raise token_revoked()
+    return Principal(
+        user=user, tenant=token.tenant, role=TenantRole(membership.role), token=token, scope=token.scope,
+        team=token.team, team_roles=team_roles,
+    )
+
+
+def principal_for_session(user: User, tenant_hint: str | None) -> Principal:
+    """
+    A signed-in browser or session client acts in the tenant it names (by id or slug) in the
+    X-Meridian-Tenant header, else in its only tenant; staff without a header act platform-wide.
+    Naming a tenant the user is not in is a 404, as if it did not exist.
+    """
+    memberships = list(Membership.objects.filter(user=user).select_related("tenant"))
+    chosen = None
+    if tenant_hint:
+        hint = tenant_hint.strip()
+        for m in memberships:
+            if m.tenant.slug == hint or str(m.tenant_id) == _as_uuid(hint):
+                chosen = m
+        if chosen is None:
+            raise NotFound(f"No tenant '{hint[:60]}' among yours.", code="tenant_not_found")
+    elif len(memberships) == 1 and user.platform_role == PlatformRole.NONE:
+        chosen = memberships[0]
+    if chosen is None:
+        return Principal(user=user)
+    return Principal(user=user, tenant=chosen.tenant, role=TenantRole(chosen.role),
+                     team_roles=_team_roles(user, chosen.tenant_id))
+
+
+def _as_uuid(value: str) -> str | None:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return None
+
+
+def principal_for_request(request) -> Principal | None:
+    """The principal of an authenticated DRF request (token or session), None when anonymous."""
+    if not request.user or not request.user.is_authenticated:
+        return None
+    if isinstance(request.auth, APIToken):
+        return principal_for_token(request.auth)
+    return principal_for_session(request.user, request.headers.get(TENANT_HEADER))

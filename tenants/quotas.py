@@ -1,0 +1,70 @@
+"""
+Quotas, read through one function. Services that consume capacity (reservations, VPCs,
+instances) call ``quota_check`` at admission and again at placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Q
+
+from cloud.errors import QuotaExceeded
+
+from .choices import QuotaResource
+from .models import Quota, Team, Tenant
+
+
+@dataclass(frozen=True)
+class QuotaLimit:
+    """One limit that applies to a request: whose it is (tenant or team) and on what."""
+
+    scope: str  # "tenant" or "team"
+    resource: str
+    gpu_model_id: object | None
+    limit: int
+    is_default: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.resource}" + (" of this GPU model" if self.gpu_model_id else "")
+
+
+def quota_limits(*, tenant: Tenant, resource: str, team: Team | None = None, gpu_model=None) -> list[QuotaLimit]:
+    """
+    Every limit that bounds a request for ``resource`` (of ``gpu_model``) by ``team`` of ``tenant``:
+    the tenant's rows (per model and overall), the team's rows, and the default when the tenant
+    has no row of its own for the resource. A team without rows is bounded by its tenant only.
+    """
+    model_id = getattr(gpu_model, "pk", gpu_model)
+    owners = Q(tenant=tenant, team__isnull=True)
+    if team is not None:
+        owners |= Q(team=team)
+    rows = Quota.objects.filter(owners, resource=resource).filter(Q(gpu_model__isnull=True) | Q(gpu_model=model_id))
+    limits = [
+        QuotaLimit(scope="team" if row.team_id else "tenant", resource=resource, gpu_model_id=row.gpu_model_id,
+                   limit=row.limit)
+        for row in rows
+    ]
+    if not any(limit.scope == "tenant" for limit in limits):
+        limits.append(QuotaLimit(scope="tenant", resource=resource, gpu_model_id=None,
+                                 limit=settings.MERIDIAN_DEFAULT_QUOTAS[QuotaResource(resource).value],
+                                 is_default=True))
+    return limits
+
+
+def quota_check(
+    *, tenant: Tenant, resource: str, asked: int, in_use: Callable[[QuotaLimit], int],
+    team: Team | None = None, gpu_model=None,
+) -> None:
+    """
+    Raise QuotaExceeded (409, with limit, in use and asked) when ``asked`` more would pass any
+    limit. ``in_use(limit)`` returns what already counts against that limit; the caller knows
+    how to count its resource, this module knows which limits apply.
+    """
+    for limit in quota_limits(tenant=tenant, resource=resource, team=team, gpu_model=gpu_model):
+        used = in_use(limit)
+        if used + asked > limit.limit:
+            raise QuotaExceeded(scope=limit.scope, resource=limit.label, limit=limit.limit, in_use=used, asked=asked)
