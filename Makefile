@@ -1,0 +1,45 @@
+# Meridian's two commands:
+#   make run    start Meridian on the embedded default (SQLite, file-system broker, demo fleet)
+#   make test   set up and run the whole test suite against PostgreSQL (and RabbitMQ)
+# Extras: make lint, make bench, make run RESET=1 (fresh embedded database), make run PORT=8001
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8000
+HOST ?= 127.0.0.1
+PYTEST_WORKERS ?= 2
+# The suite runs on PostgreSQL; DATABASE_URL overrides where it lives.
+TEST_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/meridian)
+
+.PHONY: run test lint bench services
+
+run: $(VENV)/.runtime
+	$(BIN)/python manage.py up --host $(HOST) --port $(PORT) $(if $(RESET),--reset,)
+
+test: $(VENV)/.dev services
+	$(BIN)/ruff check .
+	env -u DATABASE_URL $(BIN)/python manage.py makemigrations --check --dry-run
+	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check .
+
+bench: $(VENV)/.dev services
+	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python bench/seed_fleet.py
+	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python bench/api_latency.py
+
+services:
+	scripts/ensure-services
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.runtime: requirements.txt | $(BIN)/python
+	$(BIN)/pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: requirements.txt requirements-dev.txt | $(BIN)/python
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $@ $(VENV)/.runtime

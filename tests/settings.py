@@ -1,0 +1,23 @@
+"""
+Settings of the test suite: the project's settings, with the environment defaults a test run
+needs set first. PostgreSQL by default (DATABASE_URL overrides), a throwaway data folder, a
+fixed encryption key, plain HTTP for the test client.
+"""
+
+import os
+import tempfile
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/meridian")
+os.environ.setdefault("MERIDIAN_DATA_DIR", tempfile.mkdtemp(prefix="meridian-test-"))
+os.environ.setdefault("MERIDIAN_ENCRYPTION_KEYS", "kJ0Qv1CSYVzQxUOq9tJ8Y2m6TqkJ7iAHF2h4b0QdVRk=")
+os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
+os.environ.setdefault("MERIDIAN_SECURE_TRANSPORT", "0")
+
+from cloud.settings import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+REST_FRAMEWORK = {
+    **REST_FRAMEWORK,  # noqa: F405
+    "DEFAULT_THROTTLE_RATES": {"principal": "100000/min", "anonymous": "100000/min"},
+}
+WHITENOISE_AUTOREFRESH = True

@@ -1,0 +1,143 @@
+"""
+The fixture world every API test runs in: two tenants, each with a team and objects of every
+tenant-owned kind, and the personas of the role matrix, each with a live read-write token.
+
+Personas: anon, t1_viewer, t1_member, t1_admin, t1_owner, t2_member (another tenant's member),
+platform_approver, platform_admin. ``t2_owner`` exists too, to act as tenant B with every right.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from cloud.fleet import FleetSpec, build_fleet
+from cloud.models import GPUModel, Node
+from security.audit import audit_record
+from security.models import AuditEvent
+from tenants import services
+from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
+from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User
+from tenants.scoping import Principal
+
+PERSONAS = [
+    "anon", "t1_viewer", "t1_member", "t1_admin", "t1_owner", "t2_member", "platform_approver", "platform_admin",
+]
+TENANT_ROLES = {
+    "t1_viewer": ("t1", TenantRole.VIEWER), "t1_member": ("t1", TenantRole.MEMBER),
+    "t1_admin": ("t1", TenantRole.ADMIN), "t1_owner": ("t1", TenantRole.OWNER),
+    "t2_member": ("t2", TenantRole.MEMBER), "t2_owner": ("t2", TenantRole.OWNER),
+}
+PLATFORM_ROLES = {"platform_approver": PlatformRole.APPROVER, "platform_admin": PlatformRole.ADMIN}
+
+_counter = itertools.count()
+
+
+def unique(prefix: str = "x") -> str:
+    return f"{prefix}-{next(_counter)}"
+
+
+@dataclass
+class TenantSide:
+    tenant: Tenant
+    team: Team
+    owner: User
+    objects: dict[type, object] = field(default_factory=dict)
+
+
+@dataclass
+class World:
+    t1: TenantSide
+    t2: TenantSide
+    users: dict[str, User]
+    tokens: dict[str, str]
+
+    def side(self, name: str) -> TenantSide:
+        return {"t1": self.t1, "t2": self.t2}[name]
+
+    def client(self, persona: str) -> APIClient:
+        client = APIClient()
+        if persona != "anon":
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {self.tokens[persona]}")
+        return client
+
+    def principal(self, persona: str) -> Principal:
+        from tenants.authentication import authenticate_token
+        from tenants.principals import principal_for_token
+
+        return principal_for_token(authenticate_token(self.tokens[persona]))
+
+
+def make_user(email: str, **extra) -> User:
+    user = User.objects.create_user(email, **extra)
+    return user
+
+
+def _issue(user: User, tenant: Tenant | None, scope=TokenScope.READ_WRITE) -> str:
+    if tenant is None:
+        principal = Principal(user=user)
+    else:
+        role = Membership.objects.get(user=user, tenant=tenant).role
+        principal = Principal(user=user, tenant=tenant, role=TenantRole(role))
+    return services.token_issue(actor=principal, name=unique("token"), scope=scope).secret
+
+
+def make_tenant_objects(side: TenantSide, member: User) -> None:
+    """One object of every tenant-owned kind, owned by ``side``'s tenant."""
+    tenant, team = side.tenant, side.team
+    side.objects[Team] = team
+    side.objects[Membership] = Membership.objects.get(tenant=tenant, user=member)
+    side.objects[TeamMembership] = TeamMembership.objects.create(team=team, user=member, role=TeamRole.MEMBER)
+    principal = Principal(user=side.owner, tenant=tenant, role=TenantRole.OWNER)
+    side.objects[Invitation], _ = services.invitation_create(actor=principal, role=TenantRole.MEMBER)
+    side.objects[APIToken] = services.token_issue(actor=principal, name=unique("owner-token")).token
+    side.objects[Quota] = Quota.objects.create(tenant=tenant, team=team, resource=QuotaResource.GPUS, limit=16)
+    side.objects[Tenant] = tenant
+    side.objects[AuditEvent] = AuditEvent.objects.filter(tenant_id=tenant.pk).first()
+
+
+def build_world() -> World:
+    users, sides = {}, {}
+    for name in ("t1", "t2"):
+        tenant = Tenant.objects.create(name=f"Tenant {name}", slug=unique(f"tenant-{name}"))
+        team = Team.objects.create(tenant=tenant, name=f"Team {name}", slug="team")
+        sides[name] = TenantSide(tenant=tenant, team=team, owner=None)
+    for persona, (side_name, role) in TENANT_ROLES.items():
+        user = make_user(f"{persona}-{next(_counter)}@example.com")
+        Membership.objects.create(tenant=sides[side_name].tenant, user=user, role=role)
+        users[persona] = user
+        if role == TenantRole.OWNER:
+            sides[side_name].owner = user
+    TeamMembership.objects.create(team=sides["t1"].team, user=users["t1_admin"], role=TeamRole.ADMIN)
+    for persona, role in PLATFORM_ROLES.items():
+        users[persona] = make_user(f"{persona}-{next(_counter)}@example.com", platform_role=role)
+
+    from django.db import transaction
+
+    with transaction.atomic():
+        for side in sides.values():
+            audit_record(actor=side.owner, action="world.build", target=side.tenant, tenant_id=side.tenant.pk)
+    make_tenant_objects(sides["t1"], users["t1_member"])
+    make_tenant_objects(sides["t2"], users["t2_member"])
+    tokens = {
+        persona: _issue(user, sides[TENANT_ROLES[persona][0]].tenant if persona in TENANT_ROLES else None)
+        for persona, user in users.items()
+    }
+    return World(t1=sides["t1"], t2=sides["t2"], users=users, tokens=tokens)
+
+
+def small_fleet(nodes: int = 8) -> list[Node]:
+    """A one-region fleet for inventory tests (leaf switches, spares, shared hosts included)."""
+    build_fleet(FleetSpec(regions=1, nodes_per_fabric=nodes, spare_ratio=0.25, shared_ratio=0.25))
+    return list(Node.objects.all())
+
+
+def h100() -> GPUModel:
+    return GPUModel.objects.get(slug="h100-80gb-sxm")
+
+
+def now():
+    return timezone.now()
