@@ -65,6 +65,7 @@ class World:
         return client
 
     def principal(self, persona: str) -> Principal:
+        """The principal a persona's token resolves to, for calling services directly."""
         from tenants.authentication import authenticate_token
         from tenants.principals import principal_for_token
 
@@ -76,7 +77,7 @@ def make_user(email: str, **extra) -> User:
     return user
 
 
-def _issue(user: User, tenant: Tenant | None, scope=TokenScope.READ_WRITE) -> str:
+def issue_token(user: User, tenant: Tenant | None, scope=TokenScope.READ_WRITE) -> str:
     if tenant is None:
         principal = Principal(user=user)
     else:
@@ -123,7 +124,7 @@ def build_world() -> World:
     make_tenant_objects(sides["t1"], users["t1_member"])
     make_tenant_objects(sides["t2"], users["t2_member"])
     tokens = {
-        persona: _issue(user, sides[TENANT_ROLES[persona][0]].tenant if persona in TENANT_ROLES else None)
+        persona: issue_token(user, sides[TENANT_ROLES[persona][0]].tenant if persona in TENANT_ROLES else None)
         for persona, user in users.items()
     }
     return World(t1=sides["t1"], t2=sides["t2"], users=users, tokens=tokens)

@@ -1,0 +1,215 @@
+"""
+The role matrix: for every API operation, the status each persona gets, and the audit door.
+
+Every (method, route) of /api/v1/ has a row naming all eight personas; ``test_every_route_has_a_row``
+fails when a route is added without one. Each cell runs against a fresh world; a successful
+change writes exactly one audit event and a refused one writes none.
+
+Columns, in order: anon, t1_viewer, t1_member, t1_admin, t1_owner, t2_member, platform_approver,
+platform_admin. The object a detail route acts on belongs to tenant t1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region
+from security.models import AuditEvent
+from tenants import services
+from tenants.choices import TenantRole
+from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership
+from tenants.scoping import Principal
+from tests.routes import SAFE, api_routes
+from tests.world import PERSONAS, World, small_fleet, unique
+
+V1 = "/api/v1"
+
+
+@dataclass(frozen=True)
+class Case:
+    codes: str  # eight status codes, in PERSONAS order
+    path: Callable[[World], str]
+    body: Callable[[World], dict] | None = None
+
+    def expected(self, persona: str) -> int:
+        codes = self.codes.split()
+        assert len(codes) == len(PERSONAS), f"row has {len(codes)} codes, expected {len(PERSONAS)}"
+        return int(codes[PERSONAS.index(persona)])
+
+
+def fresh_team(w: World) -> str:
+    team = Team.objects.create(tenant=w.t1.tenant, name="Disposable", slug=unique("disposable"))
+    return f"{V1}/teams/{team.pk}/"
+
+
+def invitation_body(w: World) -> dict:
+    owner = Principal(user=w.t1.owner, tenant=w.t1.tenant, role=TenantRole.OWNER)
+    _, link = services.invitation_create(actor=owner, role=TenantRole.VIEWER)
+    return {"token": link.rstrip("/").rsplit("/", 1)[1], "email": f"{unique('joiner')}@example.com",
+            "password": "a-long-enough-passphrase"}
+
+
+def first(model) -> Callable[[World], object]:
+    def get(w: World):
+        if not model.objects.exists():
+            small_fleet(4)
+        return model.objects.order_by("pk").first().pk
+
+    return get
+
+
+def offering(w: World):
+    return Offering.objects.get_or_create(
+        slug="matrix-offering",
+        defaults={"name": "Matrix", "kind": "vm", "gpu_model": GPUModel.objects.get(slug="h100-80gb-sxm"),
+                  "gpus_per_unit": 1, "price_per_gpu_hour": "2.00"},
+    )[0].pk
+
+
+def node_in_maintenance(w: World) -> str:
+    node_id = first(Node)(w)
+    Node.objects.filter(pk=node_id).update(state="maintenance")
+    return f"{V1}/nodes/{node_id}/maintenance/"
+
+
+def available_node(w: World) -> str:
+    small_fleet(4)
+    node = Node.objects.filter(state="available").order_by("hostname").first()
+    return f"{V1}/nodes/{node.pk}/maintenance/"
+
+
+MATRIX: dict[tuple[str, str], Case] = {
+    # ------------------------------------------------------------- anon vie mem adm own t2m apr pad
+    ("GET", "me"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/me/"),
+    ("POST", "invitation-accept"): Case(
+        "201 201 201 201 201 201 201 201", lambda w: f"{V1}/invitations/accept/", invitation_body),
+    ("GET", "tenants-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/tenants/"),
+    ("POST", "tenants-list"): Case(
+        "401 403 403 403 403 403 403 201", lambda w: f"{V1}/tenants/",
+        lambda w: {"name": "New", "slug": unique("new"), "owner_email": f"{unique('o')}@example.com"}),
+    ("GET", "tenants-detail"): Case("401 200 200 200 200 404 200 200", lambda w: f"{V1}/tenants/{w.t1.tenant.pk}/"),
+    ("PATCH", "tenants-detail"): Case(
+        "401 403 403 403 200 403 403 403", lambda w: f"{V1}/tenants/{w.t1.tenant.pk}/", lambda w: {"name": "Renamed"}),
+    ("GET", "teams-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/teams/"),
+    ("POST", "teams-list"): Case(
+        "401 403 403 201 201 403 403 403", lambda w: f"{V1}/teams/", lambda w: {"name": "T", "slug": unique("t")}),
+    ("GET", "teams-detail"): Case("401 200 200 200 200 404 200 200", lambda w: f"{V1}/teams/{w.t1.team.pk}/"),
+    ("PATCH", "teams-detail"): Case(
+        "401 403 403 200 200 403 403 403", lambda w: f"{V1}/teams/{w.t1.team.pk}/", lambda w: {"name": "Renamed"}),
+    ("DELETE", "teams-detail"): Case("401 403 403 204 204 403 403 403", fresh_team),
+    ("GET", "memberships-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/memberships/"),
+    ("GET", "memberships-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/memberships/{w.t1.objects[Membership].pk}/"),
+    ("PATCH", "memberships-detail"): Case(
+        "401 403 403 200 200 403 403 403", lambda w: f"{V1}/memberships/{w.t1.objects[Membership].pk}/",
+        lambda w: {"role": "viewer"}),
+    ("DELETE", "memberships-detail"): Case(
+        "401 403 403 204 204 403 403 403", lambda w: f"{V1}/memberships/{w.t1.objects[Membership].pk}/"),
+    ("GET", "team-memberships-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/team-memberships/"),
+    ("POST", "team-memberships-list"): Case(
+        "401 403 403 201 201 400 403 403", lambda w: f"{V1}/team-memberships/",
+        lambda w: {"team": str(w.t1.team.pk), "user": str(w.users["t1_viewer"].pk)}),
+    ("GET", "team-memberships-detail"): Case(
+        "401 404 200 200 200 404 200 200", lambda w: f"{V1}/team-memberships/{w.t1.objects[TeamMembership].pk}/"),
+    ("PATCH", "team-memberships-detail"): Case(
+        "401 403 403 200 200 404 403 403", lambda w: f"{V1}/team-memberships/{w.t1.objects[TeamMembership].pk}/",
+        lambda w: {"role": "admin"}),
+    ("DELETE", "team-memberships-detail"): Case(
+        "401 403 403 204 204 404 403 403", lambda w: f"{V1}/team-memberships/{w.t1.objects[TeamMembership].pk}/"),
+    ("GET", "invitations-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/invitations/"),
+    ("POST", "invitations-list"): Case(
+        "401 403 403 201 201 403 403 403", lambda w: f"{V1}/invitations/", lambda w: {"role": "member"}),
+    ("GET", "invitations-detail"): Case(
+        "401 403 403 200 200 403 200 200", lambda w: f"{V1}/invitations/{w.t1.objects[Invitation].pk}/"),
+    ("DELETE", "invitations-detail"): Case(
+        "401 403 403 204 204 403 403 403", lambda w: f"{V1}/invitations/{w.t1.objects[Invitation].pk}/"),
+    ("GET", "api-tokens-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/api-tokens/"),
+    ("POST", "api-tokens-list"): Case(
+        "401 201 201 201 201 201 201 201", lambda w: f"{V1}/api-tokens/", lambda w: {"name": "ci", "scope": "read"}),
+    ("GET", "api-tokens-detail"): Case(
+        "401 404 404 200 200 404 200 200", lambda w: f"{V1}/api-tokens/{w.t1.objects[APIToken].pk}/"),
+    ("DELETE", "api-tokens-detail"): Case(
+        "401 404 404 204 204 404 404 204", lambda w: f"{V1}/api-tokens/{w.t1.objects[APIToken].pk}/"),
+    ("GET", "quotas-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/quotas/"),
+    ("POST", "quotas-list"): Case(
+        "401 403 403 403 403 403 403 201", lambda w: f"{V1}/quotas/",
+        lambda w: {"tenant": str(w.t1.tenant.pk), "resource": "vpcs", "limit": 3}),
+    ("GET", "quotas-detail"): Case(  # a team's quota: its members and tenant admins see it
+        "401 404 200 200 200 404 200 200", lambda w: f"{V1}/quotas/{w.t1.objects[Quota].pk}/"),
+    ("PATCH", "quotas-detail"): Case(
+        "401 403 403 403 403 403 403 200", lambda w: f"{V1}/quotas/{w.t1.objects[Quota].pk}/",
+        lambda w: {"limit": 24}),
+    ("DELETE", "quotas-detail"): Case(
+        "401 403 403 403 403 403 403 204", lambda w: f"{V1}/quotas/{w.t1.objects[Quota].pk}/"),
+    ("GET", "audit-events-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/audit-events/"),
+    ("GET", "audit-events-detail"): Case(
+        "401 403 403 200 200 403 200 200", lambda w: f"{V1}/audit-events/{w.t1.objects[AuditEvent].pk}/"),
+    ("GET", "regions-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/regions/"),
+    ("POST", "regions-list"): Case(
+        "401 403 403 403 403 403 403 201", lambda w: f"{V1}/regions/",
+        lambda w: {"slug": unique("region"), "name": "New region"}),
+    ("GET", "regions-detail"): Case(
+        "401 200 200 200 200 200 200 200", lambda w: f"{V1}/regions/{first(Region)(w)}/"),
+    ("PATCH", "regions-detail"): Case(
+        "401 403 403 403 403 403 403 200", lambda w: f"{V1}/regions/{first(Region)(w)}/", lambda w: {"name": "R"}),
+    ("GET", "gpu-models-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/gpu-models/"),
+    ("POST", "gpu-models-list"): Case(
+        "401 403 403 403 403 403 403 201", lambda w: f"{V1}/gpu-models/",
+        lambda w: {"slug": unique("gpu"), "name": "Next GPU", "memory_gib": 96, "memory_bandwidth_tbs": "4.00",
+                   "fp16_tflops": "500.0", "tdp_watts": 600}),
+    ("GET", "gpu-models-detail"): Case(
+        "401 200 200 200 200 200 200 200", lambda w: f"{V1}/gpu-models/{first(GPUModel)(w)}/"),
+    ("PATCH", "gpu-models-detail"): Case(
+        "401 403 403 403 403 403 403 200", lambda w: f"{V1}/gpu-models/{first(GPUModel)(w)}/",
+        lambda w: {"tdp_watts": 450}),
+    ("GET", "offerings-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/offerings/"),
+    ("POST", "offerings-list"): Case(
+        "401 403 403 403 403 403 403 201", lambda w: f"{V1}/offerings/",
+        lambda w: {"slug": unique("offer"), "name": "Offer", "kind": "container", "gpu_model": "h200-141gb-sxm",
+                   "gpus_per_unit": 1, "price_per_gpu_hour": "3.10"}),
+    ("GET", "offerings-detail"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/offerings/{offering(w)}/"),
+    ("PATCH", "offerings-detail"): Case(
+        "401 403 403 403 403 403 403 200", lambda w: f"{V1}/offerings/{offering(w)}/",
+        lambda w: {"price_per_gpu_hour": "2.20"}),
+    ("GET", "fabrics-list"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/fabrics/"),
+    ("GET", "fabrics-detail"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/fabrics/{first(Fabric)(w)}/"),
+    ("GET", "nodes-list"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/nodes/"),
+    ("GET", "nodes-detail"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/nodes/{first(Node)(w)}/"),
+    ("POST", "nodes-maintenance"): Case(
+        "401 403 403 403 403 403 403 200", available_node, lambda w: {"reason": "replace a fan"}),
+    ("DELETE", "nodes-maintenance"): Case("401 403 403 403 403 403 403 200", node_in_maintenance),
+    ("GET", "gpus-list"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/gpus/"),
+    ("GET", "gpus-detail"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/gpus/{first(GPU)(w)}/"),
+}
+
+
+def test_every_route_has_a_row():
+    """Every API operation is in the matrix, and the matrix names no route that does not exist."""
+    routes = {route.key for route in api_routes()}
+    assert routes - MATRIX.keys() == set(), "routes without a row in the role matrix"
+    assert MATRIX.keys() - routes == set(), "matrix rows for routes that do not exist"
+
+
+@pytest.mark.parametrize("persona", PERSONAS)
+@pytest.mark.parametrize("key", sorted(MATRIX), ids=lambda key: f"{key[0]} {key[1]}")
+def test_role_matrix(world, persona, key):
+    """The persona gets exactly the status in its cell; a change writes one audit event, a refusal none."""
+    method, _name = key
+    case = MATRIX[key]
+    path = case.path(world)
+    body = case.body(world) if case.body else None
+    events = AuditEvent.objects.count()
+    response = getattr(world.client(persona), method.lower())(path, body, format="json")
+    expected = case.expected(persona)
+    assert response.status_code == expected, (
+        f"{persona} {method} {path}: {response.status_code}, expected {expected}: {response.content[:300]!r}"
+    )
+    if response.status_code >= 400:
+        assert response.json()["errors"][0]["code"], "every refusal carries a machine-readable code"
+    if method not in SAFE:
+        written = AuditEvent.objects.count() - events
+        assert written == (1 if response.status_code < 300 else 0), f"{written} audit events for {persona} {method}"
+
