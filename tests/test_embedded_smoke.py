@@ -1,0 +1,118 @@
+"""
+The embedded-mode smoke test: the README's run command on a fresh data folder, as a user would.
+
+Starts ``make run``, waits for the banner, signs in as a demo user through the login form,
+calls the API with the session and with a new token, stops with SIGINT (Ctrl-C), and checks
+that every process it started has exited.
+"""
+
+import http.cookiejar
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cloud.demo import DEMO_PASSWORD
+
+REPO = Path(__file__).resolve().parent.parent
+# Settings of the test run that must not reach the embedded run.
+NOT_INHERITED = {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE", "MERIDIAN_DATA_DIR", "REDIS_URL",
+                 "MERIDIAN_ENCRYPTION_KEYS", "MERIDIAN_SECURE_TRANSPORT", "DJANGO_ALLOWED_HOSTS", "MAKEFLAGS",
+                 "MAKELEVEL", "MFLAGS", "PYTEST_XDIST_WORKER", "PYTEST_CURRENT_TEST"}
+
+pytestmark = [pytest.mark.smoke, pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process below ``root``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_run_command_serves_console_and_api_and_stops_cleanly(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+    env["MERIDIAN_DATA_DIR"] = str(tmp_path / "data")
+    log_path = tmp_path / "run.log"
+    with open(log_path, "w") as log:
+        run = subprocess.Popen(["make", "run", f"PORT={port}"], cwd=REPO, env=env, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    started = set()
+    try:
+        deadline = time.monotonic() + 300
+        while "Meridian is running" not in log_path.read_text():
+            assert run.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no banner in time:\n" + log_path.read_text()[-3000:]
+            time.sleep(0.5)
+        started = descendants(run.pid)
+        assert len(started) >= 4, "make, the supervisor, web, worker and beat should be running"
+        base = f"http://127.0.0.1:{port}"
+        assert "alice@acme.example" in log_path.read_text()
+
+        jar = http.cookiejar.CookieJar()
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        browser.open(f"{base}/login/").read()
+        csrf = next(c.value for c in jar if c.name == "csrftoken")
+        form = urllib.parse.urlencode({"username": "alice@acme.example", "password": DEMO_PASSWORD,
+                                       "csrfmiddlewaretoken": csrf}).encode()
+        home = browser.open(urllib.request.Request(f"{base}/login/", data=form, headers={"Referer": f"{base}/login/"}))
+        assert b"Acme AI" in home.read()
+
+        me = json.load(browser.open(f"{base}/api/v1/me/"))
+        assert me["email"] == "alice@acme.example"
+        assert me["acting_as"]["role"] == "owner"
+
+        csrf = next(c.value for c in jar if c.name == "csrftoken")
+        created = browser.open(urllib.request.Request(
+            f"{base}/api/v1/api-tokens/", data=json.dumps({"name": "smoke", "scope": "read"}).encode(),
+            headers={"Content-Type": "application/json", "X-CSRFToken": csrf, "Referer": f"{base}/"},
+        ))
+        token = json.load(created)["token"]
+        offerings = json.load(urllib.request.urlopen(urllib.request.Request(
+            f"{base}/api/v1/offerings/", headers={"Authorization": f"Bearer {token}"})))
+        assert offerings["count"] > 0
+        assert any(o["availability"] for o in offerings["results"])
+    finally:
+        os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+        try:
+            run.wait(timeout=90)
+        finally:
+            left = [pid for pid in started | descendants(run.pid) if alive(pid)]
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes still running after Ctrl-C: {left}\n" + log_path.read_text()[-3000:]
+    assert "Meridian stopped." in log_path.read_text()
