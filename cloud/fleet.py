@@ -12,7 +12,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from security.audit import audit_record
@@ -66,7 +66,20 @@ def build_fleet(spec: FleetSpec, *, progress=None) -> FleetReport:
             _build_fabric(region, fabric_slug, model, spec, report)
             if progress:
                 progress(f"{region.slug}/{fabric_slug}: {spec.nodes_per_fabric} nodes of {model.name}")
+    if report.nodes:
+        _refresh_planner_statistics()
     return report
+
+
+def _refresh_planner_statistics() -> None:
+    """
+    After a bulk load the planner has no statistics for the new rows and picks nested loops:
+    the capacity aggregates took a second on 10,240 GPUs instead of 15 ms. ANALYZE fixes that
+    now rather than whenever autovacuum gets to it.
+    """
+    with connection.cursor() as cursor:
+        for model in (Switch, Node, GPU):
+            cursor.execute(f"ANALYZE {connection.ops.quote_name(model._meta.db_table)}")
 
 
 @transaction.atomic

@@ -12,7 +12,7 @@ from .scoping import Principal
 TENANT_HEADER = "X-Meridian-Tenant"
 
 
-def _team_roles(user: User, tenant_id) -> dict:
+def load_team_roles(user: User, tenant_id) -> dict:
     return dict(TeamMembership.objects.filter(user=user, team__tenant_id=tenant_id).values_list("team_id", "role"))
 
 
@@ -30,7 +30,7 @@ def principal_for_token(token: APIToken) -> Principal:
     membership = Membership.objects.filter(tenant_id=token.tenant_id, user=user).first()
     if membership is None:
         raise token_revoked()
-    team_roles = _team_roles(user, token.tenant_id)
+    team_roles = load_team_roles(user, token.tenant_id)
     if token.team_id and token.team_id not in team_roles and not TenantRole(membership.role).at_least(TenantRole.ADMIN):
         raise token_revoked()
     return Principal(
@@ -59,7 +59,7 @@ def principal_for_session(user: User, tenant_hint: str | None) -> Principal:
     if chosen is None:
         return Principal(user=user)
     return Principal(user=user, tenant=chosen.tenant, role=TenantRole(chosen.role),
-                     team_roles=_team_roles(user, chosen.tenant_id))
+                     team_roles=load_team_roles(user, chosen.tenant_id))
 
 
 def _as_uuid(value: str) -> str | None:

@@ -1,0 +1,57 @@
+"""Shared set-up of the benchmarks: a scratch PostgreSQL database, migrated, for one run."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+BASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/meridian")
+
+
+def scratch_database(name: str) -> str:
+    """Create (or recreate) database ``name`` beside DATABASE_URL's and point Django at it."""
+    import psycopg
+
+    parts = urlsplit(BASE_URL)
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = urlunsplit(parts._replace(path=f"/{name}"))
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("MERIDIAN_DATA_DIR", tempfile.mkdtemp(prefix="meridian-bench-"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cloud.settings")
+    os.environ.setdefault("MERIDIAN_SECURE_TRANSPORT", "0")
+    return url
+
+
+def setup_django(database: str) -> str:
+    url = scratch_database(database)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+    return url
+
+
+def drop_database(name: str) -> None:
+    import psycopg
+    from django.db import connections
+
+    connections.close_all()
+    admin = urlunsplit(urlsplit(BASE_URL)._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
