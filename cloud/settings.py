@@ -151,9 +151,13 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 # https://django-axes.readthedocs.io/en/latest/4_configuration.html
-AXES_FAILURE_LIMIT = env.int("MERIDIAN_LOGIN_FAILURE_LIMIT", default=5)
+# Five wrong passwords are answered with the form; the sixth locks username+address (axes locks
+# on the attempt that reaches the limit).
+AXES_FAILURE_LIMIT = env.int("MERIDIAN_LOGIN_FAILURE_LIMIT", default=5) + 1
 AXES_COOLOFF_TIME = timedelta(minutes=env.int("MERIDIAN_LOGIN_COOLOFF_MINUTES", default=15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# The sign-in form's field is "username" (it holds the e-mail); axes would otherwise look for "email".
+AXES_USERNAME_FORM_FIELD = "username"
 AXES_RESET_ON_SUCCESS = True
 
 #

@@ -1,0 +1,43 @@
+"""Console sign-in by e-mail, and the brute-force lock on it (django-axes)."""
+
+import pytest
+from django.test import Client
+
+from tenants.models import User
+
+PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture
+def person(db):
+    return User.objects.create_user("Person@Example.com", PASSWORD)
+
+
+def login(client, email, password):
+    return client.post("/login/", {"username": email, "password": password})
+
+
+def test_sign_in_by_email_in_any_case(person):
+    """The address is the login, whatever its case; the home page lists the user's tenants."""
+    client = Client()
+    response = login(client, "PERSON@example.com", PASSWORD)
+    assert response.status_code == 302
+    assert client.get("/").status_code == 200
+
+
+def test_sixth_wrong_password_locks_the_login_even_for_the_right_password(person):
+    """After five failures from one address the account is locked there, right password included."""
+    client = Client()
+    for _ in range(5):
+        assert login(client, person.email, "wrong-password").status_code == 200  # the form again, with an error
+    locked = login(client, person.email, "wrong-password")
+    assert locked.status_code in (403, 429)
+    assert login(client, person.email, PASSWORD).status_code in (403, 429)
+    assert "_auth_user_id" not in client.session
+
+
+def test_home_requires_sign_in(db):
+    """Anonymous visitors are sent to the sign-in page."""
+    response = Client().get("/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/")
