@@ -26,3 +26,9 @@ GPU_MODELS = [
         "mig_max_instances": 7, "tdp_watts": 1000,
     },
 ]
+
+
+def load_gpu_catalogue(gpu_model_class) -> None:
+    """Create or refresh the catalogue rows (the data migration passes its historical model)."""
+    for row in GPU_MODELS:
+        gpu_model_class.objects.update_or_create(slug=row["slug"], defaults=row)

@@ -279,7 +279,13 @@ class Quota(TeamOwnedModel):
 
 class APITokenQuerySet(TenantScopedQuerySet):
     def visible_to(self, principal, action="view"):
-        """Members see their own tokens; tenant admins and owners see every token of the tenant."""
+        """
+        Members see their own tokens; tenant admins and owners see every token of the tenant;
+        platform admins see and revoke any token, platform approvers read all and revoke their own.
+        """
+        if principal is not None and principal.is_platform and not principal.is_platform_admin:
+            # Approvers read every token but change (revoke) only their own.
+            return self.all() if action == "view" else self.filter(user=principal.user)
         qs = super().visible_to(principal, action)
         if principal is not None and not principal.is_platform and not principal.has_role(TenantRole.ADMIN):
             qs = qs.filter(user=principal.user)

@@ -48,7 +48,8 @@ def quota_limits(*, tenant: Tenant, resource: str, team: Team | None = None, gpu
                    limit=row.limit)
         for row in rows
     ]
-    if not any(limit.scope == "tenant" for limit in limits):
+    # A per-model row narrows; only a tenant row for all models replaces the default overall limit.
+    if not any(limit.scope == "tenant" and limit.gpu_model_id is None for limit in limits):
         limits.append(QuotaLimit(scope="tenant", resource=resource, gpu_model_id=None,
                                  limit=settings.MERIDIAN_DEFAULT_QUOTAS[QuotaResource(resource).value],
                                  is_default=True))

@@ -292,12 +292,17 @@ def invitation_accept(*, secret: str, user: User | None, email: str = "", passwo
     )
     if invitation is None or invitation.status != "pending":
         raise DomainError(INVITATION_INVALID, code="invitation_invalid")
+    bound_to = invitation.email.lower()
     if user is None:
         if not email or not password:
             raise DomainError("Sign in, or give an e-mail address and a password to create an account.",
                               code="credentials_required")
+        if bound_to and bound_to != email.lower():
+            raise DomainError(INVITATION_INVALID, code="invitation_invalid")
         user = User.objects.filter(email__iexact=email).first()
-        if user is not None and user.has_usable_password():
+        # An existing account gets its first password only from an invitation addressed to it
+        # (the owner set up by tenant_create); an open link must never claim someone's account.
+        if user is not None and (user.has_usable_password() or not bound_to):
             raise Conflict("An account with this e-mail exists; sign in and open the link again.",
                            code="account_exists")
         if user is None:
@@ -305,7 +310,7 @@ def invitation_accept(*, secret: str, user: User | None, email: str = "", passwo
         else:
             user.set_password(password)
             user.save(update_fields=["password"])
-    if invitation.email and invitation.email.lower() != user.email.lower():
+    elif bound_to and bound_to != user.email.lower():
         raise DomainError(INVITATION_INVALID, code="invitation_invalid")
     membership, created = Membership.objects.get_or_create(
         tenant=invitation.tenant, user=user, defaults={"role": invitation.role}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Node
 from security.audit import audit_record
@@ -101,6 +102,8 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
 
 
 def build_world() -> World:
+    # Transactional tests flush the tables, the migration-loaded GPU catalogue included.
+    load_gpu_catalogue(GPUModel)
     users, sides = {}, {}
     for name in ("t1", "t2"):
         tenant = Tenant.objects.create(name=f"Tenant {name}", slug=unique(f"tenant-{name}"))
@@ -132,6 +135,7 @@ def build_world() -> World:
 
 def small_fleet(nodes: int = 8) -> list[Node]:
     """A one-region fleet for inventory tests (leaf switches, spares, shared hosts included)."""
+    load_gpu_catalogue(GPUModel)
     build_fleet(FleetSpec(regions=1, nodes_per_fabric=nodes, spare_ratio=0.25, shared_ratio=0.25))
     return list(Node.objects.all())
 

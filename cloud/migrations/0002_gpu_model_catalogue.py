@@ -2,11 +2,9 @@ from django.db import migrations
 
 
 def load(apps, schema_editor):
-    from cloud.catalogue import GPU_MODELS
+    from cloud.catalogue import load_gpu_catalogue
 
-    GPUModel = apps.get_model("cloud", "GPUModel")
-    for row in GPU_MODELS:
-        GPUModel.objects.update_or_create(slug=row["slug"], defaults=row)
+    load_gpu_catalogue(apps.get_model("cloud", "GPUModel"))
 
 
 def unload(apps, schema_editor):

@@ -11,6 +11,7 @@ import pytest
 import time_machine
 from django.conf import settings
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -246,6 +247,17 @@ def test_expires_at_and_expires_in_days_together_is_400(world):
     assert APIToken.objects.count() == before
 
 
+def test_token_cannot_outlive_the_token_that_issues_it(world):
+    """A token with an expiry may only issue tokens that expire no later than itself."""
+    parent = bearer(issue(world, "t1_member", scope="read_write", expires_in_days=2)["token"])
+    before = APIToken.objects.count()
+    assert_error(parent.post(TOKENS, {"name": "forever"}, format="json"), 400, "invalid", attr="expires_at")
+    assert_error(parent.post(TOKENS, {"name": "longer", "expires_in_days": 3}, format="json"), 400, "invalid",
+                 attr="expires_at")
+    assert APIToken.objects.count() == before
+    assert parent.post(TOKENS, {"name": "shorter", "expires_in_days": 1}, format="json").status_code == 201
+
+
 #
 # Revocation
 #
@@ -351,6 +363,42 @@ def test_token_of_an_inactive_user_is_token_invalid(world):
     assert response.json() == INVALID_BODY
 
 
+def test_scope_outside_the_enum_is_400_and_issues_nothing(world):
+    """There is no ``admin`` scope: asking for one is a 400 on ``scope``, as is an unknown ``scopes`` field."""
+    before = APIToken.objects.count()
+    client = world.client("t1_member")
+    assert_error(client.post(TOKENS, {"name": "x", "scope": "admin"}, format="json"), 400, "invalid_choice",
+                 attr="scope")
+    assert_error(client.post(TOKENS, {"name": "x", "scopes": ["admin"]}, format="json"), 400, "unknown_field",
+                 attr="scopes")
+    assert APIToken.objects.count() == before
+
+
+def test_login_lock_holds_the_right_password_spares_neighbours_and_lifts_after_cool_off(world):
+    """
+    After the failure limit for one address from one IP, even the right password is refused until
+    the cool-off has passed; another person signing in from the same IP is not affected.
+    """
+    password = "right-Horse-battery-42"
+    user, neighbour = world.users["t1_member"], world.users["t1_viewer"]
+    for person in (user, neighbour):
+        person.set_password(password)
+        person.save(update_fields=["password"])
+    browser = Client()
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        browser.post("/login/", {"username": user.email, "password": "wrong-password-123"})
+    locked = browser.post("/login/", {"username": user.email, "password": password})
+    assert locked.status_code in (403, 429), locked.status_code
+    assert browser.get(ME).status_code in (401, 403)
+
+    other = Client().post("/login/", {"username": neighbour.email, "password": password})
+    assert other.status_code == 302, other.status_code
+
+    with time_machine.travel(timezone.now() + settings.AXES_COOLOFF_TIME + timedelta(seconds=1), tick=False):
+        again = Client().post("/login/", {"username": user.email, "password": password})
+    assert again.status_code == 302, again.status_code
+
+
 #
 # Scope and current role
 #
@@ -408,6 +456,17 @@ def test_token_whose_membership_vanished_is_token_revoked(world):
     """Even without the service revoking it, a token whose user has no membership left is refused."""
     Membership.objects.filter(tenant=world.t1.tenant, user=world.users["t1_viewer"]).delete()
     assert_error(world.client("t1_viewer").get(ME), 401, "token_revoked")
+
+
+def test_tenant_header_cannot_move_a_token_to_another_tenant(world):
+    """A token acts in its own tenant; X-Meridian-Tenant naming another one changes nothing."""
+    client = world.client("t2_member")
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.tokens['t2_member']}",
+                       HTTP_X_MERIDIAN_TENANT=world.t1.tenant.slug)
+    acting = client.get(ME).json()["acting_as"]
+    assert acting["tenant"] == str(world.t2.tenant.pk)
+    teams = client.get(TEAMS).json()["results"]
+    assert {t["id"] for t in teams} == {str(world.t2.team.pk)}
 
 
 def test_token_of_another_tenant_sees_nothing_of_this_tenant(world):
@@ -545,6 +604,25 @@ def test_platform_token_stops_working_when_the_platform_role_is_taken_away(world
     user.platform_role = PlatformRole.NONE
     user.save(update_fields=["platform_role"])
     assert_error(world.client("platform_approver").get("/api/v1/nodes/"), 401, "token_revoked")
+
+
+@pytest.mark.parametrize("persona", ["platform_approver", "platform_admin"])
+def test_platform_staff_revoke_their_own_platform_token(world, persona):
+    """Any staff member may revoke their own token (204), after which it is refused."""
+    body = issue(world, persona, scope="read_write")
+    response = world.client(persona).delete(f"{TOKENS}{body['id']}/")
+    assert response.status_code == 204, response.content
+    assert APIToken.objects.get(pk=body["id"]).revoked_at is not None
+    assert_error(bearer(body["token"]).get(ME), 401, "token_revoked")
+
+
+def test_platform_approver_cannot_revoke_a_tenants_token(world):
+    """A platform approver may read tenants' tokens but not revoke them."""
+    token = world.t1.objects[APIToken]
+    response = world.client("platform_approver").delete(f"{TOKENS}{token.pk}/")
+    assert response.status_code in (403, 404), response.content
+    token.refresh_from_db()
+    assert token.revoked_at is None
 
 
 def test_service_refuses_a_token_for_a_user_without_tenant_or_platform_role(world):
