@@ -26,7 +26,8 @@ def _catalogue_save(*, actor, instance: Model, changes: dict, action: str) -> Mo
     before = None if is_new else snapshot(instance, list(changes))
     for field, value in changes.items():
         setattr(instance, field, value)
-    instance.full_clean()
+    # Uniqueness is left to the database: a duplicate slug is a 409 (also under a race), not a 400.
+    instance.full_clean(validate_unique=False)
     try:
         with transaction.atomic():
             instance.save()

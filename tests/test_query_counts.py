@@ -1,0 +1,272 @@
+"""
+A query-count guard on every list endpoint of the router: a page of 20 rows costs the same number
+of queries as a page of 2 (no N+1). A route whose model has no row-maker here fails, so a route
+added later cannot slip past the guard.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from cloud.api.base import PlatformViewSet
+from cloud.api.urls import router
+from cloud.choices import NodePool, NodeState, OfferingKind
+from cloud.fleet import HGX_PCI_BUS_IDS
+from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region, Switch
+from security.models import AuditEvent
+from tenants.choices import QuotaResource, TeamRole, TenantRole
+from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, secret_digest
+from tests.world import World, h100, make_user, unique
+
+SMALL, LARGE = 2, 20
+
+#
+# Row-makers: ``make(world, n)`` adds n rows of the model visible to the route's caller.
+#
+
+
+def _team(world: World) -> Team:
+    return Team.objects.create(tenant=world.t1.tenant, name=unique("Team"), slug=unique("team"))
+
+
+def _member(world: World):
+    user = make_user(f"{unique('member')}@example.com")
+    Membership.objects.create(tenant=world.t1.tenant, user=user, role=TenantRole.MEMBER)
+    return user
+
+
+def make_tenants(world, n):
+    for _ in range(n):
+        Tenant.objects.create(name=unique("Tenant"), slug=unique("tenant"))
+
+
+def make_teams(world, n):
+    for _ in range(n):
+        _team(world)
+
+
+def make_memberships(world, n):
+    for _ in range(n):
+        _member(world)
+
+
+def make_team_memberships(world, n):
+    for _ in range(n):
+        TeamMembership.objects.create(team=world.t1.team, user=_member(world), role=TeamRole.MEMBER)
+
+
+def make_invitations(world, n):
+    for _ in range(n):
+        Invitation.objects.create(
+            tenant=world.t1.tenant, team=world.t1.team, email=f"{unique('invitee')}@example.com",
+            role=TenantRole.MEMBER, digest=secret_digest(secrets.token_urlsafe(32)), created_by=world.t1.owner,
+            expires_at=timezone.now() + timedelta(days=7),
+        )
+
+
+def make_api_tokens(world, n):
+    for _ in range(n):
+        APIToken.objects.create(
+            user=world.users["t1_member"], tenant=world.t1.tenant, team=world.t1.team, name=unique("token"),
+            prefix=secrets.token_hex(6), digest=secret_digest(secrets.token_urlsafe(32)),
+        )
+
+
+def make_quotas(world, n):
+    for i in range(n):
+        Quota.objects.create(tenant=world.t1.tenant, team=_team(world), resource=QuotaResource.GPUS,
+                             gpu_model=h100() if i % 2 else None, limit=8 + i)
+
+
+def make_audit_events(world, n):
+    for i in range(n):
+        AuditEvent.objects.create(actor_id=world.t1.owner.pk, actor_email=world.t1.owner.email,
+                                  tenant_id=world.t1.tenant.pk, action="test.event", target_type="tenants.team",
+                                  target_id=str(world.t1.team.pk), after={"i": i})
+
+
+def make_regions(world, n):
+    for _ in range(n):
+        slug = unique("region")
+        Region.objects.create(slug=slug, name=slug.title())
+
+
+def make_gpu_models(world, n):
+    for _ in range(n):
+        GPUModel.objects.create(slug=unique("gpu"), name=unique("GPU"), memory_gib=48, memory_bandwidth_tbs="0.86",
+                                fp16_tflops="362.0", tdp_watts=350, mig_max_instances=7)
+
+
+def make_offerings(world, n):
+    models = list(GPUModel.objects.order_by("slug"))
+    for i in range(n):
+        kind = [OfferingKind.BARE_METAL, OfferingKind.VM, OfferingKind.CONTAINER][i % 3]
+        Offering.objects.create(
+            slug=unique("offering"), name=unique("Offering"), kind=kind, gpu_model=models[i % len(models)],
+            gpus_per_unit=8 if kind == OfferingKind.BARE_METAL else 1,
+            slots_per_gpu=7 if kind == OfferingKind.CONTAINER else 1, price_per_gpu_hour="2.5000",
+        )
+
+
+def _region() -> Region:
+    return Region.objects.create(slug=unique("region"), name="Region")
+
+
+def _fabric(region: Region | None = None) -> Fabric:
+    region = region or _region()
+    return Fabric.objects.create(region=region, name=unique("Fabric"), slug=unique("ib"))
+
+
+def _node(fabric: Fabric | None = None, pool=NodePool.BARE_METAL) -> Node:
+    fabric = fabric or _fabric()
+    leaf = Switch.objects.create(fabric=fabric, name=unique("leaf"), tier="leaf")
+    hostname = unique("node")
+    return Node.objects.create(
+        hostname=hostname, region=fabric.region, fabric=fabric, leaf=leaf, pool=pool,
+        bmc_address=f"https://{hostname}-bmc/redfish/v1", bmc_username="meridian", bmc_password=secrets.token_hex(8),
+        cpu_cores=112, ram_gib=2048, nvme_tb="30.72",
+        state=NodeState.IN_SERVICE if pool == NodePool.SHARED else NodeState.AVAILABLE,
+    )
+
+
+def make_fabrics(world, n):
+    region = _region()
+    for _ in range(n):
+        fabric = _fabric(region)
+        Switch.objects.create(fabric=fabric, name=unique("leaf"), tier="leaf")
+        Switch.objects.create(fabric=fabric, name=unique("spine"), tier="spine")
+        _node(fabric)
+
+
+def make_nodes(world, n):
+    fabric = _fabric()
+    for i in range(n):
+        node = _node(fabric, NodePool.SHARED if i % 2 else NodePool.BARE_METAL)
+        _gpus(node, 2)
+
+
+def _gpus(node: Node, count: int) -> None:
+    model = h100()
+    for index in range(count):
+        GPU.objects.create(node=node, index=index, uuid=f"GPU-{unique('u')}", serial=unique("serial"),
+                           pci_bus_id=HGX_PCI_BUS_IDS[index], model=model, memory_mib=model.memory_gib * 1024)
+
+
+def make_gpus(world, n):
+    fabric = _fabric()
+    node = None
+    for i in range(n):
+        if i % 8 == 0:
+            node = _node(fabric)
+        GPU.objects.create(node=node, index=i % 8, uuid=f"GPU-{unique('u')}", serial=unique("serial"),
+                           pci_bus_id=HGX_PCI_BUS_IDS[i % 8], model=h100(), memory_mib=81920)
+
+
+ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
+    Tenant: make_tenants,
+    Team: make_teams,
+    Membership: make_memberships,
+    TeamMembership: make_team_memberships,
+    Invitation: make_invitations,
+    APIToken: make_api_tokens,
+    Quota: make_quotas,
+    AuditEvent: make_audit_events,
+    Region: make_regions,
+    GPUModel: make_gpu_models,
+    Offering: make_offerings,
+    Fabric: make_fabrics,
+    Node: make_nodes,
+    GPU: make_gpus,
+}
+
+
+#
+# Trimmers: bring the world's rows of a model, as the caller sees them, to at most SMALL.
+#
+
+
+def _persona_prefix(world: World, persona: str) -> str:
+    return world.tokens[persona].split("_")[1]
+
+
+def trim_memberships(world):
+    keep = [world.users["t1_owner"], world.users["t1_member"]]
+    Membership.objects.filter(tenant=world.t1.tenant).exclude(user__in=keep).delete()
+
+
+def trim_api_tokens(world):
+    APIToken.objects.filter(tenant=world.t1.tenant).exclude(prefix=_persona_prefix(world, "t1_owner")).delete()
+
+
+def trim_audit_events(world):
+    AuditEvent.objects.filter(tenant_id=world.t1.tenant.pk).delete()
+
+
+def trim_gpu_models(world):
+    GPUModel.objects.all().delete()
+
+
+TRIMMERS: dict[type, Callable[[World], None]] = {
+    Membership: trim_memberships,
+    APIToken: trim_api_tokens,
+    AuditEvent: trim_audit_events,
+    GPUModel: trim_gpu_models,
+}
+
+# A tenant principal acts in one tenant and sees only that one; staff list every tenant.
+CALLER_OVERRIDES = {"tenants": "platform_admin"}
+
+
+def caller_for(prefix: str, viewset) -> str:
+    if prefix in CALLER_OVERRIDES:
+        return CALLER_OVERRIDES[prefix]
+    return "platform_admin" if issubclass(viewset, PlatformViewSet) else "t1_owner"
+
+
+LIST_ROUTES = [(prefix, viewset) for prefix, viewset, _ in router.registry if hasattr(viewset, "list")]
+
+
+def test_every_list_route_has_a_row_maker():
+    """The walk finds the router's list routes, and each lists a model this file knows how to make."""
+    assert {"teams", "api-tokens", "offerings", "nodes", "gpus", "audit-events"} <= {p for p, _ in LIST_ROUTES}
+    missing = [f"/api/v1/{p}/ ({v.queryset.model.__name__})"
+               for p, v in LIST_ROUTES if v.queryset.model not in ROW_MAKERS]
+    assert not missing, f"List routes without a row-maker in ROW_MAKERS: {', '.join(missing)}"
+
+
+def _list(client, url: str, expected: int) -> int:
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(url)
+    assert response.status_code == 200, response.content[:600]
+    assert response.json()["count"] == expected, f"{url} shows {response.json()['count']} rows, expected {expected}"
+    return len(queries)
+
+
+@pytest.mark.parametrize(("prefix", "viewset"), LIST_ROUTES, ids=[prefix for prefix, _ in LIST_ROUTES])
+def test_list_query_count_does_not_grow_with_rows(world, prefix, viewset):
+    """Listing 20 rows takes exactly as many queries as listing 2."""
+    model = viewset.queryset.model
+    make = ROW_MAKERS.get(model)
+    if make is None:
+        pytest.fail(f"/api/v1/{prefix}/ lists {model.__name__}, which has no row-maker in ROW_MAKERS of "
+                    f"tests/test_query_counts.py; add one so this route's query count is guarded.")
+    url = f"/api/v1/{prefix}/"
+    client = world.client(caller_for(prefix, viewset))
+    TRIMMERS.get(model, lambda w: None)(world)
+    visible = client.get(url).json()["count"]
+    assert visible <= SMALL, f"{url} already shows {visible} rows; trim them to at most {SMALL}"
+
+    make(world, SMALL - visible)
+    client.get(url)  # warm-up: the token's last_used_at write happens here, not in a measured request
+    small = _list(client, url, SMALL)
+    make(world, LARGE - SMALL)
+    large = _list(client, url, LARGE)
+
+    assert large == small, f"{url}: {small} queries for {SMALL} rows but {large} for {LARGE} (N+1)"
