@@ -1,5 +1,7 @@
 """Security records. For now the audit trail; attestation, isolation and keys come later."""
 
+import uuid
+
 from django.db import models
 
 from tenants.scoping import TenantScopedQuerySet
@@ -14,7 +16,10 @@ class AuditEvent(models.Model):
     Plain ids, not foreign keys: the trail outlives the objects and people it names.
     """
 
+    # The sequence gives commit order to the sealer; the public id is a UUID, so a tenant reading
+    # its own events learns nothing of how many others' there are.
     id = models.BigAutoField(primary_key=True)
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     occurred_at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor_id = models.UUIDField(null=True, blank=True)
     actor_email = models.CharField(max_length=254, blank=True)

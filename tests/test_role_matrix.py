@@ -146,7 +146,7 @@ MATRIX: dict[tuple[str, str], Case] = {
         "401 403 403 403 403 403 403 204", lambda w: f"{V1}/quotas/{w.t1.objects[Quota].pk}/"),
     ("GET", "audit-events-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/audit-events/"),
     ("GET", "audit-events-detail"): Case(
-        "401 403 403 200 200 403 200 200", lambda w: f"{V1}/audit-events/{w.t1.objects[AuditEvent].pk}/"),
+        "401 403 403 200 200 403 200 200", lambda w: f"{V1}/audit-events/{w.t1.objects[AuditEvent].public_id}/"),
     ("GET", "regions-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/regions/"),
     ("POST", "regions-list"): Case(
         "401 403 403 403 403 403 403 201", lambda w: f"{V1}/regions/",

@@ -13,6 +13,7 @@ class AuditEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
     queryset = AuditEvent.objects.all()
     serializer_class = AuditEventSerializer
     filterset_fields = ["action", "target_type", "target_id", "actor_id", "request_id"]
-    ordering_fields = ["id", "occurred_at"]
-    ordering = ["-id"]
-    lookup_value_regex = r"[0-9]{1,18}"
+    ordering_fields = ["occurred_at"]
+    ordering = ["-occurred_at", "-id"]
+    lookup_field = "public_id"
+    lookup_url_kwarg = "pk"
