@@ -1,1 +1,169 @@
-"""Reservations, allocations, instances and operations arrive with the reservations issue."""
+"""
+Reservations, the allocations that bind them to GPUs for a time range, the operations a client
+polls, and idempotency keys of creates.
+
+The one capacity rule -- no two allocations of the same GPU memory overlap in time -- is kept by
+the database: an exclusion constraint on PostgreSQL (migration 0002), the same check inside the
+IMMEDIATE write transaction on SQLite (``provisioning.allocations``).
+"""
+
+import uuid
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import F, Q
+
+from tenants.scoping import TeamOwnedModel, TenantOwnedModel, TenantScopedQuerySet
+
+from .choices import BillingTerm, EvictionPolicy, OperationKind, OperationState, ReservationState
+from .transitions import HOLDING_STATES, TERMINAL_STATES
+
+
+class Reservation(TeamOwnedModel):
+    """
+    A request for GPUs (or whole nodes) of an offering, in one of a list of regions, now or in a
+    future window, for a duration. Owned by a tenant and optionally a team; its state moves only
+    through services (provisioning.services), each move audited.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=100)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    offering = models.ForeignKey("cloud.Offering", on_delete=models.PROTECT, related_name="reservations")
+    gpu_model = models.ForeignKey("cloud.GPUModel", on_delete=models.PROTECT, related_name="+")
+    # What the tenant asked for when it gave a logical spec instead of an offering.
+    spec = models.JSONField(null=True, blank=True)
+    units = models.PositiveIntegerField(help_text="Instances: nodes for bare metal, slots for fractional offerings.")
+    gpus = models.PositiveIntegerField(help_text="Whole GPUs held (0 for fractional slots).")
+    regions = models.JSONField(help_text="Acceptable region slugs, preferred first.")
+    region = models.ForeignKey("cloud.Region", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    requested_start = models.DateTimeField(null=True, blank=True, help_text="Empty: as soon as possible.")
+    duration = models.DurationField()
+    starts_at = models.DateTimeField(null=True, blank=True)
+    ends_at = models.DateTimeField(null=True, blank=True)
+    billing_term = models.CharField(max_length=16, choices=BillingTerm.choices, default=BillingTerm.ON_DEMAND)
+    spot_max_price = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    eviction_policy = models.CharField(max_length=8, choices=EvictionPolicy.choices, default=EvictionPolicy.SOFT)
+    urgency = models.FloatField(default=0.5, validators=[MinValueValidator(0), MaxValueValidator(1)])
+    ssh_public_key = models.TextField(blank=True)
+    state = models.CharField(max_length=16, choices=ReservationState.choices, default=ReservationState.PENDING)
+    state_reason = models.CharField(max_length=500, blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    score = models.FloatField(default=0.0)
+    score_breakdown = models.JSONField(default=dict, blank=True)
+    preempted_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    scheduled_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-submitted_at"]
+        indexes = [models.Index(fields=["state", "submitted_at"], name="reservation_queue_idx")]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=ReservationState.values), name="reservation_state_valid"),
+            models.CheckConstraint(condition=Q(units__gte=1), name="reservation_units_positive"),
+            models.CheckConstraint(condition=Q(urgency__gte=0, urgency__lte=1), name="reservation_urgency_range"),
+            models.CheckConstraint(
+                condition=Q(billing_term=BillingTerm.SPOT) | Q(spot_max_price__isnull=True),
+                name="reservation_max_price_only_for_spot",
+            ),
+            models.CheckConstraint(
+                condition=Q(starts_at__isnull=True) | Q(ends_at__gt=F("starts_at")),
+                name="reservation_window_ordered",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def holds_capacity(self) -> bool:
+        return self.state in HOLDING_STATES
+
+
+class Allocation(models.Model):
+    """
+    A reservation's hold on (part of) one GPU for ``[starts_at, ends_at)``. A whole GPU covers its
+    memory ``[0, memory)``; a fractional slot covers its stretch of it. Ending an allocation early
+    (release, eviction) shortens ``ends_at``; rows are kept as history.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey("cloud.GPU", on_delete=models.PROTECT, related_name="allocations")
+    node = models.ForeignKey("cloud.Node", on_delete=models.PROTECT, related_name="allocations")
+    mem_lo = models.PositiveIntegerField()
+    mem_hi = models.PositiveIntegerField()
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_path = "reservation__tenant"
+    team_path = "reservation__team"
+
+    class Meta:
+        ordering = ["reservation", "gpu"]
+        indexes = [models.Index(fields=["gpu", "ends_at"], name="allocation_gpu_end_idx")]
+        constraints = [
+            models.CheckConstraint(condition=Q(mem_hi__gt=F("mem_lo")), name="allocation_memory_range_ordered"),
+            models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="allocation_time_range_ordered"),
+        ]
+
+    def __str__(self):
+        return f"{self.gpu_id} [{self.mem_lo}, {self.mem_hi}) {self.starts_at:%Y-%m-%d %H:%M}-{self.ends_at:%H:%M}"
+
+
+class Operation(TenantOwnedModel):
+    """An asynchronous change a client can poll: what runs, which step, how far, and why it failed."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="operations")
+    kind = models.CharField(max_length=16, choices=OperationKind.choices)
+    state = models.CharField(max_length=16, choices=OperationState.choices, default=OperationState.PENDING)
+    step = models.CharField(max_length=64, blank=True)
+    attempt = models.PositiveSmallIntegerField(default=0)
+    progress = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)])
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    team_path = "reservation__team"
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.kind} {self.state} ({self.reservation_id})"
+
+
+class IdempotencyKey(models.Model):
+    """
+    The first response to a create sent with an ``Idempotency-Key``, per tenant and principal.
+    Written in the same transaction as the object it created, so a retry after a crash replays
+    instead of creating twice. Pruned after a day.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant_id = models.UUIDField(null=True)
+    principal_id = models.UUIDField()
+    key = models.CharField(max_length=255)
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=255)
+    request_sha256 = models.CharField(max_length=64)
+    response_code = models.PositiveSmallIntegerField()
+    response_body = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant_id", "principal_id", "key"], name="idempotency_key_unique"),
+        ]
+
+
+__all__ = ["Allocation", "IdempotencyKey", "Operation", "Reservation", "BillingTerm", "EvictionPolicy",
+           "OperationKind", "OperationState", "ReservationState"]

@@ -1,0 +1,109 @@
+"""
+Binding reservations to GPUs under the database's guarantee, and ending those bindings.
+
+PostgreSQL refuses an overlapping allocation with its exclusion constraint (the race between
+the fast path and the scheduler loop is decided there); SQLite runs every write transaction
+IMMEDIATE, one at a time, so the same rule is a query made before the insert in that
+transaction. Either way a conflict is ``CapacityTaken``, never a 500: the caller re-plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db.models import Q
+
+from cloud.choices import NodeState
+from cloud.errors import Conflict
+from cloud.models import GPU
+
+from .models import Allocation, Reservation
+from .plan_types import Assignment
+
+DEADLOCK_DETECTED = "40P01"
+# Nodes in these states may take new allocations (for now or a later window). Everything else
+# -- validating, suspect, quarantined, faulty, in repair or maintenance -- is never allocated.
+ALLOCATABLE_NODE_STATES = frozenset({NodeState.AVAILABLE, NodeState.ALLOCATED, NodeState.IN_SERVICE})
+
+
+class CapacityTaken(Conflict):
+    """Another writer took (part of) the capacity first; the request is re-planned or queued."""
+
+    default_code = "capacity_taken"
+    default_detail = "The capacity was taken by another request; try again."
+
+
+def overlapping(gpu_ids: Iterable, starts_at: datetime, ends_at: datetime):
+    """Allocations on these GPUs whose time range overlaps ``[starts_at, ends_at)``."""
+    return Allocation.objects.filter(gpu_id__in=list(gpu_ids), starts_at__lt=ends_at, ends_at__gt=starts_at)
+
+
+def _check_allocatable(gpu_ids: list) -> None:
+    gpus = GPU.objects.filter(pk__in=gpu_ids).select_related("node")
+    found = {gpu.pk: gpu for gpu in gpus}
+    for gpu_id in gpu_ids:
+        gpu = found.get(gpu_id)
+        if gpu is None:
+            raise CapacityTaken(f"GPU {gpu_id} does not exist.")
+        if gpu.node.is_spare or gpu.node.state not in ALLOCATABLE_NODE_STATES:
+            raise CapacityTaken(f"Node {gpu.node.hostname} cannot take allocations ({gpu.node.state}).")
+
+
+def _check_no_overlap_sqlite(assignments: list[Assignment], starts_at: datetime, ends_at: datetime) -> None:
+    """SQLite's counterpart of the exclusion constraint (valid because writers are serialised)."""
+    by_gpu: dict = {}
+    for a in assignments:
+        by_gpu.setdefault(a.gpu_id, []).append((a.mem_lo, a.mem_hi))
+    memory_clash = Q()
+    for gpu_id, ranges in by_gpu.items():
+        for lo, hi in ranges:
+            memory_clash |= Q(gpu_id=gpu_id, mem_lo__lt=hi, mem_hi__gt=lo)
+    if overlapping(by_gpu, starts_at, ends_at).filter(memory_clash).exists():
+        raise CapacityTaken()
+    for ranges in by_gpu.values():
+        ordered = sorted(ranges)
+        if any(a_hi > b_lo for (_, a_hi), (b_lo, _) in zip(ordered, ordered[1:], strict=False)):
+            raise CapacityTaken("The plan gives one GPU's memory twice.")
+
+
+def allocation_bind(
+    *, reservation: Reservation, assignments: list[Assignment], starts_at: datetime, ends_at: datetime
+) -> list[Allocation]:
+    """
+    Hold ``assignments`` for ``reservation`` over ``[starts_at, ends_at)``; all or nothing.
+    Must run inside the caller's transaction. Raises CapacityTaken on any clash.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("allocation_bind must run inside the transaction that schedules the reservation.")
+    _check_allocatable([a.gpu_id for a in assignments])
+    rows = [
+        Allocation(reservation=reservation, gpu_id=a.gpu_id, node_id=a.node_id, mem_lo=a.mem_lo, mem_hi=a.mem_hi,
+                   starts_at=starts_at, ends_at=ends_at)
+        for a in assignments
+    ]
+    if connection.vendor != "postgresql":
+        _check_no_overlap_sqlite(assignments, starts_at, ends_at)
+    try:
+        with transaction.atomic():
+            return Allocation.objects.bulk_create(rows)
+    except IntegrityError as exc:
+        raise CapacityTaken() from exc
+    except OperationalError as exc:
+        # Two inserts that clash with each other can both wait on the other's index entry while
+        # checking the exclusion constraint; PostgreSQL then aborts one as a deadlock. That one
+        # simply lost the race.
+        if getattr(exc.__cause__, "sqlstate", None) == DEADLOCK_DETECTED:
+            raise CapacityTaken() from exc
+        raise
+
+
+def allocation_end(*, reservation: Reservation, at: datetime) -> int:
+    """
+    Give back ``reservation``'s capacity from ``at`` on: allocations that have not begun are
+    deleted, running ones end at ``at``. Returns how many allocations changed.
+    """
+    never_started = Allocation.objects.filter(reservation=reservation, starts_at__gte=at).delete()[0]
+    shortened = Allocation.objects.filter(reservation=reservation, starts_at__lt=at, ends_at__gt=at).update(ends_at=at)
+    return never_started + shortened
