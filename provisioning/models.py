@@ -164,6 +164,9 @@ class IdempotencyKey(models.Model):
             models.UniqueConstraint(fields=["tenant_id", "principal_id", "key"], name="idempotency_key_unique"),
         ]
 
+    def __str__(self):
+        return f"{self.method} {self.path} [{self.key}] -> {self.response_code}"
+
 
 __all__ = ["Allocation", "IdempotencyKey", "Operation", "Reservation", "BillingTerm", "EvictionPolicy",
            "OperationKind", "OperationState", "ReservationState"]

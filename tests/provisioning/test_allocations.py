@@ -45,7 +45,8 @@ def test_overlapping_window_on_the_same_gpu_is_refused(world, gpus):
     now = timezone.now()
     first, second, third = (make_reservation(world) for _ in range(3))
     with transaction.atomic():
-        allocation_bind(reservation=first, assignments=[whole(gpus[0])], starts_at=now, ends_at=now + timedelta(hours=2))
+        allocation_bind(reservation=first, assignments=[whole(gpus[0])], starts_at=now,
+                        ends_at=now + timedelta(hours=2))
     with pytest.raises(CapacityTaken), transaction.atomic():
         allocation_bind(reservation=second, assignments=[whole(gpus[0])], starts_at=now + timedelta(hours=1),
                         ends_at=now + timedelta(hours=3))
