@@ -28,6 +28,9 @@ def scratch_database(name: str) -> str:
     os.environ.setdefault("MERIDIAN_DATA_DIR", tempfile.mkdtemp(prefix="meridian-bench-"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cloud.settings")
     os.environ.setdefault("MERIDIAN_SECURE_TRANSPORT", "0")
+    # A deployment-like run (PostgreSQL) takes its keys from the environment, never from files.
+    os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-secret-key-0123456789-0123456789-0123456789")
+    os.environ.setdefault("MERIDIAN_ENCRYPTION_KEYS", "kJ0Qv1CSYVzQxUOq9tJ8Y2m6TqkJ7iAHF2h4b0QdVRk=")
     return url
 
 

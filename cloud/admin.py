@@ -1,38 +1,63 @@
+"""
+The Django admin is where staff *look*: every change goes through the API and its services, so
+it is checked (transitions, caps, last owner) and audited. Only users stay editable here.
+"""
+
 from django.contrib import admin
 
 from .models import GPU, Fabric, GPUModel, Node, Offering, Region, Switch
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Browse and search, never add, change or delete: writes go through services."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Region)
-class RegionAdmin(admin.ModelAdmin):
+class RegionAdmin(ReadOnlyAdmin):
     list_display = ["slug", "name", "is_active"]
 
 
 @admin.register(GPUModel)
-class GPUModelAdmin(admin.ModelAdmin):
+class GPUModelAdmin(ReadOnlyAdmin):
     list_display = ["name", "memory_gib", "memory_bandwidth_tbs", "fp16_tflops", "fp8_tflops", "mig_max_instances"]
 
 
 @admin.register(Fabric)
-class FabricAdmin(admin.ModelAdmin):
+class FabricAdmin(ReadOnlyAdmin):
     list_display = ["name", "region", "pkey_min", "pkey_max"]
 
 
 @admin.register(Switch)
-class SwitchAdmin(admin.ModelAdmin):
+class SwitchAdmin(ReadOnlyAdmin):
     list_display = ["name", "fabric", "tier", "pod"]
     list_filter = ["tier", "fabric"]
 
 
 class GPUInline(admin.TabularInline):
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
     model = GPU
     extra = 0
     fields = ["index", "uuid", "serial", "pci_bus_id", "model", "state", "health"]
-    readonly_fields = fields
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(ReadOnlyAdmin):
     list_display = ["hostname", "region", "pool", "state", "health", "is_spare"]
     list_filter = ["region", "pool", "state", "health", "is_spare"]
     search_fields = ["hostname"]
@@ -41,6 +66,6 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Offering)
-class OfferingAdmin(admin.ModelAdmin):
+class OfferingAdmin(ReadOnlyAdmin):
     list_display = ["slug", "kind", "gpu_model", "gpus_per_unit", "price_per_gpu_hour", "is_active"]
     list_filter = ["kind", "is_active"]

@@ -25,6 +25,7 @@ def availability(offerings: list[Offering]) -> dict:
         rows = (
             Node.objects.filter(pool=NodePool.BARE_METAL, state=NodeState.AVAILABLE, is_spare=False,
                                 health__in=SELLABLE_HEALTH, gpus__model_id__in=model_ids)
+            .exclude(gpus__health__in=[Health.FAILED, Health.UNKNOWN])  # a whole node sells only whole
             .values("region__slug", "gpus__model_id")
             .annotate(n=Count("id", distinct=True))
         )

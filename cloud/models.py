@@ -33,9 +33,16 @@ class PlatformQuerySet(models.QuerySet):
 
 
 class CatalogueQuerySet(PlatformQuerySet):
-    """The public catalogue (regions, GPU models, offerings): every signed-in principal reads it."""
+    """The public catalogue (regions, GPU models, offerings): every signed-in principal reads what
+    is on sale; staff also see what was taken off sale."""
 
     tenant_readable = True
+
+    def visible_to(self, principal, action="view"):
+        qs = super().visible_to(principal, action)
+        if principal is not None and not principal.is_platform and hasattr(self.model, "is_active"):
+            qs = qs.filter(is_active=True)
+        return qs
 
 
 class Region(models.Model):
@@ -166,6 +173,9 @@ class Node(models.Model):
     state = models.CharField(max_length=24, choices=NodeState.choices, default=NodeState.ENROLLED)
     state_reason = models.CharField(max_length=500, blank=True)
     state_changed_at = models.DateTimeField(null=True, blank=True)
+    # Where the last move came from, so a hold or a suspicion returns the node where it was --
+    # or through validation when that was not a sellable state.
+    previous_state = models.CharField(max_length=24, choices=NodeState.choices, blank=True)
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
     created_at = models.DateTimeField(auto_now_add=True)
 

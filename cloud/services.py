@@ -5,15 +5,15 @@ State changes of the inventory and the catalogue. Each writes one audit event in
 from __future__ import annotations
 
 from django.db import IntegrityError, transaction
-from django.db.models import Model
+from django.db.models import F, Model
 from django.utils import timezone
 
 from security.audit import audit_record, snapshot
 
-from .choices import NodePool, NodeState
+from .choices import NodeState
 from .errors import Conflict
 from .models import GPUModel, Node, Offering, Region
-from .transitions import NODE_TRANSITIONS, compare_and_set
+from .transitions import NODE_RETURNABLE, NODE_TRANSITIONS, compare_and_set
 
 #
 # Catalogue: regions, GPU models, offerings
@@ -89,20 +89,33 @@ def node_transition(
     now = timezone.now()
     previous = compare_and_set(
         Node.objects.all(), node.pk, table=NODE_TRANSITIONS, target=target, only_from=only_from,
-        state_reason=reason[:500], state_changed_at=now,
+        state_reason=reason[:500], state_changed_at=now, previous_state=F("state"),
     )
-    node.refresh_from_db(fields=["state", "state_reason", "state_changed_at"])
+    node.refresh_from_db(fields=["state", "state_reason", "state_changed_at", "previous_state"])
     audit_record(actor=actor, action="node.transition", target=node, before={"state": previous},
                  after={"state": target, "reason": reason[:500]})
     return node
 
 
 def node_maintenance_start(*, actor, node: Node, reason: str) -> Node:
-    """Hold a node for the operator; a node held by a tenant cannot be (409)."""
+    """
+    Hold a node for the operator. A node a tenant holds -- allocated bare metal, or a shared
+    host with live allocations -- cannot be held (409): drain it first.
+    """
+    from provisioning.models import Allocation
+
+    now = timezone.now()
+    if Allocation.objects.filter(node=node, starts_at__lte=now, ends_at__gt=now).exists():
+        raise Conflict(f"Node {node.hostname} carries tenants' work now; drain it before maintenance.",
+                       code="node_in_use")
     return node_transition(actor=actor, node=node, target=NodeState.MAINTENANCE, reason=reason)
 
 
 def node_maintenance_end(*, actor, node: Node) -> Node:
-    """Return a held node to its pool: bare metal to ``available``, a shared host to ``in_service``."""
-    target = NodeState.IN_SERVICE if node.pool == NodePool.SHARED else NodeState.AVAILABLE
+    """
+    End a hold: back to ``available``/``in_service`` when the node was there before it, else to
+    ``validating`` -- a node held while quarantined, faulty or unproven must pass burn-in again.
+    """
+    node.refresh_from_db(fields=["previous_state"])
+    target = node.previous_state if node.previous_state in NODE_RETURNABLE else NodeState.VALIDATING
     return node_transition(actor=actor, node=node, target=target, only_from=frozenset({NodeState.MAINTENANCE}))

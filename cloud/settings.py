@@ -8,6 +8,7 @@ DJANGO_SECRET_KEY, DJANGO_ALLOWED_HOSTS and MERIDIAN_ENCRYPTION_KEYS.
 See https://docs.djangoproject.com/en/5.2/ref/settings/
 """
 
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import environ
 from cryptography.fernet import Fernet
 from csp.constants import NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -22,11 +24,20 @@ env = environ.Env()
 
 
 def _file_secret(path: Path, make) -> str:
-    """Read a secret kept in the data folder, creating it on first use (embedded mode only)."""
+    """
+    A secret kept in the data folder, created on first use -- for the embedded default only:
+    several machines sharing one database must share their keys, so there the environment
+    must set them (see EMBEDDED below).
+    """
+    if not EMBEDDED:
+        raise ImproperlyConfigured(
+            f"{path.name} must come from the environment when DATABASE_URL is not the embedded SQLite "
+            "(set DJANGO_SECRET_KEY and MERIDIAN_ENCRYPTION_KEYS the same on every machine)."
+        )
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(make())
-        path.chmod(0o600)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as secret_file:
+            secret_file.write(make())
     return path.read_text().strip()
 
 
@@ -34,6 +45,8 @@ def _file_secret(path: Path, make) -> str:
 # Core
 #
 DATA_DIR = Path(env("MERIDIAN_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
+# Embedded mode: one machine, SQLite in the data folder. Anything else is a deployment.
+EMBEDDED = env("DATABASE_URL", default="sqlite:").startswith("sqlite:")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 SECRET_KEY = env("DJANGO_SECRET_KEY", default=None) or _file_secret(
     DATA_DIR / "secret_key", lambda: secrets.token_urlsafe(64)
@@ -240,6 +253,8 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_standardized_errors.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "drf_standardized_errors.handler.exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
+    # Proxies in front whose X-Forwarded-For may be trusted for per-address limits; 0 trusts none.
+    "NUM_PROXIES": env.int("MERIDIAN_TRUSTED_PROXIES", default=0),
 }
 DRF_STANDARDIZED_ERRORS = {
     "ENABLE_IN_DEBUG_FOR_UNHANDLED_EXCEPTIONS": True,

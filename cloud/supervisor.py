@@ -29,7 +29,10 @@ class Child:
 
 
 class Stop(Exception):
-    """Raised by the signal handler to leave the wait loop."""
+    """Raised by the signal handler, wherever the supervisor is: starting, waiting or seeding."""
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Supervisor:
@@ -40,6 +43,23 @@ class Supervisor:
         self.grace_seconds = grace_seconds
         self._lock = threading.Lock()
         self._width = max(len(c.name) for c in children)
+
+    def __enter__(self) -> Supervisor:
+        """From here on, Ctrl-C, SIGTERM and SIGHUP stop the children, whatever is under way."""
+
+        def handler(signum, frame):
+            raise Stop
+
+        self._previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        try:
+            self.stop()
+        finally:
+            for sig, old in self._previous.items():
+                signal.signal(sig, old)
+        return exc_info[0] is Stop  # a stop signal is a clean exit, not an error
 
     def say(self, name: str, line: str) -> None:
         with self._lock:
@@ -60,24 +80,13 @@ class Supervisor:
             self.say(child.name, line)
 
     def wait(self) -> int:
-        """Block until a signal arrives (0) or a child dies on its own (1)."""
-
-        def handler(signum, frame):
-            raise Stop
-
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            while True:
-                for child in self.children:
-                    if not child.alive:
-                        self.say(child.name, f"exited with code {child.process.returncode}; stopping the rest")
-                        return 1
-                time.sleep(0.5)
-        except Stop:
-            return 0
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
+        """Block until a child dies on its own (returns 1); a stop signal raises Stop instead."""
+        while True:
+            for child in self.children:
+                if not child.alive:
+                    self.say(child.name, f"exited with code {child.process.returncode}; stopping the rest")
+                    return 1
+            time.sleep(0.5)
 
     def stop(self) -> None:
         """
@@ -85,7 +94,8 @@ class Supervisor:
         letting running tasks finish), wait for the grace period, then SIGKILL each whole process
         group so nothing is left behind.
         """
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+        for sig in STOP_SIGNALS:  # a second Ctrl-C must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
         for child in self.children:
             if child.alive:
                 self.say(child.name, "stopping")

@@ -29,8 +29,10 @@ NODE_TRANSITIONS: dict[str, frozenset[str]] = {
     N.REPAIR: frozenset({N.VALIDATING}),
     N.MAINTENANCE: frozenset({N.VALIDATING, N.AVAILABLE, N.IN_SERVICE}),
 }
-# States a node may be held in by an operator for maintenance (never while a tenant holds it).
-NODE_MAINTAINABLE = frozenset(s for s, targets in NODE_TRANSITIONS.items() if N.MAINTENANCE in targets)
+# A node held for maintenance (or suspected) goes back to one of these directly only if it came
+# from it; from any other state it goes through validation first (services decide, see
+# cloud.services.node_maintenance_end).
+NODE_RETURNABLE = frozenset({N.AVAILABLE, N.IN_SERVICE})
 
 G = GPUState
 GPU_TRANSITIONS: dict[str, frozenset[str]] = {

@@ -41,7 +41,7 @@ def home(request):
 
 
 class AcceptInvitationForm(forms.Form):
-    email = forms.EmailField(label="E-mail")
+    email = forms.EmailField(label="E-mail (the address you were invited at)")
     password = forms.CharField(label="Choose a password", widget=forms.PasswordInput, min_length=10)
 
     def clean_password(self):
@@ -50,8 +50,24 @@ class AcceptInvitationForm(forms.Form):
         return password
 
 
-def invitation_accept(request, secret: str):
-    """Join a tenant from an invitation link: signed-in users join as themselves."""
+INVITATION_SESSION_KEY = "invitation_secret"
+
+
+def invitation_open(request, secret: str):
+    """
+    The link in an invitation. Its secret moves into the session at once and the browser is
+    sent on, so the secret stays out of later requests, Referer headers and page URLs.
+    """
+    request.session[INVITATION_SESSION_KEY] = secret
+    return redirect("invitation-accept-page")
+
+
+def invitation_accept(request):
+    """Join a tenant from the invitation opened in this session: signed-in users join as themselves."""
+    secret = request.session.get(INVITATION_SESSION_KEY)
+    if not secret:
+        messages.error(request, tenant_services.INVITATION_INVALID)
+        return redirect("login")
     signed_in = request.user.is_authenticated
     form = None if signed_in else AcceptInvitationForm(request.POST or None)
     if request.method == "POST" and (signed_in or form.is_valid()):
@@ -64,6 +80,7 @@ def invitation_accept(request, secret: str):
         except DomainError as exc:
             messages.error(request, str(exc.detail))
         else:
+            request.session.pop(INVITATION_SESSION_KEY, None)
             if not signed_in:
                 login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
             messages.success(request, f"You joined {membership.tenant.name} as {membership.role}.")

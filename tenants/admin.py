@@ -1,5 +1,9 @@
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.db import transaction
+
+from cloud.admin import ReadOnlyAdmin
+from security.audit import audit_record
 
 from .models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User
 
@@ -18,47 +22,64 @@ class UserAdmin(BaseUserAdmin):
     add_fieldsets = [(None, {"classes": ["wide"], "fields": ["email", "password1", "password2"]})]
     filter_horizontal: list[str] = []
 
+    @transaction.atomic
+    def save_model(self, request, obj, form, change):
+        """Granting platform roles happens here (superusers); it is audited like any service change."""
+        super().save_model(request, obj, form, change)
+        changed = {name: str(form.cleaned_data.get(name)) for name in form.changed_data if name != "password"}
+        if "password" in form.changed_data:
+            changed["password"] = "changed"
+        audit_record(actor=request.user, action="user.update" if change else "user.create", target=obj,
+                     tenant_id=None, after=changed)
+
 
 class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 0
-    autocomplete_fields = ["user"]
+    can_delete = False
+    fields = ["user", "role"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(ReadOnlyAdmin):
     list_display = ["name", "slug", "created_at"]
     search_fields = ["name", "slug"]
     inlines = [MembershipInline]
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(ReadOnlyAdmin):
     list_display = ["name", "slug", "tenant"]
     list_filter = ["tenant"]
     search_fields = ["name", "slug"]
 
 
 @admin.register(TeamMembership)
-class TeamMembershipAdmin(admin.ModelAdmin):
+class TeamMembershipAdmin(ReadOnlyAdmin):
     list_display = ["user", "team", "role"]
     list_filter = ["role"]
 
 
 @admin.register(Invitation)
-class InvitationAdmin(admin.ModelAdmin):
+class InvitationAdmin(ReadOnlyAdmin):
     list_display = ["tenant", "email", "role", "team", "created_at", "expires_at", "accepted_at", "revoked_at"]
     readonly_fields = ["digest"]
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):
+class QuotaAdmin(ReadOnlyAdmin):
     list_display = ["tenant", "team", "resource", "gpu_model", "limit"]
     list_filter = ["resource"]
 
 
 @admin.register(APIToken)
-class APITokenAdmin(admin.ModelAdmin):
+class APITokenAdmin(ReadOnlyAdmin):
     list_display = ["name", "user", "tenant", "scope", "prefix", "expires_at", "revoked_at", "last_used_at"]
     list_filter = ["scope"]
     readonly_fields = ["prefix", "digest", "last_used_at"]

@@ -311,6 +311,10 @@ class APIToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="issued",
+        help_text="The token that issued this one, if any: revoking it revokes this one.",
+    )
 
     objects = APITokenQuerySet.as_manager()
     tenant_path = "tenant"

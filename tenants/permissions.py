@@ -66,6 +66,16 @@ def allows(principal, need: str, *, safe: bool) -> bool:
     return principal.has_role(need)
 
 
+class WritableCredentials(BasePermission):
+    """For views open to anyone: a caller who does send a token must send a read-write one to write."""
+
+    def has_permission(self, request, view):
+        principal = getattr(request, "principal", None)
+        if request.method not in SAFE_METHODS and principal is not None and not principal.can_write:
+            raise PermissionDenied(READ_ONLY_TOKEN, code="token_read_only")
+        return True
+
+
 class RolePolicy(BasePermission):
     """Applies POLICIES and the token's scope to every request of a Meridian viewset."""
 

@@ -58,12 +58,19 @@ class Principal:
         return self.scope == TokenScope.READ_WRITE
 
     def has_role(self, minimum: TenantRole) -> bool:
-        return self.role is not None and TenantRole(self.role).at_least(minimum)
+        """The tenant role reaches ``minimum``. A team-bound token acts inside its team only, so
+        tenant-wide it counts as a member at most, whatever its user's role."""
+        if self.role is None:
+            return False
+        role = TenantRole(self.role)
+        if self.team is not None and role.at_least(TenantRole.ADMIN):
+            role = TenantRole.MEMBER
+        return role.at_least(minimum)
 
     @property
     def sees_all_teams(self) -> bool:
         """Tenant admins and owners see every team's objects, unless a team-bound token narrows them."""
-        return self.team is None and self.has_role(TenantRole.ADMIN)
+        return self.has_role(TenantRole.ADMIN)
 
     @property
     def team_ids(self) -> frozenset[UUID]:

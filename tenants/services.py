@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from cloud.errors import Conflict, DomainError, Forbidden
@@ -46,31 +47,29 @@ def _require_tenant_actor(actor: Principal) -> Tenant:
 @dataclass(frozen=True)
 class TenantCreated:
     tenant: Tenant
-    owner: User
-    invitation_link: str | None
+    invitation: Invitation
+    invitation_link: str
+    existing_account: bool
 
 
 @transaction.atomic
 def tenant_create(*, actor: Principal | None, name: str, slug: str, owner_email: str) -> TenantCreated:
     """
-    Create a tenant and its first owner (staff only). An existing user becomes owner at once;
-    a new address gets an owner invitation whose link is returned once.
+    Create a tenant (staff only) with an owner invitation bound to ``owner_email``; its link is
+    returned once. The owner joins by accepting it: a new address creates its account there, an
+    existing account signs in first. Nobody becomes owner without the link, so an account that
+    merely carries the address (made earlier through another tenant) gains nothing by it;
+    ``existing_account`` tells staff such an account exists.
     """
     if Tenant.objects.filter(slug=slug).exists():
         raise Conflict(f"A tenant with slug '{slug}' already exists.", code="duplicate")
     tenant = Tenant.objects.create(name=name, slug=slug)
+    invitation, link = _new_invitation(tenant=tenant, team=None, email=owner_email, role=TenantRole.OWNER,
+                                       team_role=TeamRole.MEMBER, created_by=getattr(actor, "user", None))
     audit_record(actor=actor, action="tenant.create", target=tenant, tenant_id=tenant.pk,
                  after=snapshot(tenant, ["name", "slug"]) | {"owner_email": owner_email})
-    owner = User.objects.filter(email__iexact=owner_email).first()
-    link = None
-    if owner is not None:
-        Membership.objects.create(tenant=tenant, user=owner, role=TenantRole.OWNER)
-    else:
-        owner = User.objects.create_user(owner_email)
-        Membership.objects.create(tenant=tenant, user=owner, role=TenantRole.OWNER)
-        link = _new_invitation(tenant=tenant, team=None, email=owner_email, role=TenantRole.OWNER,
-                               team_role=TeamRole.MEMBER, created_by=getattr(actor, "user", None))[1]
-    return TenantCreated(tenant=tenant, owner=owner, invitation_link=link)
+    existing = User.objects.filter(email__iexact=owner_email).exists()
+    return TenantCreated(tenant=tenant, invitation=invitation, invitation_link=link, existing_account=existing)
 
 
 @transaction.atomic
@@ -141,18 +140,32 @@ def _check_can_grant(actor: Principal, *, current: str | None, new: str | None) 
             raise Forbidden(ROLE_ABOVE_YOURS)
 
 
-def _lock_owners(tenant: Tenant) -> int:
-    """Count the tenant's owners with their rows locked, so two demotions cannot both pass."""
-    return len(list(Membership.objects.select_for_update().filter(tenant=tenant, role=TenantRole.OWNER)))
+def _owner_count(tenant: Tenant) -> int:
+    """The tenant's owners (their rows are locked by _lock_membership, so two demotions cannot both pass)."""
+    return Membership.objects.filter(tenant=tenant, role=TenantRole.OWNER).count()
+
+
+def _lock_membership(membership: Membership) -> Membership:
+    """
+    Lock the membership and the tenant's owners in one query, always in primary-key order (so two
+    changes never deadlock), then re-read it: the role checks see what the update will change.
+    """
+    list(
+        Membership.objects.select_for_update(of=("self",))
+        .filter(Q(pk=membership.pk) | Q(tenant_id=membership.tenant_id, role=TenantRole.OWNER))
+        .order_by("pk")
+    )
+    return Membership.objects.select_related("user", "tenant").get(pk=membership.pk)
 
 
 @transaction.atomic
 def membership_set_role(*, actor: Principal, membership: Membership, role: str) -> Membership:
     """Change a member's tenant role; the last owner cannot be demoted (409)."""
+    membership = _lock_membership(membership)
     if membership.role == role:
         return membership
     _check_can_grant(actor, current=membership.role, new=role)
-    if membership.role == TenantRole.OWNER and _lock_owners(membership.tenant) <= 1:
+    if membership.role == TenantRole.OWNER and _owner_count(membership.tenant) <= 1:
         raise Conflict(LAST_OWNER, code="last_owner")
     before = snapshot(membership, ["role"])
     membership.role = role
@@ -168,8 +181,9 @@ def membership_remove(*, actor: Principal, membership: Membership) -> None:
     Remove a user from a tenant: their team memberships go, and their tokens for the tenant are
     revoked, so the removal takes effect on their next request. The last owner stays (409).
     """
+    membership = _lock_membership(membership)
     _check_can_grant(actor, current=membership.role, new=None)
-    if membership.role == TenantRole.OWNER and _lock_owners(membership.tenant) <= 1:
+    if membership.role == TenantRole.OWNER and _owner_count(membership.tenant) <= 1:
         raise Conflict(LAST_OWNER, code="last_owner")
     tenant, user = membership.tenant, membership.user
     audit_record(actor=actor, action="membership.delete", target=membership,
@@ -180,12 +194,22 @@ def membership_remove(*, actor: Principal, membership: Membership) -> None:
 
 
 def _check_team_manager(actor: Principal, team: Team) -> None:
-    if not (actor.has_role(TenantRole.ADMIN) and actor.team is None) and not actor.is_team_admin(team.pk):
+    if not actor.has_role(TenantRole.ADMIN) and not actor.is_team_admin(team.pk):
         raise Forbidden("Only tenant admins and the team's admins manage its members.")
 
 
-def _lock_team_admins(team: Team) -> int:
-    return len(list(TeamMembership.objects.select_for_update().filter(team=team, role=TeamRole.ADMIN)))
+def _lock_team_membership(tm: TeamMembership) -> TeamMembership:
+    """Lock the team membership and the team's admins in primary-key order, then re-read it."""
+    list(
+        TeamMembership.objects.select_for_update(of=("self",))
+        .filter(Q(pk=tm.pk) | Q(team_id=tm.team_id, role=TeamRole.ADMIN))
+        .order_by("pk")
+    )
+    return TeamMembership.objects.select_related("team", "user").get(pk=tm.pk)
+
+
+def _team_admin_count(team: Team) -> int:
+    return TeamMembership.objects.filter(team=team, role=TeamRole.ADMIN).count()
 
 
 @transaction.atomic
@@ -208,9 +232,10 @@ def team_membership_add(*, actor: Principal, team: Team, user: User, role: str =
 def team_membership_set_role(*, actor: Principal, team_membership: TeamMembership, role: str) -> TeamMembership:
     """Change a team role; the last team admin cannot be demoted (409)."""
     _check_team_manager(actor, team_membership.team)
+    team_membership = _lock_team_membership(team_membership)
     if team_membership.role == role:
         return team_membership
-    if team_membership.role == TeamRole.ADMIN and _lock_team_admins(team_membership.team) <= 1:
+    if team_membership.role == TeamRole.ADMIN and _team_admin_count(team_membership.team) <= 1:
         raise Conflict(LAST_TEAM_ADMIN, code="last_team_admin")
     before = snapshot(team_membership, ["role"])
     team_membership.role = role
@@ -225,7 +250,8 @@ def team_membership_remove(*, actor: Principal, team_membership: TeamMembership)
     """Take a user out of a team; the last team admin stays (409) while others remain."""
     team = team_membership.team
     _check_team_manager(actor, team)
-    if team_membership.role == TeamRole.ADMIN and _lock_team_admins(team) <= 1 and team.memberships.count() > 1:
+    team_membership = _lock_team_membership(team_membership)
+    if team_membership.role == TeamRole.ADMIN and _team_admin_count(team) <= 1 and team.memberships.count() > 1:
         raise Conflict(LAST_TEAM_ADMIN, code="last_team_admin")
     audit_record(actor=actor, action="team_membership.delete", target=team_membership, tenant_id=team.tenant_id,
                  before=snapshot(team_membership, ["team", "user", "role"]))
@@ -269,23 +295,29 @@ def invitation_create(
 
 @transaction.atomic
 def invitation_revoke(*, actor: Principal, invitation: Invitation) -> None:
-    """Revoke a pending invitation; revoking one that is no longer pending is a 409."""
-    if invitation.status != "pending":
+    """Revoke a pending invitation; one no longer pending (even by a concurrent accept) is a 409."""
+    now = timezone.now()
+    revoked = Invitation.objects.filter(
+        pk=invitation.pk, accepted_at__isnull=True, revoked_at__isnull=True, expires_at__gt=now
+    ).update(revoked_at=now)
+    if not revoked:
+        invitation.refresh_from_db()
         raise Conflict(f"The invitation is {invitation.status} and cannot be revoked.", code="invalid_state")
-    invitation.revoked_at = timezone.now()
-    invitation.save(update_fields=["revoked_at"])
     audit_record(actor=actor, action="invitation.revoke", target=invitation, after={"status": "revoked"})
 
 
 INVITATION_INVALID = "This invitation link is not valid: it may be mistyped, used, revoked or expired."
+SIGN_IN_REQUIRED = "Sign in to accept this invitation; it is not addressed to a new account."
 
 
 @transaction.atomic
 def invitation_accept(*, secret: str, user: User | None, email: str = "", password: str = "") -> Membership:
     """
-    Join the invitation's tenant (and team). A signed-in user joins as themselves; otherwise a
-    new account is made from ``email`` and ``password`` (or the pending owner account set up
-    by ``tenant_create`` gets its password). Any failure says only that the link is not valid.
+    Join the invitation's tenant (and team). A signed-in user joins as themselves (if the link
+    names an address, it must be theirs). A new account can be made only from a link addressed
+    to that very address, and never for an address that already has an account: a link can
+    never be used to claim somebody's account or address. Any mismatch says only that the link
+    is not valid.
     """
     invitation = (
         Invitation.objects.select_for_update().filter(digest=secret_digest(secret)).select_related("tenant").first()
@@ -294,22 +326,17 @@ def invitation_accept(*, secret: str, user: User | None, email: str = "", passwo
         raise DomainError(INVITATION_INVALID, code="invitation_invalid")
     bound_to = invitation.email.lower()
     if user is None:
+        if not bound_to:
+            raise DomainError(SIGN_IN_REQUIRED, code="sign_in_required")
         if not email or not password:
-            raise DomainError("Sign in, or give an e-mail address and a password to create an account.",
+            raise DomainError("Give the invited e-mail address and a password to create your account.",
                               code="credentials_required")
-        if bound_to and bound_to != email.lower():
+        if email.lower() != bound_to:
             raise DomainError(INVITATION_INVALID, code="invitation_invalid")
-        user = User.objects.filter(email__iexact=email).first()
-        # An existing account gets its first password only from an invitation addressed to it
-        # (the owner set up by tenant_create); an open link must never claim someone's account.
-        if user is not None and (user.has_usable_password() or not bound_to):
+        if User.objects.filter(email__iexact=email).exists():
             raise Conflict("An account with this e-mail exists; sign in and open the link again.",
                            code="account_exists")
-        if user is None:
-            user = User.objects.create_user(email, password)
-        else:
-            user.set_password(password)
-            user.save(update_fields=["password"])
+        user = User.objects.create_user(email, password)
     elif bound_to and bound_to != user.email.lower():
         raise DomainError(INVITATION_INVALID, code="invitation_invalid")
     membership, created = Membership.objects.get_or_create(
@@ -375,9 +402,12 @@ def token_issue(
         raise Forbidden("A read-only token cannot issue a read-write token.")
     prefix = secrets.token_hex(6)
     secret = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    # A token issued by a token lives only as long as the token it came from (revoking that one
+    # revokes this one too); chains are kept one level deep, pointing at the root.
+    parent = None if actor.token is None else (actor.token.parent or actor.token)
     token = APIToken.objects.create(
         user=actor.user, tenant=actor.tenant, team=team, name=name, scope=scope, prefix=prefix,
-        digest=secret_digest(secret), expires_at=expires_at,
+        digest=secret_digest(secret), expires_at=expires_at, parent=parent,
     )
     audit_record(actor=actor, action="api_token.create", target=token,
                  after=snapshot(token, ["name", "scope", "team", "expires_at", "prefix"]))
@@ -386,10 +416,16 @@ def token_issue(
 
 @transaction.atomic
 def token_revoke(*, actor: Principal, token: APIToken) -> None:
-    """Revoke a token; it stops working on the next request. Revoking twice changes nothing."""
-    updated = APIToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    """
+    Revoke a token and the tokens it issued; they stop working on the next request. Revoking
+    twice changes nothing.
+    """
+    now = timezone.now()
+    updated = APIToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=now)
     if updated:
-        audit_record(actor=actor, action="api_token.revoke", target=token, after={"revoked": True})
+        children = APIToken.objects.filter(parent=token, revoked_at__isnull=True).update(revoked_at=now)
+        audit_record(actor=actor, action="api_token.revoke", target=token,
+                     after={"revoked": True, "issued_tokens_revoked": children})
 
 
 #
@@ -400,8 +436,11 @@ def token_revoke(*, actor: Principal, token: APIToken) -> None:
 @transaction.atomic
 def quota_set(
     *, actor: Principal, tenant: Tenant, resource: str, limit: int, team: Team | None = None, gpu_model=None
-) -> Quota:
-    """Create or change a quota (platform admins). One row per tenant/team, resource and GPU model."""
+) -> tuple[Quota, bool]:
+    """
+    Create or change a quota (platform admins); returns it and whether it is new. One row per
+    tenant/team, resource and GPU model.
+    """
     if team is not None and team.tenant_id != tenant.pk:
         raise DomainError({"team": "The team belongs to another tenant."}, code="invalid")
     if gpu_model is not None and resource != QuotaResource.GPUS:
@@ -417,7 +456,7 @@ def quota_set(
         quota.save(update_fields=["limit", "updated_at"])
     audit_record(actor=actor, action="quota.set", target=quota, before=before,
                  after=snapshot(quota, ["team", "resource", "gpu_model", "limit"]))
-    return quota
+    return quota, before is None
 
 
 @transaction.atomic

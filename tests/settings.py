@@ -10,6 +10,7 @@ import tempfile
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/meridian")
 os.environ.setdefault("MERIDIAN_DATA_DIR", tempfile.mkdtemp(prefix="meridian-test-"))
 os.environ.setdefault("MERIDIAN_ENCRYPTION_KEYS", "kJ0Qv1CSYVzQxUOq9tJ8Y2m6TqkJ7iAHF2h4b0QdVRk=")
+os.environ.setdefault("DJANGO_SECRET_KEY", "test-only-secret-key-that-is-long-enough-for-django-checks-0123456789")
 os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
 os.environ.setdefault("MERIDIAN_SECURE_TRANSPORT", "0")
 

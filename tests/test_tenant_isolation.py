@@ -138,3 +138,29 @@ def public_id(viewset, obj):
     """The id the API shows and looks up (the primary key, or a public UUID beside a sequence)."""
     return getattr(obj, viewset.lookup_field)
 
+
+
+@pytest.mark.parametrize("basename", TENANT_RESOURCES)
+def test_list_filters_do_not_tell_a_objects_from_missing_ones(world, basename):
+    """Filtering a list by A's ids answers exactly as filtering by ids that do not exist."""
+    viewset = registered(basename)
+    client = attacker_client(world)
+    url = f"/api/v1/{_prefix(basename)}/"
+    if client.get(url).status_code == 403:
+        return  # refused by role before any filtering
+    filters = _filter_names(viewset)
+    a_ids = {str(getattr(obj, "public_id", obj.pk)) for obj in world.t1.objects.values()}
+    a_ids |= {str(world.t1.tenant.pk), str(world.users["t1_member"].pk)}
+    for name in filters:
+        missing = client.get(url, {name: str(uuid.uuid4())})
+        for a_id in a_ids:
+            response = client.get(url, {name: a_id})
+            assert response.status_code == missing.status_code, f"?{name}={a_id} differs from a missing id"
+            if response.status_code == 200:
+                assert response.json()["results"] == [] or a_id not in response.content.decode()
+
+
+def _filter_names(viewset):
+    if getattr(viewset, "filterset_class", None):
+        return list(viewset.filterset_class.base_filters)
+    return list(getattr(viewset, "filterset_fields", []))

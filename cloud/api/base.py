@@ -10,7 +10,7 @@ The API's base classes: every view of /api/v1/ derives from one of them.
 - ``StrictSerializerMixin`` refuses unknown and read-only fields instead of ignoring them.
 """
 
-from rest_framework import serializers, viewsets
+from rest_framework import mixins, serializers, viewsets
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.views import APIView
 
@@ -18,6 +18,7 @@ from tenants.permissions import RolePolicy
 from tenants.principals import principal_for_request
 from tenants.scoping import CHANGE, VIEW
 
+SLUG_PATTERN = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
 UUID_PATTERN = r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
 
 
@@ -31,6 +32,10 @@ class PrincipalMixin:
     def perform_authentication(self, request):
         request.user  # noqa: B018 -- forces DRF to authenticate now
         request.principal = principal_for_request(request)
+
+
+class ReadMixin(mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    """List and retrieve; writes are explicit methods that call services."""
 
 
 class PrincipalAPIView(PrincipalMixin, APIView):

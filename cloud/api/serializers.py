@@ -4,9 +4,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..models import GPU, Fabric, GPUModel, Node, Offering, Region
+from .base import SLUG_PATTERN as SLUG
 from .base import StrictModelSerializer, StrictSerializer
-
-SLUG = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
 
 
 class RegionSerializer(StrictModelSerializer):

@@ -2,7 +2,7 @@
 
 from django.db.models import Count, Q
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, status
+from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
@@ -12,11 +12,7 @@ from ..choices import SwitchTier
 from ..filtersets import GPUFilterSet, NodeFilterSet, OfferingFilterSet
 from ..models import GPU, Fabric, GPUModel, Node, Offering, Region
 from . import serializers as s
-from .base import PlatformViewSet
-
-
-class ReadMixin(mixins.ListModelMixin, mixins.RetrieveModelMixin):
-    pass
+from .base import PlatformViewSet, ReadMixin
 
 
 class CatalogueWriteMixin:
@@ -110,7 +106,7 @@ class NodeViewSet(ReadMixin, PlatformViewSet):
     """The fleet (staff). Maintenance holds and releases a node through the transition table."""
 
     policy = "nodes"
-    queryset = Node.objects.select_related("region", "leaf").annotate(gpu_count=Count("gpus"))
+    queryset = Node.objects.select_related("region", "leaf").defer("bmc_password").annotate(gpu_count=Count("gpus"))
     serializer_class = s.NodeSerializer
     filterset_class = NodeFilterSet
     ordering_fields = ["hostname", "state", "state_changed_at", "created_at"]

@@ -7,18 +7,17 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from cloud.api.base import ScopedRelatedField, StrictModelSerializer, StrictSerializer
+from cloud.api.base import SLUG_PATTERN, ScopedRelatedField, StrictModelSerializer, StrictSerializer
 from cloud.models import GPUModel
 
 from ..choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
 from ..models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User
 
-SLUG = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
 SLUG_MESSAGE = "Use lower-case letters, digits and single hyphens (for example 'vision-lab')."
 
 
 def slug_field(**kwargs):
-    return serializers.RegexField(SLUG, max_length=50, error_messages={"invalid": SLUG_MESSAGE}, **kwargs)
+    return serializers.RegexField(SLUG_PATTERN, max_length=50, error_messages={"invalid": SLUG_MESSAGE}, **kwargs)
 
 
 class TenantMemberField(serializers.PrimaryKeyRelatedField):
@@ -52,11 +51,14 @@ class TenantCreateSerializer(StrictSerializer):
 class TenantCreatedSerializer(TenantSerializer):
     owner_email = serializers.EmailField(read_only=True)
     invitation_link = serializers.CharField(
-        read_only=True, allow_null=True, help_text="Shown once: the new owner sets a password through it."
+        read_only=True, help_text="Shown once: the owner accepts it (a new address creates its account there)."
+    )
+    existing_account = serializers.BooleanField(
+        read_only=True, help_text="An account with this address exists; its holder must sign in to accept."
     )
 
     class Meta(TenantSerializer.Meta):
-        fields = TenantSerializer.Meta.fields + ["owner_email", "invitation_link"]
+        fields = TenantSerializer.Meta.fields + ["owner_email", "invitation_link", "existing_account"]
 
 
 #

@@ -1,20 +1,15 @@
 """Tenancy API: thin views that parse input, call one service and serialize the result."""
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, status
-from rest_framework.permissions import AllowAny
+from rest_framework import status
 from rest_framework.response import Response
 
-from cloud.api.base import PrincipalAPIView, TenantScopedViewSet
+from cloud.api.base import PrincipalAPIView, ReadMixin, TenantScopedViewSet
 
-from .. import services
+from .. import filtersets, services
 from ..models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant
+from ..permissions import WritableCredentials
 from . import serializers as s
-
-
-class ReadMixin(mixins.ListModelMixin, mixins.RetrieveModelMixin):
-    pass
-
 
 #
 # Me
@@ -56,7 +51,8 @@ class TenantViewSet(ReadMixin, TenantScopedViewSet):
         data.is_valid(raise_exception=True)
         created = services.tenant_create(actor=self.principal, **data.validated_data)
         tenant = created.tenant
-        tenant.owner_email, tenant.invitation_link = created.owner.email, created.invitation_link
+        tenant.owner_email = created.invitation.email
+        tenant.invitation_link, tenant.existing_account = created.invitation_link, created.existing_account
         return Response(s.TenantCreatedSerializer(tenant).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.TenantSerializer, responses=s.TenantSerializer)
@@ -130,7 +126,7 @@ class TeamMembershipViewSet(ReadMixin, TenantScopedViewSet):
     policy = "team-memberships"
     queryset = TeamMembership.objects.select_related("user", "team")
     serializer_class = s.TeamMembershipSerializer
-    filterset_fields = ["team", "role"]
+    filterset_class = filtersets.TeamMembershipFilterSet
     ordering_fields = ["created_at", "role"]
     ordering = ["created_at"]
 
@@ -162,7 +158,7 @@ class InvitationViewSet(ReadMixin, TenantScopedViewSet):
     policy = "invitations"
     queryset = Invitation.objects.select_related("team")
     serializer_class = s.InvitationSerializer
-    filterset_fields = ["role", "team"]
+    filterset_class = filtersets.InvitationFilterSet
     ordering_fields = ["created_at", "expires_at"]
     ordering = ["-created_at"]
 
@@ -185,8 +181,7 @@ class InvitationAcceptView(PrincipalAPIView):
     account with an e-mail address and a password. Scoped by the secret, not by a tenant.
     """
 
-    permission_classes = [AllowAny]
-    throttle_scope = "anonymous"
+    permission_classes = [WritableCredentials]
 
     @extend_schema(request=s.InvitationAcceptSerializer, responses={201: s.MyMembershipSerializer})
     def post(self, request):
@@ -211,7 +206,7 @@ class APITokenViewSet(ReadMixin, TenantScopedViewSet):
     policy = "api-tokens"
     queryset = APIToken.objects.select_related("user", "team")
     serializer_class = s.APITokenSerializer
-    filterset_fields = ["scope", "team"]
+    filterset_class = filtersets.APITokenFilterSet
     ordering_fields = ["created_at", "expires_at", "last_used_at", "name"]
     ordering = ["-created_at"]
 
@@ -240,22 +235,23 @@ class QuotaViewSet(ReadMixin, TenantScopedViewSet):
     policy = "quotas"
     queryset = Quota.objects.select_related("gpu_model")
     serializer_class = s.QuotaSerializer
-    filterset_fields = ["resource", "team", "tenant"]
+    filterset_class = filtersets.QuotaFilterSet
     ordering_fields = ["resource", "limit", "updated_at"]
     ordering = ["resource", "limit"]
 
     def create(self, request):
         data = self.get_serializer(data=request.data)
         data.is_valid(raise_exception=True)
-        quota = services.quota_set(actor=self.principal, **data.validated_data)
-        return Response(self.get_serializer(quota).data, status=status.HTTP_201_CREATED)
+        quota, created = services.quota_set(actor=self.principal, **data.validated_data)
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK  # setting an existing quota changes it
+        return Response(self.get_serializer(quota).data, status=code)
 
     @extend_schema(request=s.QuotaUpdateSerializer)
     def partial_update(self, request, pk=None):
         quota = self.get_object()
         data = s.QuotaUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        quota = services.quota_set(actor=self.principal, tenant=quota.tenant, team=quota.team,
+        quota, _ = services.quota_set(actor=self.principal, tenant=quota.tenant, team=quota.team,
                                    resource=quota.resource, gpu_model=quota.gpu_model, **data.validated_data)
         return Response(self.get_serializer(quota).data)
 

@@ -6,6 +6,7 @@ starts the web server, a Celery worker and beat under one supervisor and prints 
 in. Ctrl-C stops every child.
 """
 
+import http.client
 import os
 import shutil
 import sys
@@ -55,18 +56,15 @@ class Command(BaseCommand):
                              "--loglevel", "INFO"]),
             Child("beat", [str(venv_bin / "celery"), "-A", "cloud", "beat", "--loglevel", "INFO"]),
         ]
-        supervisor = Supervisor(children, env=env)
-        supervisor.start()
-        try:
+        code = 0
+        with Supervisor(children, env=env) as supervisor:  # stops every child however this block ends
+            supervisor.start()
             if self._wait_healthy(f"{base_url}/health/", children):
                 self._banner(base_url)
                 code = supervisor.wait()
             else:
                 self.stderr.write("The web server did not come up; see its output above.")
                 code = 1
-        except KeyboardInterrupt:
-            code = 0
-        supervisor.stop()
         self.stdout.write("Meridian stopped.")
         if code:
             sys.exit(code)
@@ -102,7 +100,7 @@ class Command(BaseCommand):
                 with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 -- our own http:// URL
                     if response.status == 200:
                         return True
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
+            except (urllib.error.URLError, OSError, http.client.HTTPException):
                 pass
             time.sleep(0.3)
         return False

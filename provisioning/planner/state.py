@@ -1,0 +1,375 @@
+"""
+The planner's indexed, mutable view of a Snapshot: who holds which GPU memory when.
+
+Times are integer microseconds after ``snapshot.now``: exact, and cheaper to compare than
+datetimes. Nothing is ever placed before ``now``, so work that ended by then is dropped at build.
+
+Index, per (region, GPU model, node pool), one ``Pool`` per InfiniBand fabric:
+  pool -> leaves (grouped by pod) -> nodes -> GPUs -> allocations sorted by start.
+Each GPU keeps two summaries that answer most questions without a scan: ``last_end`` (free for
+any window that starts after it) and ``busy_until`` (busy without a gap from now until then, so
+not free for any window that starts before it). Each node folds them into ``clean`` (GPUs with
+nothing from now on) and ``busy_min`` (the earliest a GPU busy now frees up): for a window that
+starts before ``busy_min`` the node's free GPUs are just ``clean``, an O(1) answer for nearly
+every node when the window starts now. Only nodes with a gap in their bookings fall back to
+interval checks.
+
+Every change goes through ``Capacity.set_entries``, which keeps those summaries, the slot-layout
+index and the per-region load counts in step and journals an undo step.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import NamedTuple
+from uuid import UUID
+
+from ..plan_types import Snapshot
+
+FOREVER = 1 << 62  # later than any window
+TICK = timedelta(microseconds=1)
+# Instants whose region-wide busy count is kept up to date (headroom checks); few distinct starts
+# are asked for at once, and each kept instant costs a little on every change.
+LOAD_INSTANTS = 16
+NO_LAYOUTS: frozenset[int] = frozenset()
+
+
+class Entry(NamedTuple):
+    """One allocation of GPU memory ``[lo, hi)`` for ``[start, end)``."""
+
+    start: int
+    end: int
+    lo: int
+    hi: int
+    owner: UUID  # the reservation
+    # The owner's priority when it is spot work of the snapshot that may be evicted; None otherwise
+    # (work placed by this planner is not in the database yet, so it is never a victim).
+    victim_priority: float | None = None
+
+
+def slot_range(memory: int, n: int, k: int) -> tuple[int, int]:
+    """Slot ``k`` of a GPU cut into ``n`` slots, as plan_types defines it."""
+    return k * memory // n, (k + 1) * memory // n
+
+
+def slot_layout(memory: int, lo: int, hi: int) -> int:
+    """The ``n`` for which ``[lo, hi)`` is exactly one of ``n`` slots of the GPU, else 0."""
+    width = hi - lo
+    if width <= 0 or width >= memory:
+        return 0
+    n = round(memory / width)
+    k = -(-lo * n // memory)  # the only k whose slot can start at lo
+    return n if n > 1 and slot_range(memory, n, k) == (lo, hi) else 0
+
+
+class GpuState:
+    __slots__ = ("gpu_id", "index", "memory", "node", "entries", "last_end", "busy_until", "layouts")
+
+    def __init__(self, gpu_id: UUID, index: int, memory: int, node: NodeState, entries: list[Entry]):
+        self.gpu_id = gpu_id
+        self.index = index
+        self.memory = memory
+        self.node = node
+        self.entries = entries
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the summaries after ``entries`` changed."""
+        covered = 0
+        last = 0
+        layouts = NO_LAYOUTS
+        for x in self.entries:
+            if x.start <= covered < x.end:
+                covered = x.end
+            if x.end > last:
+                last = x.end
+            if x.hi - x.lo < self.memory:
+                n = slot_layout(self.memory, x.lo, x.hi)
+                if n and n not in layouts:
+                    layouts = layouts | {n}
+        self.busy_until = covered
+        self.last_end = last
+        self.layouts = layouts
+
+    def free(self, s: int, e: int) -> bool:
+        """True when nothing on this GPU overlaps ``[s, e)`` in time (a whole-GPU request)."""
+        if self.last_end <= s:
+            return True
+        if s < self.busy_until:
+            return False
+        for x in self.entries:
+            if x.start >= e:
+                return True
+            if x.end > s:
+                return False
+        return True
+
+    def busy_at(self, t: int) -> bool:
+        if self.last_end <= t:
+            return False
+        if t < self.busy_until:
+            return True
+        return any(x.start <= t < x.end for x in self.entries)
+
+    def free_slots(self, s: int, e: int, n: int) -> list[int]:
+        """The slots of an ``n``-way layout that nothing overlaps in memory during ``[s, e)``."""
+        if self.last_end <= s:
+            return list(range(n))
+        taken = [False] * n
+        for x in self.entries:
+            if x.start >= e:
+                break
+            if x.end > s:
+                for k in range(n):
+                    lo, hi = slot_range(self.memory, n, k)
+                    if x.lo < hi and lo < x.hi:
+                        taken[k] = True
+        return [k for k in range(n) if not taken[k]]
+
+
+class NodeState:
+    __slots__ = ("node_id", "region", "leaf", "pool", "gpus", "size", "clean", "busy_min")
+
+    def __init__(self, node_id: UUID, region: str, leaf: Leaf, pool: Pool):
+        self.node_id = node_id
+        self.region = region
+        self.leaf = leaf
+        self.pool = pool
+        self.gpus: list[GpuState] = []
+        self.size = 0
+        self.clean = 0
+        self.busy_min = FOREVER
+
+    def refresh(self) -> None:
+        clean = 0
+        busy_min = FOREVER
+        for g in self.gpus:
+            if g.last_end <= 0:
+                clean += 1
+            elif g.busy_until < busy_min:
+                busy_min = g.busy_until
+        self.size = len(self.gpus)
+        self.clean = clean
+        self.busy_min = busy_min
+
+    def free_count(self, s: int, e: int) -> int:
+        """GPUs free for the whole of ``[s, e)``; O(1) unless the window starts after a GPU busy now frees up."""
+        if s < self.busy_min:
+            return self.clean
+        return sum(1 for g in self.gpus if g.free(s, e))
+
+    def whole_free(self, s: int, e: int) -> bool:
+        """Every GPU free for ``[s, e)``: what a bare-metal unit needs."""
+        if s < self.busy_min:
+            return self.clean == self.size
+        return all(g.free(s, e) for g in self.gpus)
+
+    def free_gpus(self, s: int, e: int) -> list[GpuState]:
+        return [g for g in self.gpus if g.free(s, e)]
+
+
+class Leaf:
+    __slots__ = ("leaf_id", "pod", "nodes")
+
+    def __init__(self, leaf_id: UUID, pod: tuple[UUID, int]):
+        self.leaf_id = leaf_id
+        self.pod = pod  # (fabric, pod number): pod numbers repeat across fabrics
+        self.nodes: list[NodeState] = []
+
+
+class Pool:
+    """The nodes of one region, GPU model and node pool on one fabric (a placement never spans fabrics)."""
+
+    def __init__(self, region: str, model: UUID, kind: str, fabric: UUID):
+        self.region = region
+        self.model = model
+        self.kind = kind
+        self.fabric = fabric
+        self.nodes: list[NodeState] = []
+        self.leaves: list[Leaf] = []
+        self.pods: dict[tuple[UUID, int], list[Leaf]] = {}
+        self.max_size = 0
+        # slot layout n -> GPUs carrying slots of it (an ordered set), for bin-packing fractions
+        self.layout_gpus: dict[int, dict[GpuState, None]] = {}
+        # evictable reservation -> GPUs it holds here: a cheap bound before looking for victims
+        self.victims: dict[UUID, int] = {}
+
+
+class Capacity:
+    """The whole index over one Snapshot, and the only place that changes it."""
+
+    def __init__(self, snapshot: Snapshot):
+        self.now = snapshot.now
+        self.pools: dict[tuple[str, UUID, str], list[Pool]] = {}
+        self.gpus: dict[UUID, GpuState] = {}
+        self.region_gpus: dict[str, list[GpuState]] = {}
+        self.victim_priority: dict[UUID, float] = {}  # evictable reservations of the snapshot
+        self.holdings: dict[UUID, set[GpuState]] = {}  # evictable reservation -> its GPUs
+        self.journal: list[Callable[[], None]] = []
+        self._load: dict[str, dict[int, int]] = {}  # region -> instant -> GPUs busy then
+        self._victim_order: list[float] | None = None
+        self._build(snapshot)
+
+    #
+    # Time
+    #
+
+    def ticks(self, moment: datetime) -> int:
+        return (moment - self.now) // TICK
+
+    def time(self, ticks: int) -> datetime:
+        return self.now + ticks * TICK
+
+    #
+    # Building
+    #
+
+    def _build(self, snapshot: Snapshot) -> None:
+        self._find_victims(snapshot)
+        leaves: dict[tuple[tuple[str, UUID, str], UUID], Leaf] = {}
+        fabrics: dict[tuple[str, UUID, str, UUID], Pool] = {}
+        for cap in snapshot.nodes:
+            group = (cap.region, cap.gpu_model_id, cap.pool)
+            pool = fabrics.get((*group, cap.fabric_id))
+            if pool is None:
+                pool = fabrics[(*group, cap.fabric_id)] = Pool(cap.region, cap.gpu_model_id, cap.pool, cap.fabric_id)
+                self.pools.setdefault(group, []).append(pool)
+            leaf = leaves.get((group, cap.leaf_id))
+            if leaf is None:
+                leaf = leaves[(group, cap.leaf_id)] = Leaf(cap.leaf_id, (cap.fabric_id, cap.pod))
+                pool.leaves.append(leaf)
+                pool.pods.setdefault(leaf.pod, []).append(leaf)
+            node = NodeState(cap.node_id, cap.region, leaf, pool)
+            region_gpus = self.region_gpus.setdefault(cap.region, [])
+            for g in cap.gpus:
+                gpu = GpuState(g.gpu_id, g.index, g.memory_mib, node, self._entries(g.busy))
+                node.gpus.append(gpu)
+                self.gpus[g.gpu_id] = gpu
+                region_gpus.append(gpu)
+                self._index_layouts(gpu, NO_LAYOUTS)
+                self._index_holdings(gpu)
+            node.refresh()
+            leaf.nodes.append(node)
+            pool.nodes.append(node)
+            pool.max_size = max(pool.max_size, node.size)
+
+    def _find_victims(self, snapshot: Snapshot) -> None:
+        """A reservation may be evicted only when every allocation of it is spot work; its priority is the highest."""
+        spot: dict[UUID, bool] = {}
+        priority: dict[UUID, float] = {}
+        for cap in snapshot.nodes:
+            for g in cap.gpus:
+                for b in g.busy:
+                    spot[b.reservation_id] = spot.get(b.reservation_id, True) and b.preemptible
+                    priority[b.reservation_id] = max(priority.get(b.reservation_id, b.priority), b.priority)
+        self.victim_priority = {rid: priority[rid] for rid, ok in spot.items() if ok}
+
+    def _entries(self, busy) -> list[Entry]:
+        entries = []
+        for b in busy:
+            start, end = self.ticks(b.start), self.ticks(b.end)
+            if end > 0 and end > start:  # work that ended by now can never conflict again
+                entries.append(Entry(start, end, b.mem_lo, b.mem_hi, b.reservation_id,
+                                     self.victim_priority.get(b.reservation_id)))
+        entries.sort(key=lambda x: x.start)
+        return entries
+
+    def _index_layouts(self, gpu: GpuState, old_layouts: frozenset[int]) -> None:
+        """Keep the slot-layout index in step with one GPU's entries."""
+        pool = gpu.node.pool
+        for n in old_layouts - gpu.layouts:
+            pool.layout_gpus[n].pop(gpu, None)
+        for n in gpu.layouts - old_layouts:
+            pool.layout_gpus.setdefault(n, {})[gpu] = None
+
+    def _index_holdings(self, gpu: GpuState) -> None:
+        """Which GPUs each evictable reservation holds (only snapshot work is ever a victim)."""
+        pool = gpu.node.pool
+        for x in gpu.entries:
+            if x.victim_priority is not None:
+                held = self.holdings.setdefault(x.owner, set())
+                if gpu not in held:
+                    held.add(gpu)
+                    pool.victims[x.owner] = pool.victims.get(x.owner, 0) + 1
+
+    #
+    # Changing it
+    #
+
+    def set_entries(self, gpu: GpuState, entries: list[Entry], *, journal: bool = True) -> None:
+        """Replace one GPU's allocations, keeping every summary and index over it in step."""
+        if journal:
+            old = gpu.entries
+            self.journal.append(lambda: self.set_entries(gpu, old, journal=False))
+        load = self._load.get(gpu.node.region)
+        before = [(t, gpu.busy_at(t)) for t in load] if load else ()
+        old_layouts = gpu.layouts
+        gpu.entries = entries
+        gpu.refresh()
+        gpu.node.refresh()
+        if gpu.layouts != old_layouts:
+            self._index_layouts(gpu, old_layouts)
+        for t, was in before:
+            if gpu.busy_at(t) != was:
+                load[t] += -1 if was else 1
+
+    def add(self, gpu: GpuState, entry: Entry) -> None:
+        entries = gpu.entries.copy()
+        bisect.insort(entries, entry, key=lambda x: x.start)
+        self.set_entries(gpu, entries)
+
+    def remove_owner(self, gpu: GpuState, owner: UUID) -> None:
+        self.set_entries(gpu, [x for x in gpu.entries if x.owner != owner])
+
+    def evict(self, victim: UUID, at: int) -> None:
+        """End every allocation of ``victim`` at ``at`` (those not started by then are dropped)."""
+        priority = self.victim_priority.pop(victim)
+        held = self.holdings.pop(victim, set())
+        pools = {pool: pool.victims.pop(victim, 0) for pool in {gpu.node.pool for gpu in held}}
+        self._victim_order = None
+
+        def restore() -> None:
+            self.victim_priority[victim] = priority
+            self.holdings[victim] = held
+            for pool, count in pools.items():
+                pool.victims[victim] = count
+            self._victim_order = None
+
+        self.journal.append(restore)
+        for gpu in held:
+            kept = []
+            for x in gpu.entries:
+                if x.owner != victim:
+                    kept.append(x)
+                elif x.start < at and min(x.end, at) > 0:
+                    kept.append(x._replace(end=min(x.end, at), victim_priority=None))
+            self.set_entries(gpu, kept)
+
+    def rollback(self, mark: int = 0) -> None:
+        """Undo every change journaled since ``mark``."""
+        while len(self.journal) > mark:
+            self.journal.pop()()
+
+    def commit(self) -> None:
+        self.journal.clear()
+
+    #
+    # Questions across a region
+    #
+
+    def free_at(self, region: str, t: int) -> int:
+        """GPUs of ``region`` with nothing on them at instant ``t``."""
+        load = self._load.setdefault(region, {})
+        if t not in load:
+            if len(load) >= LOAD_INSTANTS:
+                del load[next(iter(load))]
+            load[t] = sum(1 for g in self.region_gpus.get(region, ()) if g.busy_at(t))
+        return len(self.region_gpus.get(region, ())) - load[t]
+
+    def victims_below(self, priority: float) -> int:
+        """How many evictable reservations rank below ``priority``: requests alike in it pick alike victims."""
+        if self._victim_order is None:
+            self._victim_order = sorted(self.victim_priority.values())
+        return bisect.bisect_left(self._victim_order, priority)
