@@ -19,7 +19,7 @@ from cloud.errors import Conflict, DomainError, Forbidden, QuotaExceeded
 from cloud.models import GPUModel
 from security.models import AuditEvent
 from tenants import services
-from tenants.choices import QuotaResource, TeamRole, TenantRole
+from tenants.choices import QuotaResource, TeamRole, TenantRole, TokenScope
 from tenants.models import Invitation, Membership, Quota, Team, TeamMembership, Tenant, User, secret_digest
 from tenants.permissions import TENANT_REQUIRED
 from tenants.quotas import quota_check, quota_limits
@@ -30,8 +30,9 @@ from tenants.services import (
     LAST_OWNER,
     LAST_TEAM_ADMIN,
     ONLY_OWNER_GRANTS_OWNER,
+    SIGN_IN_REQUIRED,
 )
-from tests.world import unique
+from tests.world import issue_token, unique
 
 TEAMS = "/api/v1/teams/"
 MEMBERSHIPS = "/api/v1/memberships/"
@@ -512,25 +513,84 @@ def test_accepting_while_signed_in_joins_as_the_session_user(world):
     assert Membership.objects.filter(user=user).count() == 2
 
 
-def test_reusing_an_accepted_invitation_is_invitation_invalid(world):
-    """An accepted link is spent: a second accept is 400 ``invitation_invalid`` and adds nobody."""
-    _, secret = invite(world)
-    first = APIClient().post(ACCEPT, {"token": secret, "email": "first@example.com", "password": PASSWORD},
-                             format="json")
-    assert first.status_code == 201, first.content
-    members = Membership.objects.count()
+def test_accepting_with_a_token_joins_as_its_user_but_a_read_only_token_is_403(world):
+    """A read-write token accepts as its user; a read-only token may not accept (403 ``token_read_only``)."""
+    user = world.users["t2_member"]
+    _, secret = invite(world, role=TenantRole.VIEWER)
+    before = (User.objects.count(), Membership.objects.count())
 
+    read_only = APIClient()
+    read_only.credentials(HTTP_AUTHORIZATION=f"Bearer {issue_token(user, world.t2.tenant, scope=TokenScope.READ)}")
+    assert_error(read_only.post(ACCEPT, {"token": secret}, format="json"), 403, "token_read_only")
+    assert (User.objects.count(), Membership.objects.count()) == before
+    assert Invitation.objects.get(digest=secret_digest(secret)).status == "pending"
+
+    response = world.client("t2_member").post(ACCEPT, {"token": secret}, format="json")
+    assert response.status_code == 201, response.content
+    assert Membership.objects.get(user=user, tenant=world.t1.tenant).role == TenantRole.VIEWER
+    assert Invitation.objects.get(digest=secret_digest(secret)).accepted_by == user
+
+
+def test_anonymous_accept_of_an_open_invitation_is_sign_in_required_and_writes_nothing(world):
+    """
+    An invitation that names no address can only be accepted signed in: anonymously, with or
+    without an address and password, it is 400 ``sign_in_required``; no account, membership,
+    team membership or audit event is written, and the link stays usable.
+    """
+    email = f"{unique('drifter')}@example.com"
+    _, secret = invite(world, team=str(world.t1.team.pk))
+    before = (User.objects.count(), Membership.objects.count(), TeamMembership.objects.count(),
+              AuditEvent.objects.count())
+    for payload in ({"token": secret, "email": email, "password": PASSWORD}, {"token": secret}):
+        error = assert_error(APIClient().post(ACCEPT, payload, format="json"), 400, "sign_in_required")
+        assert error["detail"] == SIGN_IN_REQUIRED
+    with pytest.raises(DomainError) as caught:
+        services.invitation_accept(secret=secret, user=None, email=email, password=PASSWORD)
+    assert caught.value.get_codes() == "sign_in_required"
+    assert (User.objects.count(), Membership.objects.count(), TeamMembership.objects.count(),
+            AuditEvent.objects.count()) == before
+    assert not User.objects.filter(email=email).exists()
+    assert Invitation.objects.get(digest=secret_digest(secret)).status == "pending"
+
+
+def test_reusing_an_accepted_invitation_is_invitation_invalid(world):
+    """An accepted link is spent: accepting again, signed in or not, is 400 ``invitation_invalid`` and adds nobody."""
+    _, secret = invite(world)
+    first = session(world.users["t2_member"]).post(ACCEPT, {"token": secret}, format="json")
+    assert first.status_code == 201, first.content
+    members, users = Membership.objects.count(), User.objects.count()
+
+    again = session(world.users["t2_owner"]).post(ACCEPT, {"token": secret}, format="json")
+    error = assert_error(again, 400, "invitation_invalid")
+    assert error["detail"] == INVITATION_INVALID
     again = APIClient().post(ACCEPT, {"token": secret, "email": "second@example.com", "password": PASSWORD},
                              format="json")
     error = assert_error(again, 400, "invitation_invalid")
     assert error["detail"] == INVITATION_INVALID
-    assert Membership.objects.count() == members
+    assert (Membership.objects.count(), User.objects.count()) == (members, users)
+    assert not Membership.objects.filter(user=world.users["t2_owner"], tenant=world.t1.tenant).exists()
     assert not User.objects.filter(email="second@example.com").exists()
+    assert Invitation.objects.get(digest=secret_digest(secret)).accepted_by == world.users["t2_member"]
+
+
+def test_reusing_an_accepted_email_bound_invitation_is_invitation_invalid(world):
+    """A spent link bound to an address creates no second account for that address either."""
+    email = f"{unique('once')}@example.com"
+    _, secret = invite(world, email=email)
+    first = APIClient().post(ACCEPT, {"token": secret, "email": email, "password": PASSWORD}, format="json")
+    assert first.status_code == 201, first.content
+    members = Membership.objects.count()
+    again = APIClient().post(ACCEPT, {"token": secret, "email": email, "password": "another-Pass-777"},
+                             format="json")
+    assert_error(again, 400, "invitation_invalid")
+    assert Membership.objects.count() == members
+    assert User.objects.filter(email__iexact=email).count() == 1
+    assert User.objects.get(email=email).check_password(PASSWORD)
 
 
 def test_expired_invitation_is_invitation_invalid(world):
     """After the invitation TTL the link no longer works (400 ``invitation_invalid``)."""
-    body, secret = invite(world)
+    body, secret = invite(world, email="late@example.com")
     expires_at = Invitation.objects.get(pk=body["id"]).expires_at
     with time_machine.travel(expires_at + timedelta(seconds=1), tick=False):
         response = APIClient().post(ACCEPT, {"token": secret, "email": "late@example.com", "password": PASSWORD},
@@ -541,7 +601,7 @@ def test_expired_invitation_is_invitation_invalid(world):
 
 def test_invitation_is_valid_until_its_ttl(world):
     """Just before expiry the same kind of link still works."""
-    body, secret = invite(world)
+    body, secret = invite(world, email="ontime@example.com")
     expires_at = Invitation.objects.get(pk=body["id"]).expires_at
     assert abs(expires_at - timezone.now() - settings.MERIDIAN_INVITATION_TTL) < timedelta(minutes=1)
     with time_machine.travel(expires_at - timedelta(seconds=1), tick=False):
@@ -552,19 +612,48 @@ def test_invitation_is_valid_until_its_ttl(world):
 
 def test_revoked_invitation_is_invitation_invalid(world):
     """DELETE revokes a pending invitation (204); accepting it then is 400 ``invitation_invalid``."""
-    body, secret = invite(world)
+    body, secret = invite(world, email="gone@example.com")
     assert world.client("t1_admin").delete(f"{INVITATIONS}{body['id']}/").status_code == 204
     response = APIClient().post(ACCEPT, {"token": secret, "email": "gone@example.com", "password": PASSWORD},
                                 format="json")
     assert_error(response, 400, "invitation_invalid")
     assert not User.objects.filter(email="gone@example.com").exists()
+    response = session(world.users["t2_member"]).post(ACCEPT, {"token": secret}, format="json")
+    assert_error(response, 400, "invitation_invalid")
 
 
 def test_revoking_an_accepted_invitation_is_409(world):
-    """Only a pending invitation can be revoked."""
-    body, secret = invite(world)
-    APIClient().post(ACCEPT, {"token": secret, "email": "done@example.com", "password": PASSWORD}, format="json")
+    """Only a pending invitation can be revoked: an accepted one is 409 ``invalid_state`` and stays accepted."""
+    body, secret = invite(world, email="done@example.com")
+    accepted = APIClient().post(ACCEPT, {"token": secret, "email": "done@example.com", "password": PASSWORD},
+                                format="json")
+    assert accepted.status_code == 201, accepted.content
     assert_error(world.client("t1_admin").delete(f"{INVITATIONS}{body['id']}/"), 409, "invalid_state")
+    invitation = Invitation.objects.get(pk=body["id"])
+    assert invitation.status == "accepted"
+    assert invitation.revoked_at is None
+    assert Membership.objects.filter(user__email="done@example.com", tenant=world.t1.tenant).exists()
+
+
+@pytest.mark.parametrize("state", ["revoked", "expired"])
+def test_revoking_a_revoked_or_expired_invitation_is_409(world, state):
+    """A revoked or expired invitation is not pending either: revoking it is 409 ``invalid_state``."""
+    body, _ = invite(world)
+    invitation = Invitation.objects.get(pk=body["id"])
+    actor = world.principal("t1_admin")
+    when = timezone.now()
+    if state == "revoked":
+        assert world.client("t1_admin").delete(f"{INVITATIONS}{body['id']}/").status_code == 204
+    else:
+        when = invitation.expires_at + timedelta(seconds=1)
+    revoked_at = Invitation.objects.get(pk=body["id"]).revoked_at
+    with time_machine.travel(when, tick=False):
+        assert_error(world.client("t1_admin").delete(f"{INVITATIONS}{body['id']}/"), 409, "invalid_state")
+        with pytest.raises(Conflict) as caught:
+            services.invitation_revoke(actor=actor, invitation=invitation)
+        assert caught.value.get_codes() == "invalid_state"
+        invitation.refresh_from_db()
+        assert (invitation.status, invitation.revoked_at) == (state, revoked_at)
 
 
 def test_unknown_invitation_secret_is_invitation_invalid(world):
@@ -599,23 +688,39 @@ def test_email_bound_invitation_matches_the_address_regardless_of_case(world):
     assert response.status_code == 201, response.content
 
 
-def test_anonymous_accept_with_the_address_of_a_signed_up_user_is_409(world):
-    """An address that already has an account must sign in first: 409 ``account_exists``, password kept."""
+@pytest.mark.parametrize("with_password", [True, False], ids=["password-set", "no-password"])
+def test_anonymous_accept_for_an_address_that_has_an_account_is_409(world, with_password):
+    """
+    A link bound to an address that already has an account (with a password or not yet) cannot
+    create or claim it anonymously: 409 ``account_exists``, the password untouched, no membership.
+    The account's holder signs in and accepts the same link.
+    """
     existing = world.users["t2_member"]
-    existing.set_password(PASSWORD)
-    existing.save(update_fields=["password"])
-    _, secret = invite(world)
-    response = APIClient().post(ACCEPT, {"token": secret, "email": existing.email, "password": "another-Pass-777"},
-                                format="json")
+    if with_password:
+        existing.set_password(PASSWORD)
+        existing.save(update_fields=["password"])
+    assert existing.has_usable_password() is with_password
+    _, secret = invite(world, email=existing.email)
+    response = APIClient().post(ACCEPT, {"token": secret, "email": existing.email.upper(),
+                                         "password": "another-Pass-777"}, format="json")
     assert_error(response, 409, "account_exists")
     existing.refresh_from_db()
-    assert existing.check_password(PASSWORD)
+    assert existing.has_usable_password() is with_password
+    assert not existing.check_password("another-Pass-777")
+    if with_password:
+        assert existing.check_password(PASSWORD)
+    assert User.objects.filter(email__iexact=existing.email).count() == 1
     assert not Membership.objects.filter(user=existing, tenant=world.t1.tenant).exists()
+    assert Invitation.objects.get(digest=secret_digest(secret)).status == "pending"
+
+    accepted = session(existing).post(ACCEPT, {"token": secret}, format="json")
+    assert accepted.status_code == 201, accepted.content
+    assert Membership.objects.get(user=existing, tenant=world.t1.tenant).role == TenantRole.MEMBER
 
 
 def test_anonymous_accept_with_a_weak_password_is_400(world):
     """The password validators apply: a short or common password is a 400 on ``password``."""
-    _, secret = invite(world)
+    _, secret = invite(world, email="weak@example.com")
     response = APIClient().post(ACCEPT, {"token": secret, "email": "weak@example.com", "password": "password"},
                                 format="json")
     assert response.status_code == 400, response.content
@@ -626,28 +731,67 @@ def test_anonymous_accept_with_a_weak_password_is_400(world):
     assert Invitation.objects.get(digest=secret_digest(secret)).status == "pending"
 
 
-def test_an_open_invitation_cannot_claim_a_pending_owner_account(world):
+def test_another_invitation_cannot_take_over_a_new_tenants_owner_invitation(world):
     """
-    A tenant made for a new address leaves an owner account with no password, to be claimed only
-    through its own owner link. Another, open invitation accepted anonymously with that address
-    must not set the account's password (which would hand the new tenant to whoever did it).
+    A tenant made for a new address has no owner and no account until its owner link is accepted.
+    An open invitation of another tenant cannot be used anonymously at all, so it cannot make the
+    account; a link of another tenant bound to that address makes the account there, and that
+    account gains nothing in the new tenant: the owner link then works only for that account,
+    signed in. Staff creating a tenant for that address are told an account exists.
     """
     email = f"{unique('pending-owner')}@example.com"
     created = world.client("platform_admin").post(
         TENANTS, {"name": "Fresh", "slug": unique("fresh"), "owner_email": email}, format="json"
     )
     assert created.status_code == 201, created.content
-    pending = User.objects.get(email=email)
-    assert not pending.has_usable_password()
+    assert created.json()["existing_account"] is False
+    fresh = Tenant.objects.get(pk=created.json()["id"])
+    owner_secret = secret_of(created.json()["invitation_link"])
+    assert not User.objects.filter(email__iexact=email).exists()
+    assert not Membership.objects.filter(tenant=fresh).exists()
 
-    _, open_secret = invite(world, "t1_admin")  # not bound to any address
+    # (b) An open invitation of tenant 1 cannot make the account anonymously.
+    _, open_secret = invite(world, "t1_admin")
     response = APIClient().post(ACCEPT, {"token": open_secret, "email": email, "password": "attacker-Chosen-99"},
                                 format="json")
-    assert response.status_code in (400, 409), response.content
-    pending.refresh_from_db()
-    assert not pending.has_usable_password()
-    assert not Membership.objects.filter(user=pending, tenant=world.t1.tenant).exists()
+    assert_error(response, 400, "sign_in_required")
+    assert not User.objects.filter(email__iexact=email).exists()
     assert Invitation.objects.get(digest=secret_digest(open_secret)).status == "pending"
+
+    # (c) A tenant-1 link bound to the address makes the account, in tenant 1 only.
+    _, bound_secret = invite(world, "t1_admin", email=email)
+    joined = APIClient().post(ACCEPT, {"token": bound_secret, "email": email, "password": PASSWORD}, format="json")
+    assert joined.status_code == 201, joined.content
+    account = User.objects.get(email=email)
+    assert Membership.objects.get(user=account, tenant=world.t1.tenant).role == TenantRole.MEMBER
+    assert not Membership.objects.filter(tenant=fresh).exists()
+
+    # The owner link can no longer be accepted anonymously, nor by anybody else signed in ...
+    response = APIClient().post(ACCEPT, {"token": owner_secret, "email": email, "password": "attacker-Chosen-99"},
+                                format="json")
+    assert_error(response, 409, "account_exists")
+    account.refresh_from_db()
+    assert account.check_password(PASSWORD)
+    response = session(world.users["t1_admin"]).post(ACCEPT, {"token": owner_secret}, format="json")
+    assert_error(response, 400, "invitation_invalid")
+    assert not Membership.objects.filter(tenant=fresh).exists()
+    assert Invitation.objects.get(digest=secret_digest(owner_secret)).status == "pending"
+
+    # ... only by that account, signed in.
+    accepted = session(account).post(ACCEPT, {"token": owner_secret}, format="json")
+    assert accepted.status_code == 201, accepted.content
+    assert accepted.json()["role"] == TenantRole.OWNER
+    assert list(Membership.objects.filter(tenant=fresh).values_list("user", "role")) == [
+        (account.pk, TenantRole.OWNER)
+    ]
+
+    # Staff creating another tenant for the address now see that an account exists.
+    again = world.client("platform_admin").post(
+        TENANTS, {"name": "Fresher", "slug": unique("fresher"), "owner_email": email.upper()}, format="json"
+    )
+    assert again.status_code == 201, again.content
+    assert again.json()["existing_account"] is True
+    assert not Membership.objects.filter(tenant_id=again.json()["id"]).exists()
 
 
 def test_accepting_never_lowers_an_existing_role(world):
@@ -684,7 +828,10 @@ def test_member_cannot_invite(world):
 
 
 def test_platform_admin_creates_a_tenant_for_a_new_owner_with_an_invitation_link(world):
-    """A new owner address gets an owner membership and an invitation link (shown once) to set a password."""
+    """
+    A new owner address gets an owner invitation bound to it and its link (shown once); no account
+    or membership exists until the link is accepted, which creates the account as owner.
+    """
     slug, email = unique("acme"), f"{unique('boss')}@acme.example"
     response = world.client("platform_admin").post(
         TENANTS, {"name": "Acme", "slug": slug, "owner_email": email}, format="json"
@@ -693,30 +840,60 @@ def test_platform_admin_creates_a_tenant_for_a_new_owner_with_an_invitation_link
     body = response.json()
     assert body["slug"] == slug
     assert body["owner_email"] == email
+    assert body["existing_account"] is False
     assert body["invitation_link"].startswith(f"{settings.MERIDIAN_PUBLIC_URL.rstrip('/')}/invitations/mri_")
     tenant = Tenant.objects.get(slug=slug)
-    assert Membership.objects.get(tenant=tenant, user__email=email).role == TenantRole.OWNER
-    assert not User.objects.get(email=email).has_usable_password()
-
+    assert not User.objects.filter(email__iexact=email).exists()
+    assert not Membership.objects.filter(tenant=tenant).exists()
     secret = secret_of(body["invitation_link"])
+    invitation = Invitation.objects.get(tenant=tenant)
+    assert (invitation.email, invitation.role, invitation.status) == (email, TenantRole.OWNER, "pending")
+    assert invitation.digest == secret_digest(secret)
+
     accepted = APIClient().post(ACCEPT, {"token": secret, "email": email, "password": PASSWORD}, format="json")
     assert accepted.status_code == 201, accepted.content
     assert accepted.json()["role"] == TenantRole.OWNER
-    assert User.objects.get(email=email).check_password(PASSWORD)
+    owner = User.objects.get(email=email)
+    assert owner.check_password(PASSWORD)
+    assert Membership.objects.get(tenant=tenant, user=owner).role == TenantRole.OWNER
 
 
-def test_platform_admin_creates_a_tenant_for_an_existing_user_without_a_link(world):
-    """An existing user becomes owner at once; invitation_link is null."""
+def test_platform_admin_creates_a_tenant_for_an_existing_user_with_a_link_to_accept_signed_in(world):
+    """
+    An existing account is not made owner at once: staff get the owner link and
+    ``existing_account: true``; the link cannot be used anonymously for that address (409), and
+    the user becomes owner only when they accept it signed in.
+    """
     existing = world.users["t2_member"]
     slug = unique("beta")
     response = world.client("platform_admin").post(
         TENANTS, {"name": "Beta", "slug": slug, "owner_email": existing.email.upper()}, format="json"
     )
     assert response.status_code == 201, response.content
-    assert response.json()["invitation_link"] is None
+    body = response.json()
+    assert body["invitation_link"] is not None
+    assert body["invitation_link"].startswith(f"{settings.MERIDIAN_PUBLIC_URL.rstrip('/')}/invitations/mri_")
+    assert body["existing_account"] is True
+    assert body["owner_email"] == existing.email.lower()
     tenant = Tenant.objects.get(slug=slug)
+    assert not Membership.objects.filter(tenant=tenant).exists()
+    invitation = Invitation.objects.get(tenant=tenant)
+    assert (invitation.email, invitation.role, invitation.status) == (existing.email.lower(), TenantRole.OWNER,
+                                                                      "pending")
+    secret = secret_of(body["invitation_link"])
+
+    response = APIClient().post(ACCEPT, {"token": secret, "email": existing.email, "password": PASSWORD},
+                                format="json")
+    assert_error(response, 409, "account_exists")
+    existing.refresh_from_db()
+    assert not existing.has_usable_password()
+    assert not Membership.objects.filter(tenant=tenant).exists()
+
+    accepted = session(existing).post(ACCEPT, {"token": secret}, format="json")
+    assert accepted.status_code == 201, accepted.content
+    assert accepted.json()["role"] == TenantRole.OWNER
     assert Membership.objects.get(tenant=tenant, user=existing).role == TenantRole.OWNER
-    assert not Invitation.objects.filter(tenant=tenant).exists()
+    assert Invitation.objects.get(pk=invitation.pk).status == "accepted"
 
 
 @pytest.mark.parametrize("persona", ["t1_owner", "platform_approver"])
@@ -737,6 +914,7 @@ def test_duplicate_tenant_slug_is_409(world):
     )
     assert_error(response, 409, "duplicate")
     assert not User.objects.filter(email="dup@example.com").exists()
+    assert not Invitation.objects.filter(email="dup@example.com").exists()
 
 
 #
@@ -921,7 +1099,8 @@ def test_quota_exceeded_renders_as_409_with_meta(world):
 def test_quota_set_keeps_one_row_per_owner_resource_and_model(world):
     """Setting a quota twice updates the row instead of adding one."""
     actor = world.principal("platform_admin")
-    first = services.quota_set(actor=actor, tenant=world.t1.tenant, resource=QuotaResource.VPCS, limit=3)
-    second = services.quota_set(actor=actor, tenant=world.t1.tenant, resource=QuotaResource.VPCS, limit=5)
+    first, created = services.quota_set(actor=actor, tenant=world.t1.tenant, resource=QuotaResource.VPCS, limit=3)
+    second, again = services.quota_set(actor=actor, tenant=world.t1.tenant, resource=QuotaResource.VPCS, limit=5)
+    assert (created, again) == (True, False)
     assert first.pk == second.pk
     assert Quota.objects.get(pk=first.pk).limit == 5
