@@ -305,3 +305,17 @@ class Offering(models.Model):
         floor, price = self.spot_floor_price, self.price_per_gpu_hour
         if floor is not None and price is not None and floor > price:
             raise ValidationError({"spot_floor_price": "The spot floor cannot exceed the on-demand price."})
+
+
+class LeaderLease(models.Model):
+    """
+    Who leads a singleton loop (the scheduler) on SQLite, where there are no advisory locks: a
+    row per loop, held by one process until its lease runs out unrenewed.
+    """
+
+    name = models.CharField(max_length=64, primary_key=True)
+    holder = models.CharField(max_length=128)
+    expires_at = models.DateTimeField()
+
+    def __str__(self):
+        return f"{self.name} led by {self.holder} until {self.expires_at:%H:%M:%S}"

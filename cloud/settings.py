@@ -292,6 +292,10 @@ SPECTACULAR_SETTINGS = {
         "TenantRoleEnum": "tenants.choices.TenantRole.choices",
         "TeamRoleEnum": "tenants.choices.TeamRole.choices",
         "NodeStateEnum": "cloud.choices.NodeState.choices",
+        "OfferingKindEnum": "cloud.choices.OfferingKind.choices",
+        "OperationKindEnum": "provisioning.choices.OperationKind.choices",
+        "ReservationStateEnum": "provisioning.choices.ReservationState.choices",
+        "OperationStateEnum": "provisioning.choices.OperationState.choices",
         "GPUStateEnum": "cloud.choices.GPUState.choices",
     },
     "POSTPROCESSING_HOOKS": ["drf_standardized_errors.openapi_hooks.postprocess_schema_enums"],
@@ -350,6 +354,20 @@ MERIDIAN_DEFAULT_QUOTAS = {
     "instances": env.int("MERIDIAN_DEFAULT_INSTANCE_QUOTA", default=32),
 }
 MERIDIAN_PUBLIC_URL = env("MERIDIAN_PUBLIC_URL", default="http://127.0.0.1:8000")
+
+# Reservations and the scheduler (read at call time).
+# Priority weights: the operator's base formula 0.4 urgency + 0.3 fulfilment + 0.3 (1 - load),
+# plus age, high-priority and fair-share terms (provisioning.priority.Weights documents each).
+MERIDIAN_PRIORITY_WEIGHTS = env.json("MERIDIAN_PRIORITY_WEIGHTS", default={})
+MERIDIAN_MAX_RESERVATION_DURATION = timedelta(days=env.int("MERIDIAN_MAX_RESERVATION_DAYS", default=30))
+# How far ahead an advance reservation may start.
+MERIDIAN_MAX_ADVANCE = timedelta(days=env.int("MERIDIAN_MAX_ADVANCE_DAYS", default=90))
+# Clock skew tolerated on a requested start in the past.
+MERIDIAN_START_SKEW = timedelta(seconds=env.int("MERIDIAN_START_SKEW_SECONDS", default=60))
+MERIDIAN_SPOT_GRACE = timedelta(seconds=env.int("MERIDIAN_SPOT_GRACE_SECONDS", default=120))
+# Share of each region kept free for on-demand bursts (reserved and spot work may not use it).
+MERIDIAN_HEADROOM = env.float("MERIDIAN_HEADROOM", default=0.10)
+MERIDIAN_SCHEDULER_INTERVAL = env.float("MERIDIAN_SCHEDULER_INTERVAL_SECONDS", default=0.5)
 
 LOGGING = {
     "version": 1,

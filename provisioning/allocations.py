@@ -107,3 +107,31 @@ def allocation_end(*, reservation: Reservation, at: datetime) -> int:
     never_started = Allocation.objects.filter(reservation=reservation, starts_at__gte=at).delete()[0]
     shortened = Allocation.objects.filter(reservation=reservation, starts_at__lt=at, ends_at__gt=at).update(ends_at=at)
     return never_started + shortened
+
+
+def allocation_extend(*, reservation: Reservation, new_end: datetime) -> None:
+    """
+    Move the end of ``reservation``'s allocations to ``new_end`` on the same GPUs, or raise
+    CapacityTaken when another allocation holds that memory in the extra time.
+    """
+    rows = list(Allocation.objects.filter(reservation=reservation))
+    if not rows:
+        raise CapacityTaken("The reservation holds no capacity to extend.")
+    if connection.vendor != "postgresql":
+        for row in rows:
+            clash = (
+                overlapping([row.gpu_id], row.ends_at, new_end)
+                .filter(mem_lo__lt=row.mem_hi, mem_hi__gt=row.mem_lo)
+                .exclude(reservation=reservation)
+            )
+            if clash.exists():
+                raise CapacityTaken("Another reservation holds these GPUs in the extra time.")
+    try:
+        with transaction.atomic():
+            Allocation.objects.filter(pk__in=[row.pk for row in rows]).update(ends_at=new_end)
+    except IntegrityError as exc:
+        raise CapacityTaken("Another reservation holds these GPUs in the extra time.") from exc
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == DEADLOCK_DETECTED:
+            raise CapacityTaken() from exc
+        raise

@@ -29,6 +29,8 @@ POLICIES: dict[str, dict[str, str]] = {
     "api-tokens": {"read": ANY, "write": ANY},  # one's own; admins see the tenant's (queryset)
     "quotas": {"read": VIEWER, "write": PLATFORM_ADMIN},
     "audit-events": {"read": ADMIN, "write": NOBODY},
+    "reservations": {"read": VIEWER, "write": MEMBER},
+    "operations": {"read": VIEWER, "write": NOBODY},
     "regions": {"read": ANY, "write": PLATFORM_ADMIN},
     "gpu-models": {"read": ANY, "write": PLATFORM_ADMIN},
     "offerings": {"read": ANY, "write": PLATFORM_ADMIN},

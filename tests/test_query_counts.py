@@ -20,10 +20,11 @@ from cloud.api.urls import router
 from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region, Switch
+from provisioning.models import Operation, Reservation
 from security.models import AuditEvent
 from tenants.choices import QuotaResource, TeamRole, TenantRole
 from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, secret_digest
-from tests.world import World, h100, make_user, unique
+from tests.world import World, h100, make_user, unique, vm_offering
 
 SMALL, LARGE = 2, 20
 
@@ -169,7 +170,23 @@ def make_gpus(world, n):
                            pci_bus_id=HGX_PCI_BUS_IDS[i % 8], model=h100(), memory_mib=81920)
 
 
+def make_reservations(world, n):
+    for _ in range(n):
+        Reservation.objects.create(
+            tenant=world.t1.tenant, team=world.t1.team, name=unique("r"), offering=vm_offering(), gpu_model=h100(),
+            units=1, gpus=1, regions=["us-east-1"], duration=timedelta(hours=1), state="queued",
+        )
+
+
+def make_operations(world, n):
+    make_reservations(world, n)
+    for reservation in Reservation.objects.filter(tenant=world.t1.tenant).order_by("-submitted_at")[:n]:
+        Operation.objects.create(tenant=world.t1.tenant, reservation=reservation, kind="place")
+
+
 ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
+    Reservation: make_reservations,
+    Operation: make_operations,
     Tenant: make_tenants,
     Team: make_teams,
     Membership: make_memberships,
@@ -210,10 +227,18 @@ def trim_audit_events(world):
 
 
 def trim_gpu_models(world):
+    Reservation.objects.all().delete()
+    Offering.objects.all().delete()
     GPUModel.objects.all().delete()
 
 
+def trim_reservations(world):
+    Reservation.objects.filter(tenant=world.t1.tenant).delete()
+
+
 TRIMMERS: dict[type, Callable[[World], None]] = {
+    Reservation: trim_reservations,
+    Operation: trim_reservations,
     Membership: trim_memberships,
     APIToken: trim_api_tokens,
     AuditEvent: trim_audit_events,

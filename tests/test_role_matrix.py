@@ -13,17 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
 import pytest
 
 from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region
+from provisioning.admission import Ask
+from provisioning.models import Operation, Reservation
+from provisioning.services import reservation_create
 from security.models import AuditEvent
 from tenants import services
 from tenants.choices import TenantRole
 from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership
 from tenants.scoping import Principal
 from tests.routes import SAFE, api_routes
-from tests.world import PERSONAS, World, small_fleet, unique
+from tests.world import PERSONAS, World, small_fleet, unique, vm_offering
 
 V1 = "/api/v1"
 
@@ -68,6 +72,23 @@ def offering(w: World):
         defaults={"name": "Matrix", "kind": "vm", "gpu_model": GPUModel.objects.get(slug="h100-80gb-sxm"),
                   "gpus_per_unit": 1, "price_per_gpu_hour": "2.00"},
     )[0].pk
+
+
+def reservation_body(w: World) -> dict:
+    small_fleet(4)
+    return {"name": "train", "offering": vm_offering().slug, "gpus": 1, "regions": ["us-east-1"],
+            "duration_hours": 1}
+
+
+def scheduled_reservation(w: World):
+    """A t1 reservation placed at once through the service (the fast path)."""
+    small_fleet(4)
+    owner = Principal(user=w.t1.owner, tenant=w.t1.tenant, role=TenantRole.OWNER)
+    ask = Ask(name="placed", offering=vm_offering(), units=1, regions=(Region.objects.get(slug="us-east-1"),),
+              duration=timedelta(hours=1))
+    reservation = reservation_create(actor=owner, ask=ask)
+    assert reservation.state == "scheduled"
+    return reservation
 
 
 def node_in_maintenance(w: World) -> str:
@@ -148,6 +169,23 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("GET", "audit-events-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/audit-events/"),
     ("GET", "audit-events-detail"): Case(
         "401 403 403 200 200 403 200 200", lambda w: f"{V1}/audit-events/{w.t1.objects[AuditEvent].public_id}/"),
+    ("GET", "reservations-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/reservations/"),
+    ("POST", "reservations-list"): Case(
+        "401 403 201 201 201 201 403 403", lambda w: f"{V1}/reservations/", reservation_body),
+    ("GET", "reservations-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/"),
+    ("POST", "reservations-cancel"): Case(
+        "401 403 200 200 200 404 403 403", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/cancel/"),
+    ("POST", "reservations-release"): Case(
+        "401 403 200 200 200 404 403 403", lambda w: f"{V1}/reservations/{scheduled_reservation(w).pk}/release/"),
+    ("POST", "reservations-extend"): Case(
+        "401 403 200 200 200 404 403 403", lambda w: f"{V1}/reservations/{scheduled_reservation(w).pk}/extend/",
+        lambda w: {"hours": 1}),
+    ("GET", "reservations-score"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/score/"),
+    ("GET", "operations-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/operations/"),
+    ("GET", "operations-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/operations/{w.t1.objects[Operation].pk}/"),
     ("GET", "regions-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/regions/"),
     ("POST", "regions-list"): Case(
         "401 403 403 403 403 403 403 201", lambda w: f"{V1}/regions/",

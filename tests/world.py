@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
-from cloud.models import GPUModel, Node
+from cloud.models import GPUModel, Node, Offering
+from provisioning.models import Operation, Reservation
 from security.audit import audit_record
 from security.models import AuditEvent
 from tenants import services
@@ -99,6 +101,12 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     side.objects[Quota] = Quota.objects.create(tenant=tenant, team=team, resource=QuotaResource.GPUS, limit=16)
     side.objects[Tenant] = tenant
     side.objects[AuditEvent] = AuditEvent.objects.filter(tenant_id=tenant.pk).first()
+    reservation = Reservation.objects.create(
+        tenant=tenant, name=unique("queued"), offering=vm_offering(), gpu_model=h100(), units=1, gpus=1,
+        regions=["us-east-1"], duration=timedelta(hours=1), state="queued",
+    )
+    side.objects[Reservation] = reservation
+    side.objects[Operation] = Operation.objects.create(tenant=tenant, reservation=reservation, kind="place")
 
 
 def build_world() -> World:
@@ -142,6 +150,15 @@ def small_fleet(nodes: int = 8) -> list[Node]:
 
 def h100() -> GPUModel:
     return GPUModel.objects.get(slug="h100-80gb-sxm")
+
+
+def vm_offering(gpus_per_unit: int = 1) -> Offering:
+    """A VM offering of H100s, one or more GPUs per instance."""
+    return Offering.objects.get_or_create(
+        slug=f"world-vm-h100x{gpus_per_unit}",
+        defaults={"name": f"VM {gpus_per_unit}x H100", "kind": "vm", "gpu_model": h100(),
+                  "gpus_per_unit": gpus_per_unit, "price_per_gpu_hour": "2.49"},
+    )[0]
 
 
 def now():

@@ -73,6 +73,15 @@ class ScopedRelatedField(serializers.PrimaryKeyRelatedField):
         return super().get_queryset().visible_to(getattr(request, "principal", None))
 
 
+class StrictIntegerField(serializers.IntegerField):
+    """An integer given as a JSON number: "8" (a string), 8.5 or true are refused, not coerced."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class StrictSerializerMixin:
     """Unknown fields and read-only fields in a payload are a 400, not silently dropped."""
 

@@ -30,14 +30,18 @@ class Fit:
 
 @dataclass
 class Shortfall:
-    """What a pool can offer for the window: free units (nodes, GPUs or slots) and how many of the asked shape fit."""
+    """
+    What pools can offer for the window: free units (nodes, GPUs or slots) in all, how many units
+    of the asked shape fit in the best one (a placement never spans fabrics), and for gangs the
+    most free nodes under one leaf switch.
+    """
 
     free: int = 0
     fits: int = 0
-    largest_leaf: int = 0  # gangs: most free nodes under one leaf switch
+    largest_leaf: int = 0
 
     def __add__(self, other: Shortfall) -> Shortfall:
-        return Shortfall(self.free + other.free, self.fits + other.fits, max(self.largest_leaf, other.largest_leaf))
+        return Shortfall(self.free + other.free, max(self.fits, other.fits), max(self.largest_leaf, other.largest_leaf))
 
 
 def take_fewest(bins: Sequence[tuple[T, int]], count: int) -> list[tuple[T, int]] | None:
@@ -76,7 +80,7 @@ def gang(pool: Pool, count: int, size: int, s: int, e: int) -> Fit | Shortfall:
             by_leaf.append((leaf, free))
     total = sum(len(free) for _, free in by_leaf)
     if total < count:
-        return Shortfall(free=total, largest_leaf=max((len(free) for _, free in by_leaf), default=0))
+        return Shortfall(free=total, fits=total, largest_leaf=max((len(free) for _, free in by_leaf), default=0))
     nodes, pods, leaves, slack = _gang_layout(by_leaf, count)
     return Fit(pool, [(g, 0, g.memory) for n in nodes for g in n.gpus], (pods, leaves, slack))
 

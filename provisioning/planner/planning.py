@@ -224,6 +224,7 @@ class Planner:
         at = max(0, request.eviction_grace // TICK)
         if s < at:
             s, e = at, at + (e - s)
+        refused = []
         for region in request.regions:
             for model in request.gpu_model_ids:
                 pools = self.capacity.pools.get((region, model, self._pool_kind(request)), ())
@@ -233,7 +234,8 @@ class Planner:
                     outcome = self._commit(request, region, where, min(fits, key=lambda f: f.score), s, e, at)
                     if isinstance(outcome, Placement):
                         return outcome
-        return NO_CAPACITY
+                    refused.append(f"evicting: {outcome}")
+        return "; ".join(refused) or NO_CAPACITY
 
     def _fit_evicting(self, pool: Pool, request: Request, s: int, e: int) -> Fit | None:
         priority_of = self.capacity.victim_priority
@@ -249,7 +251,8 @@ class Planner:
             return slots_evicting(pool, request.units, request.slots_per_gpu, s, e, request.priority, priority_of)
         if sum(n.free_count(s, e) for n in pool.nodes) + held < request.units * request.gpus_per_unit:
             return None
-        return vm_evicting(pool, request.units, request.gpus_per_unit, s, e, request.priority, priority_of)
+        return vm_evicting(pool, request.units, request.gpus_per_unit, s, e, request.priority, priority_of,
+                           self.capacity.holdings)
 
     #
     # Recording a decision

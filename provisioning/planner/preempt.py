@@ -16,7 +16,7 @@ from typing import TypeVar
 from uuid import UUID
 
 from .fit import Fit, Pick
-from .state import GpuState, Pool, slot_range
+from .state import GpuState, NodeState, Pool, slot_range
 
 T = TypeVar("T")
 Victims = frozenset[UUID]
@@ -44,26 +44,44 @@ def victim_cost(victims: Victims, priority_of: Mapping[UUID, float]) -> tuple[in
 def fewest_victims(
     options: Sequence[tuple[T, Victims]], need: int, chosen: Victims, priority_of: Mapping[UUID, float]
 ) -> tuple[list[T], Victims] | None:
-    """``need`` options whose blockers together add the fewest new victims to ``chosen`` (greedy)."""
+    """
+    ``need`` options (each with the victims that block it) freed by the fewest victims added to
+    ``chosen``, then the lowest-priority ones. Greedy, as in set cover: a single victim that
+    frees enough on its own when there is one (the lowest-priority such), else the victim that
+    frees the most options at once; then victims that turn out not to be needed are dropped.
+    """
     if len(options) < need:
         return None
-    rest = list(options)
     victims = set(chosen)
-    picked: list[T] = []
-    while len(picked) < need:
-        best, best_cost = 0, None
-        for i, (_, blocked_by) in enumerate(rest):
+    while True:
+        freed = sum(1 for _, blocked_by in options if blocked_by <= victims)
+        if freed >= need:
+            break
+        gain: dict[UUID, int] = {}  # victim -> options it alone would free now
+        cheapest = None
+        for _, blocked_by in options:
             added = blocked_by - victims
-            if not added:  # freed already: nothing cheaper exists
-                best = i
-                break
-            cost = victim_cost(added, priority_of)
-            if best_cost is None or cost < best_cost:
-                best, best_cost = i, cost
-        item, blocked_by = rest.pop(best)
-        picked.append(item)
-        victims |= blocked_by
-    return picked, frozenset(victims - chosen)
+            if len(added) == 1:
+                (v,) = added
+                gain[v] = gain.get(v, 0) + 1
+            elif added and (cheapest is None or victim_cost(added, priority_of) < victim_cost(cheapest, priority_of)):
+                cheapest = added
+        if gain:
+            enough = [v for v, count in gain.items() if freed + count >= need]
+            if enough:
+                victims.add(min(enough, key=lambda v: (priority_of[v], str(v))))
+            else:
+                victims.add(max(gain, key=lambda v: (gain[v], -priority_of[v], str(v))))
+        elif cheapest:
+            victims |= cheapest
+        else:
+            return None
+    for v in sorted(victims - chosen, key=lambda v: (-priority_of[v], str(v))):
+        if sum(1 for _, blocked_by in options if blocked_by <= victims - {v}) >= need:
+            victims.discard(v)  # the others free enough without it
+    free_first = sorted((o for o in options if o[1] <= victims), key=lambda o: len(o[1] - chosen))
+    picked = [item for item, _ in free_first[:need]]
+    return picked, frozenset(v for _, blocked_by in free_first[:need] for v in blocked_by) - chosen
 
 
 def gang_evicting(pool: Pool, count: int, size: int, s: int, e: int, priority: float,
@@ -107,14 +125,22 @@ def gang_evicting(pool: Pool, count: int, size: int, s: int, e: int, priority: f
 
 
 def vm_evicting(pool: Pool, units: int, per_unit: int, s: int, e: int, priority: float,
-                priority_of: Mapping[UUID, float]) -> Fit | None:
+                priority_of: Mapping[UUID, float], holdings: Mapping[UUID, set[GpuState]]) -> Fit | None:
     """Each unit on the node where it costs the fewest new victims (then the fewest usable GPUs: best fit)."""
+    # A node can help only if its free GPUs and those eligible victims hold there reach a unit.
+    evictable: dict[NodeState, set[GpuState]] = {}
+    for v in pool.victims:
+        if priority_of[v] < priority:
+            for g in holdings[v]:
+                if g.node.pool is pool:
+                    evictable.setdefault(g.node, set()).add(g)
+    nodes = [n for n in pool.nodes if len(evictable.get(n, ())) + n.free_count(s, e) >= per_unit]
     victims: Victims = frozenset()
     taken: set[GpuState] = set()
     picks: list[Pick] = []
     for _ in range(units):
         best = None
-        for node in pool.nodes:
+        for node in nodes:
             options = []
             for g in node.gpus:
                 if g not in taken and (blocked_by := blockers(g, s, e, 0, g.memory, priority)) is not None:

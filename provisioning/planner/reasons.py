@@ -27,7 +27,7 @@ class Wording:
         self.model_names = model_names
 
     def model(self, model_id: UUID) -> str:
-        return self.model_names.get(model_id) or f"model {str(model_id)[:8]}"
+        return self.model_names.get(model_id) or f"GPU model {model_id}"
 
     def clock(self, ticks: int) -> str:
         moment = self.now + ticks * TICK
@@ -40,7 +40,7 @@ class Wording:
         """What the request asks for, and when."""
         when = f"from {'now' if s == 0 else self.clock(s)} to {self.clock(e)}"
         if request.kind == BARE_METAL:
-            what = f"{plural(request.units, 'whole node')} ({request.units * request.gpus_per_unit} GPUs)"
+            what = f"{plural(request.units, 'whole node')} ({plural(request.units * request.gpus_per_unit, 'GPU')})"
         elif request.slots_per_gpu > 1:
             what = f"{plural(request.units, 'slot')} of 1/{request.slots_per_gpu} GPU"
         elif request.units == 1:
@@ -53,14 +53,17 @@ class Wording:
         """What one region and model can offer; ``release`` is when GPUs busy now start to free up."""
         if request.kind == BARE_METAL:
             offer = f"{plural(short.free, 'whole node')} free"
+            if short.fits < short.free:
+                offer += f", at most {short.fits} on one fabric"
             if request.units > 1 and short.free:
                 offer += f", at most {short.largest_leaf} under one leaf"
         elif request.slots_per_gpu > 1:
             offer = f"{plural(short.free, 'slot')} free"
         else:
             offer = f"{plural(short.free, 'GPU')} free"
-            if request.gpus_per_unit > 1:
-                offer += f", {short.fits} of {request.gpus_per_unit} on one node"
+            if request.gpus_per_unit > 1 and short.free >= request.gpus_per_unit:
+                offer += (f", but no node has {request.gpus_per_unit} of them" if not short.fits else
+                          f", room for {plural(short.fits, 'unit')} of {request.gpus_per_unit} on single nodes")
         if release < FOREVER:
             offer += f" until {self.clock(release)}"
         return f"{where}: {offer}"

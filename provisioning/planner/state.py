@@ -117,15 +117,18 @@ class GpuState:
         """The slots of an ``n``-way layout that nothing overlaps in memory during ``[s, e)``."""
         if self.last_end <= s:
             return list(range(n))
+        memory = self.memory
         taken = [False] * n
         for x in self.entries:
             if x.start >= e:
                 break
             if x.end > s:
-                for k in range(n):
-                    lo, hi = slot_range(self.memory, n, k)
-                    if x.lo < hi and lo < x.hi:
-                        taken[k] = True
+                k = -(-x.lo * n // memory)  # the first slot that starts at or after lo ...
+                if k and k * memory // n > x.lo:
+                    k -= 1  # ... or the one before it, when that one reaches past lo
+                while k < n and k * memory // n < x.hi:
+                    taken[k] = True
+                    k += 1
         return [k for k in range(n) if not taken[k]]
 
 

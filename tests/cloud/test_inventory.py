@@ -285,7 +285,7 @@ def test_tenant_sees_offerings_with_availability_and_prices(world):
     small_fleet(8)
     bm = offering(OfferingKind.BARE_METAL, gpus_per_unit=8)
 
-    response = world.client("t1_member").get("/api/v1/offerings/")
+    response = world.client("t1_member").get("/api/v1/offerings/", {"kind": "bare_metal"})
 
     assert response.status_code == 200, response.content[:600]
     [row] = response.json()["results"]
@@ -540,13 +540,14 @@ def test_platform_admin_creates_an_offering(world):
 def test_duplicate_offering_slug_is_409(world):
     """A second offering with the same slug is a 409 conflict; the first one stays as it was."""
     client = world.client("platform_admin")
+    existing = Offering.objects.count()
     assert client.post("/api/v1/offerings/", _offering_body(), format="json").status_code == 201
 
     response = client.post("/api/v1/offerings/", _offering_body(name="Other", gpus_per_unit=1), format="json")
 
     assert_error(response, 409, "duplicate")
     assert Offering.objects.get(slug="h100-vm-8x").name == "H100 VM 8x"
-    assert Offering.objects.count() == 1
+    assert Offering.objects.count() == existing + 1
 
 
 @pytest.mark.parametrize(("path", "body"), [

@@ -55,6 +55,7 @@ class Command(BaseCommand):
                              "--hostname", "worker@%h", "--without-mingle", "--without-gossip",
                              "--loglevel", "INFO"]),
             Child("beat", [str(venv_bin / "celery"), "-A", "cloud", "beat", "--loglevel", "INFO"]),
+            Child("scheduler", [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "run_scheduler"]),
         ]
         code = 0
         with Supervisor(children, env=env) as supervisor:  # stops every child however this block ends

@@ -1,0 +1,146 @@
+"""
+Admission: the checks a reservation passes before it exists.
+
+A request that can never fit is a 400 at once (more than the regions could ever hold, a window in
+the past, a duration over the maximum, a spot price under the floor) rather than a reservation
+that waits forever; over quota is a 409 with the numbers. Quotas are checked here at creation
+and again when the scheduler places the reservation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db.models import Count, Q, Sum
+
+from cloud.capacity import SELLABLE_HEALTH
+from cloud.errors import DomainError
+from cloud.models import GPU, GPUModel, Offering, Region
+from tenants.choices import QuotaResource
+from tenants.quotas import QuotaLimit, quota_check
+
+from .choices import BillingTerm
+from .models import Reservation
+from .snapshot import pool_of
+from .transitions import HOLDING_STATES, WAITING_STATES
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A validated reservation request, before admission."""
+
+    name: str
+    offering: Offering
+    units: int
+    regions: tuple[Region, ...]
+    duration: timedelta
+    requested_start: datetime | None = None
+    billing_term: str = BillingTerm.ON_DEMAND
+    spot_max_price: Decimal | None = None
+    eviction_policy: str = "soft"
+    urgency: float = 0.5
+    ssh_public_key: str = ""
+    spec: dict | None = None
+
+    @property
+    def gpus(self) -> int:
+        """Whole GPUs held; a fractional ask holds slots, counted as GPU shares for quotas."""
+        return self.units * self.offering.gpus_per_unit if self.offering.slots_per_gpu == 1 else 0
+
+    @property
+    def gpu_equivalent(self) -> float:
+        if self.offering.slots_per_gpu == 1:
+            return float(self.gpus)
+        return self.units / self.offering.slots_per_gpu
+
+
+def invalid(field: str, message: str, code: str = "invalid") -> DomainError:
+    return DomainError({field: [message]}, code=code)
+
+
+def best_offering_for_spec(*, kind: str, min_fp16_tflops: float, min_memory_gib: int) -> Offering:
+    """
+    The offering of ``kind`` on the best-fitting GPU model for a logical spec: the smallest model
+    (least memory, then least compute) that meets both minimums, then the cheapest offering.
+    """
+    models = GPUModel.objects.filter(fp16_tflops__gte=min_fp16_tflops, memory_gib__gte=min_memory_gib)
+    offering = (
+        Offering.objects.filter(kind=kind, is_active=True, gpu_model__in=models, slots_per_gpu=1)
+        .select_related("gpu_model")
+        .order_by("gpu_model__memory_gib", "gpu_model__fp16_tflops", "price_per_gpu_hour", "gpus_per_unit")
+        .first()
+    )
+    if offering is None:
+        raise invalid("spec", f"No {kind} offering has a GPU with {min_fp16_tflops} TFLOPS and {min_memory_gib} GiB.",
+                      code="no_matching_offering")
+    return offering
+
+
+def check_never_fits(ask: Ask, now: datetime) -> None:
+    """400 for a request that could never be served, naming what to change."""
+    offering = ask.offering
+    if not offering.is_active:
+        raise invalid("offering", "This offering is no longer sold.")
+    if ask.duration <= timedelta(0):
+        raise invalid("duration", "The duration must be positive.")
+    if ask.duration > settings.MERIDIAN_MAX_RESERVATION_DURATION:
+        raise invalid("duration", f"A reservation lasts at most {settings.MERIDIAN_MAX_RESERVATION_DURATION.days} "
+                                  "days; split it or ask for a reserved term.", code="duration_too_long")
+    if ask.requested_start is not None:
+        if ask.requested_start < now - settings.MERIDIAN_START_SKEW:
+            raise invalid("start", "The window starts in the past.", code="start_in_past")
+        if ask.requested_start > now + settings.MERIDIAN_MAX_ADVANCE:
+            raise invalid("start", f"A window may start at most {settings.MERIDIAN_MAX_ADVANCE.days} days ahead.")
+    if ask.billing_term == BillingTerm.SPOT:
+        if not offering.spot_available:
+            raise invalid("billing_term", f"{offering.slug} has no spot variant.")
+        if ask.spot_max_price is None:
+            raise invalid("spot_max_price", "A spot reservation needs a max price per GPU-hour.")
+        if ask.spot_max_price < offering.spot_floor_price:
+            raise invalid("spot_max_price", f"The spot floor of {offering.slug} is {offering.spot_floor_price} "
+                                            "per GPU-hour.", code="below_spot_floor")
+    elif ask.spot_max_price is not None:
+        raise invalid("spot_max_price", "Only spot reservations take a max price.")
+    largest = region_capacity(offering, ask.regions)
+    if ask.gpu_equivalent > largest:
+        raise invalid("units", f"Asked for {ask.gpu_equivalent:g} GPUs of {offering.gpu_model.name}; the largest of "
+                               f"the chosen regions has {largest}.", code="never_fits")
+
+
+def region_capacity(offering: Offering, regions) -> int:
+    """Sellable GPUs of the offering's model and pool in the largest of ``regions``."""
+    rows = (
+        GPU.objects.filter(model=offering.gpu_model, node__pool=pool_of(offering.kind), node__is_spare=False,
+                           node__region__in=list(regions), health__in=SELLABLE_HEALTH)
+        .values("node__region").annotate(n=Count("id"))
+    )
+    return max((row["n"] for row in rows), default=0)
+
+
+def check_quota(*, tenant, team, ask: Ask, window_start: datetime, counted_already: bool = False) -> None:
+    """
+    409 when the ask would pass a tenant or team GPU quota over its window (waiting work counts).
+    At placement the reservation is already among the waiting work (``counted_already``): the
+    check then fails only if a quota was lowered below what is held and asked.
+    """
+    window_end = window_start + ask.duration
+
+    def in_use(limit: QuotaLimit) -> float:
+        owned = Q(tenant=tenant) if limit.scope == "tenant" else Q(team=team)
+        reservations = Reservation.objects.filter(owned, state__in=HOLDING_STATES | WAITING_STATES)
+        if limit.gpu_model_id:
+            reservations = reservations.filter(gpu_model_id=limit.gpu_model_id)
+        # Overlapping the window: placed ones by their window, waiting ones by what they asked.
+        placed = reservations.filter(starts_at__lt=window_end, ends_at__gt=window_start)
+        waiting = reservations.filter(starts_at__isnull=True)
+        whole = sum((qs.aggregate(n=Sum("gpus"))["n"] or 0) for qs in (placed, waiting))
+        slots = sum(units / slots_per_gpu for units, slots_per_gpu in
+                    (placed | waiting).filter(gpus=0).values_list("units", "offering__slots_per_gpu"))
+        return whole + slots
+
+    asked = 0 if counted_already else ask.gpu_equivalent
+    quota_check(tenant=tenant, team=team, resource=QuotaResource.GPUS, asked=asked, in_use=in_use,
+                gpu_model=ask.offering.gpu_model_id)

@@ -1,0 +1,169 @@
+"""Reservation API: the create input (validated, then admitted by services) and the outputs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from cloud.api.base import ScopedRelatedField, StrictIntegerField, StrictSerializer
+from cloud.choices import OfferingKind
+from cloud.models import Offering, Region
+from tenants.models import Team
+
+from ..admission import Ask, best_offering_for_spec
+from ..choices import BillingTerm, EvictionPolicy
+from ..models import Operation, Reservation
+from ..priority import URGENCY_LEVELS
+
+MAX_REGIONS = 8
+MAX_KEY_LENGTH = 16_384
+
+
+def validate_ssh_public_key(value: str) -> str:
+    """An OpenSSH public key line; private keys and RSA under 2048 bits are refused."""
+    value = value.strip()
+    if "PRIVATE KEY" in value:
+        raise serializers.ValidationError("This is a private key. Paste the public key (the .pub file) instead.",
+                                          code="private_key")
+    try:
+        key = load_ssh_public_key(value.encode())
+    except (ValueError, TypeError) as exc:
+        raise serializers.ValidationError(
+            "Not an OpenSSH public key; expected a line like 'ssh-ed25519 AAAA... you@host'.", code="invalid"
+        ) from exc
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size < 2048:
+        raise serializers.ValidationError("RSA keys must have at least 2048 bits.", code="weak_key")
+    return value
+
+
+class SpecSerializer(StrictSerializer):
+    """A logical GPU: the best-fitting model with at least this much compute and memory."""
+
+    kind = serializers.ChoiceField(choices=OfferingKind.choices)
+    min_fp16_tflops = serializers.FloatField(min_value=0, max_value=1_000_000)
+    min_memory_gib = serializers.IntegerField(min_value=1, max_value=4096)
+
+
+@extend_schema_field({"oneOf": [{"type": "number", "minimum": 0, "maximum": 1},
+                               {"type": "string", "enum": list(URGENCY_LEVELS)}]})
+class UrgencyField(serializers.Field):
+    """A number in [0, 1] or a named level (low, normal, high, critical)."""
+
+    default_error_messages = {"invalid": "Give a number from 0 to 1 or one of: " + ", ".join(URGENCY_LEVELS) + "."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, str) and data in URGENCY_LEVELS:
+            return URGENCY_LEVELS[data]
+        if isinstance(data, bool) or not isinstance(data, (int, float)) or not 0 <= data <= 1:
+            self.fail("invalid")
+        return float(data)
+
+    def to_representation(self, value):
+        return value
+
+
+class ReservationCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=100)
+    offering = serializers.SlugRelatedField(slug_field="slug", queryset=Offering.objects.filter(is_active=True),
+                                            required=False)
+    spec = SpecSerializer(required=False)
+    gpus = StrictIntegerField(min_value=1, max_value=100_000, required=False,
+                                    help_text="Whole GPUs, for VM and container offerings.")
+    nodes = StrictIntegerField(min_value=1, max_value=20_000, required=False,
+                                     help_text="Whole nodes, for bare-metal offerings.")
+    slots = StrictIntegerField(min_value=1, max_value=100_000, required=False,
+                                     help_text="GPU slots, for fractional container offerings.")
+    regions = serializers.ListField(child=serializers.SlugRelatedField(slug_field="slug",
+                                                                       queryset=Region.objects.filter(is_active=True)),
+                                    min_length=1, max_length=MAX_REGIONS,
+                                    help_text="Acceptable regions, preferred first.")
+    start = serializers.DateTimeField(required=False, allow_null=True,
+                                      help_text="Start of an advance reservation; empty for as soon as possible.")
+    duration_hours = serializers.FloatField(min_value=0.01, max_value=24 * 366)
+    billing_term = serializers.ChoiceField(choices=BillingTerm.choices, default=BillingTerm.ON_DEMAND)
+    spot_max_price = serializers.DecimalField(max_digits=8, decimal_places=4, min_value=Decimal("0"),
+                                              required=False, allow_null=True)
+    eviction_policy = serializers.ChoiceField(choices=EvictionPolicy.choices, default=EvictionPolicy.SOFT)
+    urgency = UrgencyField(default=0.5)
+    team = ScopedRelatedField(queryset=Team.objects.all(), required=False, allow_null=True)
+    ssh_public_key = serializers.CharField(max_length=MAX_KEY_LENGTH, required=False, allow_blank=True,
+                                           validators=[validate_ssh_public_key])
+
+    def validate(self, attrs):
+        if ("offering" in attrs) == ("spec" in attrs):
+            raise serializers.ValidationError({"offering": ["Give an offering or a spec, not both or neither."]})
+        offering = attrs.get("offering") or best_offering_for_spec(**attrs["spec"])
+        counts = {name: attrs[name] for name in ("gpus", "nodes", "slots") if name in attrs}
+        expected = "nodes" if offering.kind == OfferingKind.BARE_METAL else (
+            "slots" if offering.slots_per_gpu > 1 else "gpus")
+        if list(counts) != [expected]:
+            raise serializers.ValidationError(
+                {expected: [f"{offering.slug} is sold by {expected}: give '{expected}' (and no other count)."]})
+        units = counts[expected]
+        if expected == "gpus":
+            if units % offering.gpus_per_unit:
+                raise serializers.ValidationError(
+                    {"gpus": [f"{offering.slug} comes in units of {offering.gpus_per_unit} GPUs."]})
+            units //= offering.gpus_per_unit
+        attrs["ask"] = Ask(
+            name=attrs["name"], offering=offering, units=units, regions=tuple(attrs["regions"]),
+            duration=timedelta(hours=attrs["duration_hours"]), requested_start=attrs.get("start"),
+            billing_term=attrs["billing_term"], spot_max_price=attrs.get("spot_max_price"),
+            eviction_policy=attrs["eviction_policy"], urgency=attrs["urgency"],
+            ssh_public_key=attrs.get("ssh_public_key", ""), spec=self.initial_data.get("spec"),
+        )
+        return attrs
+
+
+class ExtendSerializer(StrictSerializer):
+    hours = serializers.FloatField(min_value=0.01, max_value=24 * 366)
+
+
+class ReservationSerializer(serializers.ModelSerializer):
+    offering = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    region = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    kind = serializers.CharField(source="offering.kind", read_only=True)
+    duration_hours = serializers.SerializerMethodField()
+    team = serializers.UUIDField(source="team_id", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Reservation
+        fields = ["id", "name", "state", "state_reason", "offering", "kind", "gpu_model", "spec", "units", "gpus",
+                  "regions", "region", "requested_start", "starts_at", "ends_at", "duration_hours", "billing_term",
+                  "spot_max_price", "eviction_policy", "urgency", "team", "score", "submitted_at", "scheduled_at",
+                  "released_at", "preempted_by"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.FloatField())
+    def get_duration_hours(self, reservation) -> float:
+        return round(reservation.duration.total_seconds() / 3600, 4)
+
+
+class FactorSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    value = serializers.FloatField()
+    weight = serializers.FloatField()
+    contribution = serializers.FloatField()
+
+
+class ScoreSerializer(serializers.Serializer):
+    total = serializers.FloatField()
+    factors = FactorSerializer(many=True)
+    queue_position = serializers.IntegerField(allow_null=True, help_text="1 = next; empty when not queued.")
+    waiting_reason = serializers.CharField(allow_blank=True)
+    estimated_start = serializers.DateTimeField(allow_null=True)
+
+
+class OperationSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Operation
+        fields = ["id", "reservation", "kind", "state", "step", "attempt", "progress", "error", "created_at",
+                  "updated_at"]
+        read_only_fields = fields
+

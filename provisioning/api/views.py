@@ -1,0 +1,89 @@
+"""Reservation and operation API: thin views over provisioning.services."""
+
+from datetime import timedelta
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from cloud.api.base import ReadMixin, TenantScopedViewSet
+from cloud.api.idempotency import HEADER, IdempotentCreateMixin
+
+from .. import services
+from ..filtersets import OperationFilterSet, ReservationFilterSet
+from ..models import Operation, Reservation
+from ..queue import score_report
+from . import serializers as s
+
+IDEMPOTENCY_PARAMETER = OpenApiParameter(
+    HEADER, location=OpenApiParameter.HEADER, required=False,
+    description="Any unique string (a UUID): a retry with the same key and body returns the first response.",
+)
+
+
+class ReservationViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
+    """Reservations of the tenant (members see their teams' and the tenant-wide ones)."""
+
+    policy = "reservations"
+    queryset = Reservation.objects.select_related("offering", "gpu_model", "region")
+    serializer_class = s.ReservationSerializer
+    create_serializer_class = s.ReservationCreateSerializer
+    filterset_class = ReservationFilterSet
+    ordering_fields = ["submitted_at", "score", "starts_at", "state"]
+    ordering = ["-submitted_at"]
+
+    @extend_schema(request=s.ReservationCreateSerializer, responses={201: s.ReservationSerializer},
+                   parameters=[IDEMPOTENCY_PARAMETER])
+    def create(self, request, *args, **kwargs):
+        """Reserve GPUs: answered ``scheduled`` when placed at once, else ``queued``."""
+        return super().create(request, *args, **kwargs)
+
+    def create_once(self, request):
+        data = s.ReservationCreateSerializer(data=request.data, context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        reservation = services.reservation_create(actor=self.principal, ask=data.validated_data["ask"],
+                                                  team=data.validated_data.get("team"))
+        return Response(s.ReservationSerializer(reservation).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=s.ReservationSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel before it is active; its capacity is free at once."""
+        reservation = services.reservation_cancel(actor=self.principal, reservation=self.get_object())
+        return Response(s.ReservationSerializer(reservation).data)
+
+    @extend_schema(request=None, responses=s.ReservationSerializer)
+    @action(detail=True, methods=["post"])
+    def release(self, request, pk=None):
+        """Release early: the GPUs go back from now on."""
+        reservation = services.reservation_release(actor=self.principal, reservation=self.get_object())
+        return Response(s.ReservationSerializer(reservation).data)
+
+    @extend_schema(request=s.ExtendSerializer, responses=s.ReservationSerializer)
+    @action(detail=True, methods=["post"])
+    def extend(self, request, pk=None):
+        """Make it longer on the same GPUs, if they are free for the extra time."""
+        reservation = self.get_object()
+        data = s.ExtendSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        reservation = services.reservation_extend(actor=self.principal, reservation=reservation,
+                                                  by=timedelta(hours=data.validated_data["hours"]))
+        return Response(s.ReservationSerializer(reservation).data)
+
+    @extend_schema(responses=s.ScoreSerializer)
+    @action(detail=True, methods=["get"])
+    def score(self, request, pk=None):
+        """Every factor of the priority score, the queue position and an estimated start."""
+        return Response(s.ScoreSerializer(score_report(self.get_object())).data)
+
+
+class OperationViewSet(ReadMixin, TenantScopedViewSet):
+    """Asynchronous changes of reservations, to poll for progress."""
+
+    policy = "operations"
+    queryset = Operation.objects.all()
+    serializer_class = s.OperationSerializer
+    filterset_class = OperationFilterSet
+    ordering_fields = ["created_at", "updated_at"]
+    ordering = ["-created_at"]

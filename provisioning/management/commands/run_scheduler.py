@@ -1,0 +1,49 @@
+"""``manage.py run_scheduler``: the scheduler loop. One process leads; standbys wait their turn."""
+
+import logging
+import signal
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.db import close_old_connections
+
+from cloud.db import LeaderLock
+from provisioning.scheduler import run_cycle
+
+log = logging.getLogger("provisioning.scheduler")
+
+
+class Command(BaseCommand):
+    help = "Run the scheduler: every interval, rank the queue, plan and apply (leader only)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--interval", type=float, default=None, help="Seconds between cycles (0.5).")
+        parser.add_argument("--once", action="store_true", help="Run one cycle if leader, then exit.")
+
+    def handle(self, *args, interval, once, **options):
+        interval = interval if interval is not None else settings.MERIDIAN_SCHEDULER_INTERVAL
+        stopping = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stopping.append(True))
+        lock = LeaderLock("scheduler")
+        leading = False
+        try:
+            while not stopping:
+                started = time.monotonic()
+                close_old_connections()
+                if lock.acquire():
+                    if not leading:
+                        log.info("Leading the scheduler.")
+                        leading = True
+                    report = run_cycle()
+                    if report.placed or report.conflicts:
+                        log.info("cycle: %s", report.as_dict())
+                elif leading or once:
+                    log.info("Standing by: another scheduler leads.")
+                    leading = False
+                if once:
+                    break
+                time.sleep(max(0.0, interval - (time.monotonic() - started)))
+        finally:
+            lock.release()

@@ -1,0 +1,122 @@
+"""
+The scheduler cycle: rank the queue, plan against a snapshot of free capacity, apply the plan.
+
+``plan`` (provisioning.planner) is pure; this module loads, ranks and applies through services.
+It works platform-wide on purpose. One process leads (cloud.db.LeaderLock); whatever lost a race
+to the fast path in the meantime is simply re-planned next cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.utils import timezone
+
+from cloud.errors import QuotaExceeded
+
+from . import admission
+from .allocations import CapacityTaken
+from .choices import ReservationState as R
+from .models import Reservation
+from .planner import plan
+from .priority import Weights, rank
+from .services import reservation_schedule, weights
+from .snapshot import load_snapshot, request_for
+from .team_record import team_inputs
+
+log = logging.getLogger(__name__)
+MAX_QUEUE = 20_000
+
+
+@dataclass
+class CycleReport:
+    queued: int = 0
+    placed: int = 0
+    conflicts: int = 0
+    over_quota: int = 0
+    waiting: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def rank_queue(queued: list[Reservation], now: datetime, w: Weights) -> list[tuple]:
+    """Score every queued reservation from its team's record (one read per team and model) and order them."""
+    records = {}
+    entries = []
+    for r in queued:
+        key = (r.tenant_id, r.team_id, r.gpu_model_id)
+        if key not in records:
+            records[key] = team_inputs(tenant=r.tenant, team=r.team, gpu_model_id=r.gpu_model_id, now=now, weights=w)
+        t = records[key]
+        entries.append((r.pk, r.submitted_at.timestamp(), r.urgency, t.fulfilment_rate, t.current_load,
+                        t.high_priority, t.usage_share))
+    return rank(entries, w, now.timestamp())
+
+
+def run_cycle(*, now: datetime | None = None) -> CycleReport:
+    now = now or timezone.now()
+    report = CycleReport()
+    clock = time.perf_counter()
+
+    def lap(name):
+        nonlocal clock
+        report.timings_ms[name] = round((time.perf_counter() - clock) * 1000, 2)
+        clock = time.perf_counter()
+
+    queued = list(Reservation.objects.filter(state=R.QUEUED).select_related("offering", "tenant", "team")
+                  .order_by("submitted_at")[:MAX_QUEUE])
+    report.queued = len(queued)
+    if not queued:
+        return report
+    by_id = {r.pk: r for r in queued}
+    ranked = rank_queue(queued, now, weights())
+    lap("rank")
+    requests = []
+    for reservation_id, total in ranked:
+        reservation = by_id[reservation_id]
+        reservation.score = total
+        requests.append(request_for(reservation, now))
+    snapshot = load_snapshot(now=now, until=max(r.end for r in requests),
+                             regions={region for r in requests for region in r.regions},
+                             gpu_model_ids={m for r in requests for m in r.gpu_model_ids})
+    lap("snapshot")
+    result = plan(snapshot, requests, headroom=settings.MERIDIAN_HEADROOM)
+    lap("plan")
+    for placement in result.placements:
+        reservation = by_id[placement.reservation_id]
+        try:
+            _recheck_quota(reservation, now)
+            Reservation.objects.filter(pk=reservation.pk).update(score=reservation.score)
+            reservation_schedule(reservation=reservation, placement=placement, actor=None)
+            report.placed += 1
+        except QuotaExceeded as exc:
+            report.over_quota += 1
+            _note_waiting(reservation, str(exc.detail))
+        except CapacityTaken:
+            report.conflicts += 1
+    for reservation_id, reason in result.unplaced.items():
+        _note_waiting(by_id[reservation_id], reason)
+    report.waiting = len(result.unplaced) + report.over_quota + report.conflicts
+    lap("apply")
+    return report
+
+
+def _recheck_quota(reservation: Reservation, now: datetime) -> None:
+    """Quotas are checked again at placement: one lowered since admission keeps the reservation queued."""
+    ask = admission.Ask(name=reservation.name, offering=reservation.offering, units=reservation.units,
+                        regions=(), duration=reservation.duration)
+    admission.check_quota(tenant=reservation.tenant, team=reservation.team, ask=ask, window_start=now,
+                          counted_already=True)
+
+
+def _note_waiting(reservation: Reservation, reason: str) -> None:
+    reason = reason[:500]
+    if reservation.state_reason != reason:
+        Reservation.objects.filter(pk=reservation.pk, state=R.QUEUED).update(state_reason=reason,
+                                                                             score=reservation.score)

@@ -1,0 +1,238 @@
+"""
+State changes of reservations: create (admission, score, fast-path placement), schedule,
+evict, cancel, release, extend. Each is atomic and moves the reservation only through the
+transition table by compare-and-set; each call from a person or token writes one audit event.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from cloud.errors import Conflict, Forbidden
+from cloud.models import Region
+from cloud.transitions import compare_and_set
+from security.audit import audit_record
+from tenants.models import Tenant
+
+from . import admission
+from .allocations import CapacityTaken, allocation_bind, allocation_end, allocation_extend
+from .choices import OperationKind, OperationState
+from .choices import ReservationState as R
+from .models import Operation, Reservation
+from .plan_types import Placement
+from .planner import Planner
+from .priority import ScoreInputs, Weights, score
+from .snapshot import load_snapshot, pool_of, request_for
+from .team_record import team_inputs
+from .transitions import RESERVATION_TRANSITIONS
+
+AUDITED = ["state", "units", "gpus", "regions", "starts_at", "ends_at", "billing_term", "score"]
+
+
+def weights() -> Weights:
+    return Weights.from_mapping(settings.MERIDIAN_PRIORITY_WEIGHTS)
+
+
+def _move(reservation: Reservation, target: str, *, only_from=None, reason: str = "", **also) -> str:
+    """Compare-and-set the reservation's state; returns the state it left. 409 names the current state."""
+    previous = compare_and_set(
+        Reservation.objects.all(), reservation.pk, table=RESERVATION_TRANSITIONS, target=target,
+        only_from=frozenset(only_from) if only_from else None, state_reason=reason[:500],
+        state_changed_at=timezone.now(), **also,
+    )
+    reservation.refresh_from_db()
+    return previous
+
+
+def _snap(reservation: Reservation) -> dict:
+    from security.audit import snapshot
+
+    return snapshot(reservation, AUDITED)
+
+
+#
+# Scoring
+#
+
+
+def reservation_rescore(reservation: Reservation, *, now: datetime | None = None) -> float:
+    """Recompute and store the reservation's score and its breakdown (not audited: derived data)."""
+    now = now or timezone.now()
+    w = weights()
+    record = team_inputs(tenant=reservation.tenant, team=reservation.team, gpu_model_id=reservation.gpu_model_id,
+                         now=now, weights=w)
+    breakdown = score(ScoreInputs(
+        urgency=reservation.urgency, fulfilment_rate=record.fulfilment_rate, current_load=record.current_load,
+        waited_s=max(0.0, (now - reservation.submitted_at).total_seconds()), high_priority=record.high_priority,
+        usage_share=record.usage_share,
+    ), w)
+    Reservation.objects.filter(pk=reservation.pk).update(score=breakdown.total, score_breakdown=breakdown.as_dict())
+    reservation.score, reservation.score_breakdown = breakdown.total, breakdown.as_dict()
+    return breakdown.total
+
+
+#
+# Create
+#
+
+
+@transaction.atomic
+def reservation_create(*, actor, ask: admission.Ask, team=None) -> Reservation:
+    """
+    Admit and create a reservation in the actor's tenant. Never-fits checks are a 400, quotas a
+    409 with the numbers. When it starts now and no queued reservation of higher priority wants
+    the same GPU model, it is placed at once (the fast path: the scheduler's planner and the
+    database's no-overlap rule) and comes back ``scheduled``; otherwise ``queued``.
+    """
+    if actor.tenant is None:
+        raise Forbidden("Reservations are made inside a tenant; choose one with the X-Meridian-Tenant header.")
+    now = timezone.now()
+    admission.check_never_fits(ask, now)
+    # One create at a time per tenant, so two racing requests cannot both pass the quota check.
+    tenant = Tenant.objects.select_for_update().get(pk=actor.tenant.pk)
+    admission.check_quota(tenant=tenant, team=team, ask=ask, window_start=max(ask.requested_start or now, now))
+    reservation = Reservation.objects.create(
+        tenant=tenant, team=team, name=ask.name, created_by=actor.user, offering=ask.offering,
+        gpu_model=ask.offering.gpu_model, spec=ask.spec, units=ask.units, gpus=ask.gpus,
+        regions=[region.slug for region in ask.regions], requested_start=ask.requested_start, duration=ask.duration,
+        billing_term=ask.billing_term, spot_max_price=ask.spot_max_price, eviction_policy=ask.eviction_policy,
+        urgency=ask.urgency, ssh_public_key=ask.ssh_public_key,
+    )
+    reservation_rescore(reservation, now=now)
+    placed = _fast_path(reservation, now)
+    if not placed:
+        _move(reservation, R.QUEUED, reason="Waiting for the scheduler.")
+    Operation.objects.create(
+        tenant=tenant, reservation=reservation, kind=OperationKind.PLACE, step="place",
+        state=OperationState.SUCCEEDED if placed else OperationState.PENDING, progress=100 if placed else 0,
+    )
+    audit_record(actor=actor, action="reservation.create", target=reservation, after=_snap(reservation))
+    return reservation
+
+
+def _fast_path(reservation: Reservation, now: datetime) -> bool:
+    """Place a start-now reservation inside the request when nothing queued outranks it."""
+    starts_now = reservation.requested_start is None or reservation.requested_start <= now + timedelta(seconds=1)
+    if not starts_now:
+        return False
+    outranked = Reservation.objects.filter(state=R.QUEUED, gpu_model_id=reservation.gpu_model_id,
+                                           score__gt=reservation.score).exists()
+    if outranked:
+        return False
+    request = request_for(reservation, now)
+    snapshot = load_snapshot(now=now, until=request.end, regions=request.regions,
+                             gpu_model_ids=request.gpu_model_ids, pool=pool_of(request.kind))
+    placement = Planner(snapshot).place(request)
+    if placement is None:
+        return False
+    try:
+        reservation_schedule(reservation=reservation, placement=placement, actor=None, audit=False)
+    except CapacityTaken:
+        return False  # lost the race for this capacity: the scheduler re-plans it next cycle
+    return True
+
+
+#
+# Schedule and evict (scheduler and fast path)
+#
+
+
+@transaction.atomic
+def reservation_schedule(*, reservation: Reservation, placement: Placement, actor=None, audit: bool = True) -> None:
+    """
+    Bind the placement's GPUs and move the reservation to ``scheduled``; evict the spot work the
+    placement displaces. All or nothing: CapacityTaken when the database finds a clash.
+    """
+    region = Region.objects.get(slug=placement.region)
+    for eviction in placement.evictions:
+        reservation_evict(victim_id=eviction.victim_reservation_id, by=reservation, at=eviction.at,
+                          reason=eviction.reason)
+    allocation_bind(reservation=reservation, assignments=list(placement.assignments), starts_at=placement.start,
+                    ends_at=placement.end)
+    _move(reservation, R.SCHEDULED, only_from={R.PENDING, R.QUEUED}, reason="", scheduled_at=timezone.now(),
+          starts_at=placement.start, ends_at=placement.end, region=region)
+    Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE).exclude(
+        state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
+    if audit:
+        audit_record(actor=actor, action="reservation.schedule", target=reservation, after=_snap(reservation))
+
+
+def reservation_evict(*, victim_id, by: Reservation, at: datetime, reason: str) -> None:
+    """
+    Preempt a spot reservation for ``by``: its capacity ends at ``at`` (now, or after its grace
+    period). Work that has not started ends as ``preempted``; running work is released.
+    """
+    victim = Reservation.objects.select_for_update().get(pk=victim_id)
+    allocation_end(reservation=victim, at=at)
+    why = f"Preempted by {by.pk}: {reason}"[:500]
+    if victim.state == R.SCHEDULED and (victim.starts_at is None or victim.starts_at >= at):
+        _move(victim, R.PREEMPTED, reason=why, preempted_by=by)
+    else:
+        _move(victim, R.RELEASING, reason=why, preempted_by=by, released_at=at)
+    audit_record(actor=None, action="reservation.preempt", target=victim, after={"by": str(by.pk), "at": at.isoformat(),
+                                                                               "state": victim.state})
+
+
+#
+# Cancel, release, extend
+#
+
+
+@transaction.atomic
+def reservation_cancel(*, actor, reservation: Reservation) -> Reservation:
+    """
+    Cancel a reservation that has not become active: waiting or scheduled ones end ``cancelled``
+    and give their capacity back; one being provisioned is released. Active ones are released
+    instead (409 says so); ended ones are a 409 naming their state.
+    """
+    now = timezone.now()
+    if reservation.state == R.ACTIVE:
+        raise Conflict("The reservation is active: release it instead of cancelling.", code="invalid_transition",
+                       current_state=reservation.state)
+    if reservation.state == R.PROVISIONING:
+        allocation_end(reservation=reservation, at=now)
+        _move(reservation, R.RELEASING, only_from={R.PROVISIONING}, reason="Cancelled by the tenant.",
+              released_at=now)
+    else:
+        _move(reservation, R.CANCELLED, only_from={R.PENDING, R.QUEUED, R.SCHEDULED}, reason="Cancelled by the tenant.")
+        allocation_end(reservation=reservation, at=now)
+    audit_record(actor=actor, action="reservation.cancel", target=reservation, after=_snap(reservation))
+    return reservation
+
+
+@transaction.atomic
+def reservation_release(*, actor, reservation: Reservation) -> Reservation:
+    """Release a scheduled, provisioning or active reservation early: its capacity is free from now."""
+    now = timezone.now()
+    _move(reservation, R.RELEASING, only_from={R.SCHEDULED, R.PROVISIONING, R.ACTIVE},
+          reason="Released by the tenant.", released_at=now)
+    allocation_end(reservation=reservation, at=now)
+    audit_record(actor=actor, action="reservation.release", target=reservation, after=_snap(reservation))
+    return reservation
+
+
+@transaction.atomic
+def reservation_extend(*, actor, reservation: Reservation, by: timedelta) -> Reservation:
+    """
+    Make a scheduled or active reservation longer, on the same GPUs, if they are free for the
+    extra time (409 ``capacity_taken`` otherwise) and the total stays within the maximum duration.
+    """
+    locked = Reservation.objects.select_for_update().get(pk=reservation.pk)
+    if locked.state not in (R.SCHEDULED, R.PROVISIONING, R.ACTIVE):
+        raise Conflict(f"The reservation is '{locked.state}' and cannot be extended.", code="invalid_transition",
+                       current_state=locked.state)
+    new_end = locked.ends_at + by
+    if new_end - locked.starts_at > settings.MERIDIAN_MAX_RESERVATION_DURATION:
+        raise admission.invalid("by", "That would pass the maximum duration of "
+                                      f"{settings.MERIDIAN_MAX_RESERVATION_DURATION.days} days.",
+                                code="duration_too_long")
+    before = _snap(locked)
+    allocation_extend(reservation=locked, new_end=new_end)
+    Reservation.objects.filter(pk=locked.pk).update(ends_at=new_end, duration=locked.duration + by)
+    locked.refresh_from_db()
+    audit_record(actor=actor, action="reservation.extend", target=locked, before=before, after=_snap(locked))
+    return locked

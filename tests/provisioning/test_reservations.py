@@ -1,0 +1,272 @@
+"""Reservations through the API: admission, the fast path, the queue, cancel/release/extend, idempotency."""
+
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+
+from cloud.db import LeaderLock
+from cloud.models import GPU
+from provisioning.admission import Ask
+from provisioning.models import Allocation, IdempotencyKey, Operation, Reservation
+from provisioning.scheduler import run_cycle
+from provisioning.services import reservation_create
+from security.models import AuditEvent
+from tenants.choices import QuotaResource, TenantRole
+from tenants.models import Membership, Quota, Tenant
+from tenants.scoping import Principal
+from tests.provisioning.test_allocations import OVERLAPPING_PAIRS
+from tests.world import make_user, small_fleet, unique, vm_offering
+
+URL = "/api/v1/reservations/"
+
+
+def body(**extra):
+    return {"name": "train", "offering": vm_offering().slug, "gpus": 1, "regions": ["us-east-1"],
+            "duration_hours": 2, **extra}
+
+
+@pytest.fixture
+def fleet(world):
+    """Four nodes in us-east-1: one shared host with 8 H100s for VMs, the rest bare metal."""
+    return small_fleet(4)
+
+
+def error(response):
+    return {(e["attr"], e["code"]) for e in response.json()["errors"]}
+
+
+def test_a_reservation_that_fits_now_is_scheduled_inside_the_request(world, fleet):
+    """The fast path places it at once: scheduled, its GPUs held, one audit event, a finished operation."""
+    events = AuditEvent.objects.count()
+    response = world.client("t1_member").post(URL, body(gpus=1), format="json")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["state"] == "scheduled"
+    assert data["region"] == "us-east-1"
+    reservation = Reservation.objects.get(pk=data["id"])
+    assert reservation.allocations.count() == 1
+    assert AuditEvent.objects.count() == events + 1
+    assert Operation.objects.get(reservation=reservation).state == "succeeded"
+
+
+def test_a_reservation_that_does_not_fit_now_waits_and_the_scheduler_places_it_later(world, fleet):
+    """With the shared host full the next one queues; after a release the scheduler places it."""
+    client = world.client("t1_owner")
+    first = client.post(URL, body(offering=vm_offering(8).slug, gpus=8), format="json").json()
+    assert first["state"] == "scheduled"
+    second = client.post(URL, body(gpus=1), format="json").json()
+    assert second["state"] == "queued"
+    assert run_cycle().placed == 0
+    assert Reservation.objects.get(pk=second["id"]).state_reason
+    assert client.post(f"{URL}{first['id']}/release/").status_code == 200
+    assert run_cycle().placed >= 1  # the world's own queued reservations may be placed too
+    assert Reservation.objects.get(pk=second["id"]).state == "scheduled"
+
+
+@pytest.mark.parametrize(("changes", "attr", "code"), [
+    ({"gpus": 9}, "units", "never_fits"),
+    ({"duration_hours": 24 * 31}, "duration", "duration_too_long"),
+    ({"start": "2020-01-01T00:00:00Z"}, "start", "start_in_past"),
+    ({"billing_term": "spot", "spot_max_price": "1.00"}, "billing_term", "invalid"),
+    ({"spot_max_price": "1.00"}, "spot_max_price", "invalid"),
+    ({"gpus": 0}, "gpus", "min_value"),
+    ({"gpus": "8"}, "gpus", "invalid"),
+    ({"nodes": 1}, "gpus", "invalid"),
+    ({"regions": ["mars-1"]}, "regions.0", "does_not_exist"),
+    ({"regions": []}, "regions", "min_length"),
+    ({"urgency": 2}, "urgency", "invalid"),
+    ({"urgency": "whenever"}, "urgency", "invalid"),
+    ({"ssh_public_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nabc"}, "ssh_public_key", "private_key"),
+    ({"ssh_public_key": "ssh-rsa not-a-key"}, "ssh_public_key", "invalid"),
+    ({"spec": {"kind": "vm", "min_fp16_tflops": 100, "min_memory_gib": 80}}, "offering", "invalid"),
+    ({"state": "active"}, "state", "unknown_field"),
+])
+def test_bad_requests_are_400_and_write_nothing(world, fleet, changes, attr, code):
+    """Each bad input names its field and code; no reservation, allocation or event is written."""
+    counts = (Reservation.objects.count(), Allocation.objects.count(), AuditEvent.objects.count())
+    response = world.client("t1_member").post(URL, body(**changes), format="json")
+    assert response.status_code == 400, response.content
+    assert (attr, code) in error(response), response.content
+    assert (Reservation.objects.count(), Allocation.objects.count(), AuditEvent.objects.count()) == counts
+
+
+def test_a_logical_spec_takes_the_best_fitting_gpu_model(world, fleet):
+    """60 TFLOPS and 70 GiB fit an H100 (80 GiB) before an H200 (141 GiB)."""
+    from cloud.demo import offerings_for
+    from cloud.models import GPUModel, Offering
+
+    for model in GPUModel.objects.filter(slug__in=["h100-80gb-sxm", "h200-141gb-sxm"]):
+        for row in offerings_for(model):
+            Offering.objects.get_or_create(slug=row.pop("slug"), defaults=row)
+    spec = {"kind": "vm", "min_fp16_tflops": 60, "min_memory_gib": 70}
+    data = {k: v for k, v in body(spec=spec).items() if k != "offering"}
+    response = world.client("t1_member").post(URL, data, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["gpu_model"] == "h100-80gb-sxm"
+
+
+def test_over_quota_is_409_with_the_numbers(world, fleet):
+    """A team quota of 2 GPUs, 1 in use, 2 asked: 409 with limit, in use and asked."""
+    Quota.objects.update_or_create(tenant=world.t1.tenant, team=world.t1.team, resource=QuotaResource.GPUS,
+                                   gpu_model=None, defaults={"limit": 2})
+    client = world.client("t1_admin")
+    assert client.post(URL, body(team=str(world.t1.team.pk)), format="json").status_code == 201
+    response = client.post(URL, body(team=str(world.t1.team.pk), offering=vm_offering(2).slug, gpus=2),
+                           format="json")
+    assert response.status_code == 409
+    [err] = response.json()["errors"]
+    assert err["code"] == "quota_exceeded"
+    assert (err["meta"]["limit"], err["meta"]["in_use"], err["meta"]["asked"]) == (2, 1, 2)
+
+
+def test_cancel_and_release_follow_the_transition_table(world, fleet):
+    """Queued work cancels; cancelling twice is a 409 naming the state; active work is released instead."""
+    client = world.client("t1_member")
+    queued = world.t1.objects[Reservation]
+    assert client.post(f"{URL}{queued.pk}/cancel/").json()["state"] == "cancelled"
+    again = client.post(f"{URL}{queued.pk}/cancel/")
+    assert again.status_code == 409
+    assert again.json()["errors"][0]["meta"]["current_state"] == "cancelled"
+    placed = client.post(URL, body(), format="json").json()
+    Reservation.objects.filter(pk=placed["id"]).update(state="active")
+    refused = client.post(f"{URL}{placed['id']}/cancel/")
+    assert refused.status_code == 409 and "release" in refused.json()["errors"][0]["detail"]
+    released = client.post(f"{URL}{placed['id']}/release/")
+    assert released.json()["state"] == "releasing"
+    assert not Allocation.objects.filter(reservation_id=placed["id"], ends_at__gt=timezone.now()).exists()
+
+
+def test_extend_needs_the_same_gpus_free_for_the_extra_time(world, fleet):
+    """Extending into an advance reservation on the same GPUs is a 409; into free time it works."""
+    client = world.client("t1_owner")
+    placed = client.post(URL, body(offering=vm_offering(8).slug, gpus=8, duration_hours=1), format="json").json()
+    later = (timezone.now() + timedelta(hours=3)).isoformat()
+    held = client.post(URL, body(offering=vm_offering(8).slug, gpus=8, start=later), format="json").json()
+    assert held["state"] == "queued"  # an advance reservation is placed by the scheduler, holding its window
+    run_cycle()
+    assert Reservation.objects.get(pk=held["id"]).state == "scheduled"
+    assert client.post(f"{URL}{placed['id']}/extend/", {"hours": 1}, format="json").status_code == 200
+    clash = client.post(f"{URL}{placed['id']}/extend/", {"hours": 5}, format="json")
+    assert clash.status_code == 409
+    assert clash.json()["errors"][0]["code"] == "capacity_taken"
+
+
+def test_score_shows_every_factor_and_the_queue_position(world, fleet):
+    """GET score: the total, each factor with weight and contribution, position 1 when first."""
+    response = world.client("t1_viewer").get(f"{URL}{world.t1.objects[Reservation].pk}/score/")
+    assert response.status_code == 200
+    data = response.json()
+    assert {f["name"] for f in data["factors"]} >= {"urgency", "fulfilment", "load"} or data["factors"] == []
+    assert data["queue_position"] >= 1
+
+
+def test_idempotency_key_replays_refuses_a_different_body_and_is_per_tenant(world, fleet):
+    """Same key and body: one reservation and a replay; another body: 422; another tenant: its own."""
+    key = str(uuid.uuid4())
+    client = world.client("t1_member")
+    first = client.post(URL, body(), format="json", HTTP_IDEMPOTENCY_KEY=key)
+    replay = client.post(URL, body(), format="json", HTTP_IDEMPOTENCY_KEY=key)
+    assert first.status_code == replay.status_code == 201
+    assert replay.json() == first.json()
+    assert replay["Idempotent-Replayed"] == "true"
+    assert Reservation.objects.filter(name="train").count() == 1
+    other = client.post(URL, body(name="different"), format="json", HTTP_IDEMPOTENCY_KEY=key)
+    assert other.status_code == 422
+    assert other.json()["errors"][0]["code"] == "idempotency_key_reused"
+    mine = world.client("t2_member").post(URL, body(), format="json", HTTP_IDEMPOTENCY_KEY=key)
+    assert mine.status_code == 201 and mine.json()["id"] != first.json()["id"]
+    assert IdempotencyKey.objects.filter(key=key).count() == 2
+
+
+def test_a_failed_request_stores_no_idempotency_key(world, fleet):
+    """A 400 stores nothing: the same key may be retried with a corrected body."""
+    key = str(uuid.uuid4())
+    client = world.client("t1_member")
+    assert client.post(URL, body(gpus=0), format="json", HTTP_IDEMPOTENCY_KEY=key).status_code == 400
+    assert client.post(URL, body(), format="json", HTTP_IDEMPOTENCY_KEY=key).status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+def test_only_one_scheduler_leads(world):
+    """Two schedulers at once: the second stands by until the first lets go."""
+    results = {}
+
+    def contender(name, hold):
+        lock = LeaderLock("scheduler-test")
+        results[name] = lock.acquire()
+        hold.wait(5)
+        lock.release()
+        connections.close_all()
+
+    hold = threading.Event()
+    first = threading.Thread(target=contender, args=("first", hold))
+    first.start()
+    while "first" not in results:
+        pass
+    second = threading.Thread(target=contender, args=("second", threading.Event()))
+    second.start()
+    second.join()
+    hold.set()
+    first.join()
+    assert results == {"first": True, "second": False}
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_racing_creates_and_the_scheduler_never_double_book_the_last_8_gpus(world):
+    """80 creates from 8 tenants race a scheduler loop for one host's 8 GPUs: 8 GPUs held, no overlap, no error."""
+    small_fleet(4)
+    assert GPU.objects.filter(node__pool="shared", node__is_spare=False).count() == 8
+    tenants = []
+    for i in range(8):
+        tenant = Tenant.objects.create(name=f"Racer {i}", slug=unique("racer"))
+        user = make_user(f"{unique('racer')}@example.com")
+        Membership.objects.create(tenant=tenant, user=user, role=TenantRole.MEMBER)
+        tenants.append(Principal(user=user, tenant=tenant, role=TenantRole.MEMBER))
+    from cloud.models import Region
+
+    region = Region.objects.get(slug="us-east-1")
+    offering = vm_offering()
+    outcomes, errors, stop = [], [], threading.Event()
+
+    def create(principal):
+        try:
+            ask = Ask(name="race", offering=offering, units=1, regions=(region,), duration=timedelta(hours=1))
+            outcomes.append(reservation_create(actor=principal, ask=ask).state)
+        except Exception as exc:  # noqa: BLE001 -- any failure fails the test
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    def scheduler():
+        while not stop.is_set():
+            try:
+                run_cycle()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(repr(exc))
+        connections.close_all()
+
+    loop = threading.Thread(target=scheduler)
+    loop.start()
+    threads = [threading.Thread(target=create, args=(tenants[i % 8],)) for i in range(80)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for _ in range(3):
+        run_cycle()
+    stop.set()
+    loop.join()
+    assert errors == []
+    assert len(outcomes) == 80
+    # The world's two queued one-GPU reservations race too.
+    assert Allocation.objects.count() == 8
+    assert Reservation.objects.filter(state="scheduled").count() == 8
+    assert Reservation.objects.filter(state="queued").count() == 80 + 2 - 8
+    with connection.cursor() as cursor:
+        cursor.execute(OVERLAPPING_PAIRS)
+        assert cursor.fetchone()[0] == 0
