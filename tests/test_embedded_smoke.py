@@ -15,6 +15,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,31 @@ def test_run_command_serves_console_and_api_and_stops_cleanly(tmp_path):
             f"{base}/api/v1/offerings/", headers={"Authorization": f"Bearer {token}"})))
         assert offerings["count"] > 0
         assert any(o["availability"] for o in offerings["results"])
+
+        # A reservation through the API: placed at once on the embedded default (the fast path)...
+        write_token = json.load(browser.open(urllib.request.Request(
+            f"{base}/api/v1/api-tokens/", data=json.dumps({"name": "smoke-rw", "scope": "read_write"}).encode(),
+            headers={"Content-Type": "application/json", "X-CSRFToken": csrf, "Referer": f"{base}/"},
+        )))["token"]
+
+        def api(path, payload=None):
+            request = urllib.request.Request(
+                f"{base}/api/v1/{path}", data=None if payload is None else json.dumps(payload).encode(),
+                headers={"Authorization": f"Bearer {write_token}", "Content-Type": "application/json"})
+            return json.load(urllib.request.urlopen(request))
+
+        now = api("reservations/", {"name": "smoke", "offering": "vm-h100x1", "gpus": 1, "regions": ["us-east-1"],
+                                    "duration_hours": 1})
+        assert now["state"] == "scheduled", now
+        # ...and an advance reservation, placed by the scheduler loop within a few cycles.
+        tomorrow = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+        later = api("reservations/", {"name": "later", "offering": "bm-h100x8", "nodes": 2, "regions": ["us-east-1"],
+                                      "duration_hours": 1, "start": tomorrow})
+        assert later["state"] in ("queued", "scheduled"), later
+        deadline = time.monotonic() + 30
+        while api(f"reservations/{later['id']}/")["state"] != "scheduled":
+            assert time.monotonic() < deadline, "the scheduler did not place the advance reservation"
+            time.sleep(0.5)
     finally:
         os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
         try:
