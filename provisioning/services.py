@@ -26,7 +26,7 @@ from .models import Operation, Reservation
 from .plan_types import Placement
 from .planner import Planner
 from .priority import ScoreInputs, Weights, score
-from .snapshot import load_snapshot, pool_of, request_for
+from .snapshot import load_snapshot, request_for
 from .team_record import team_inputs
 from .transitions import RESERVATION_TRANSITIONS
 
@@ -124,9 +124,10 @@ def _fast_path(reservation: Reservation, now: datetime) -> bool:
     if outranked:
         return False
     request = request_for(reservation, now)
+    # Both pools of the model: the headroom is a share of the region's GPUs of that model, as in the loop.
     snapshot = load_snapshot(now=now, until=request.end, regions=request.regions,
-                             gpu_model_ids=request.gpu_model_ids, pool=pool_of(request.kind))
-    placement = Planner(snapshot).place(request)
+                             gpu_model_ids=request.gpu_model_ids)
+    placement = Planner(snapshot, headroom=settings.MERIDIAN_HEADROOM).place(request)
     if placement is None:
         return False
     try:

@@ -90,6 +90,7 @@ class Planner:
         self.wording = Wording(snapshot.now, model_names or {})
         self.last_reason = ""
         self._reasons: dict[UUID, str] = {}
+        self._placed: set[UUID] = set()
         self._failures = Failures()
 
     def place(self, request: Request) -> Placement | None:
@@ -107,6 +108,7 @@ class Planner:
             self._reasons[request.reservation_id] = self.last_reason = reason
         else:
             self._reasons.pop(request.reservation_id, None)
+            self._placed.add(request.reservation_id)
             self.last_reason = ""
         return placement
 
@@ -125,6 +127,7 @@ class Planner:
         for gpu_id in {a.gpu_id for a in placement.assignments}:
             self.capacity.remove_owner(self.capacity.gpus[gpu_id], placement.reservation_id)
         self.capacity.commit()
+        self._placed.discard(placement.reservation_id)
         self._failures.clear()
 
     #
@@ -136,9 +139,11 @@ class Planner:
         problem = invalid(request)
         if problem:
             return None, problem
-        s, e = self._window(request)
-        if e <= 0:
+        if request.reservation_id in self._placed:
+            return None, "it is placed already"
+        if request.end <= self.capacity.now:
             return None, "its window has already ended"
+        s, e = self._window(request)
         shape = self._shape(request, s)
         known = self._failures.find(shape, e, request.units)
         if known is not None:
@@ -219,11 +224,13 @@ class Planner:
         """
         Place by evicting lower-priority spot work, in the same region and model order. Soft
         eviction (a grace period) ends the victims at now + grace, and the window starts no
-        earlier, keeping its length; hard eviction ends them now.
+        earlier, keeping its length; hard eviction ends them now. For a window that starts later
+        than that, the victims run on until it starts: ending them sooner frees nothing it needs.
         """
-        at = max(0, request.eviction_grace // TICK)
-        if s < at:
-            s, e = at, at + (e - s)
+        grace = max(0, request.eviction_grace // TICK)
+        if s < grace:
+            s, e = grace, grace + (e - s)
+        at = s
         refused = []
         for region in request.regions:
             for model in request.gpu_model_ids:

@@ -51,25 +51,24 @@ class Wording:
 
     def shortfall(self, request: Request, where: str, short: Shortfall, release: int) -> str:
         """What one region and model can offer; ``release`` is when GPUs busy now start to free up."""
+        until = f" until {self.clock(release)}" if release < FOREVER else ""
         if request.kind == BARE_METAL:
-            offer = f"{plural(short.free, 'whole node')} free"
+            offer = f"{plural(short.free, 'whole node')} free{until}"
             if short.fits < short.free:
                 offer += f", at most {short.fits} on one fabric"
             if request.units > 1 and short.free:
                 offer += f", at most {short.largest_leaf} under one leaf"
         elif request.slots_per_gpu > 1:
-            offer = f"{plural(short.free, 'slot')} free"
+            offer = f"{plural(short.free, 'slot')} free{until}"
         else:
-            offer = f"{plural(short.free, 'GPU')} free"
+            offer = f"{plural(short.free, 'GPU')} free{until}"
             if request.gpus_per_unit > 1 and short.free >= request.gpus_per_unit:
                 offer += (f", but no node has {request.gpus_per_unit} of them" if not short.fits else
                           f", room for {plural(short.fits, 'unit')} of {request.gpus_per_unit} on single nodes")
-        if release < FOREVER:
-            offer += f" until {self.clock(release)}"
         return f"{where}: {offer}"
 
     def headroom(self, where: str, s: int, before: int, after: int, kept: float) -> str:
-        return (f"{where}: {plural(before, 'GPU')} free at {'now' if s == 0 else self.clock(s)}; taking "
+        return (f"{where}: {plural(before, 'GPU')} free {'now' if s == 0 else 'at ' + self.clock(s)}; taking "
                 f"{before - after} would leave fewer than the {kept:.0f} kept for on-demand work "
                 f"(reserved and spot requests may not use the headroom)")
 

@@ -6,13 +6,14 @@ datetimes. Nothing is ever placed before ``now``, so work that ended by then is 
 
 Index, per (region, GPU model, node pool), one ``Pool`` per InfiniBand fabric:
   pool -> leaves (grouped by pod) -> nodes -> GPUs -> allocations sorted by start.
-Each GPU keeps two summaries that answer most questions without a scan: ``last_end`` (free for
-any window that starts after it) and ``busy_until`` (busy without a gap from now until then, so
-not free for any window that starts before it). Each node folds them into ``clean`` (GPUs with
-nothing from now on) and ``busy_min`` (the earliest a GPU busy now frees up): for a window that
-starts before ``busy_min`` the node's free GPUs are just ``clean``, an O(1) answer for nearly
-every node when the window starts now. Only nodes with a gap in their bookings fall back to
-interval checks.
+Each GPU keeps summaries that answer most questions without a scan: ``last_end`` (free for any
+window that starts after it), ``busy_until`` (busy without a gap from now until then, so not
+free for any window that starts before it) and ``first_start`` (free for any window that ends
+before it). Each node folds them into counts of GPUs that are clean (nothing from now on), busy
+now, or booked only ahead, with the earliest a busy one frees up (``busy_min``) and the earliest
+a booked one is needed (``ahead_min``): for a window that starts before ``busy_min`` and ends by
+``ahead_min`` the node's free GPUs are ``clean + ahead``, an O(1) answer for nearly every node.
+Only nodes whose bookings interleave with the window fall back to interval checks.
 
 Every change goes through ``Capacity.set_entries``, which keeps those summaries, the slot-layout
 index and the per-region load counts in step and journals an undo step.
@@ -32,7 +33,7 @@ FOREVER = 1 << 62  # later than any window
 TICK = timedelta(microseconds=1)
 # Instants whose region-wide busy count is kept up to date (headroom checks); few distinct starts
 # are asked for at once, and each kept instant costs a little on every change.
-LOAD_INSTANTS = 16
+LOAD_INSTANTS = 32
 NO_LAYOUTS: frozenset[int] = frozenset()
 
 
@@ -65,7 +66,7 @@ def slot_layout(memory: int, lo: int, hi: int) -> int:
 
 
 class GpuState:
-    __slots__ = ("gpu_id", "index", "memory", "node", "entries", "last_end", "busy_until", "layouts")
+    __slots__ = ("gpu_id", "index", "memory", "node", "entries", "last_end", "busy_until", "first_start", "layouts")
 
     def __init__(self, gpu_id: UUID, index: int, memory: int, node: NodeState, entries: list[Entry]):
         self.gpu_id = gpu_id
@@ -91,6 +92,7 @@ class GpuState:
                     layouts = layouts | {n}
         self.busy_until = covered
         self.last_end = last
+        self.first_start = self.entries[0].start if self.entries else FOREVER
         self.layouts = layouts
 
     def free(self, s: int, e: int) -> bool:
@@ -133,7 +135,8 @@ class GpuState:
 
 
 class NodeState:
-    __slots__ = ("node_id", "region", "leaf", "pool", "gpus", "size", "clean", "busy_min")
+    __slots__ = ("node_id", "region", "leaf", "pool", "gpus", "size", "clean", "busy", "busy_min", "ahead",
+                 "ahead_min")
 
     def __init__(self, node_id: UUID, region: str, leaf: Leaf, pool: Pool):
         self.node_id = node_id
@@ -141,32 +144,38 @@ class NodeState:
         self.leaf = leaf
         self.pool = pool
         self.gpus: list[GpuState] = []
-        self.size = 0
-        self.clean = 0
-        self.busy_min = FOREVER
+        self.size = self.clean = self.busy = self.ahead = 0
+        self.busy_min = self.ahead_min = FOREVER
 
     def refresh(self) -> None:
-        clean = 0
-        busy_min = FOREVER
+        """Recount after a GPU's entries changed: clean GPUs, GPUs busy now, GPUs booked only ahead."""
+        clean = busy = ahead = 0
+        busy_min = ahead_min = FOREVER
         for g in self.gpus:
             if g.last_end <= 0:
                 clean += 1
-            elif g.busy_until < busy_min:
-                busy_min = g.busy_until
+            elif g.busy_until > 0:
+                busy += 1
+                busy_min = min(busy_min, g.busy_until)
+            else:
+                ahead += 1
+                ahead_min = min(ahead_min, g.first_start)
         self.size = len(self.gpus)
-        self.clean = clean
-        self.busy_min = busy_min
+        self.clean, self.busy, self.ahead = clean, busy, ahead
+        self.busy_min, self.ahead_min = busy_min, ahead_min
 
     def free_count(self, s: int, e: int) -> int:
-        """GPUs free for the whole of ``[s, e)``; O(1) unless the window starts after a GPU busy now frees up."""
-        if s < self.busy_min:
-            return self.clean
+        """GPUs free for the whole of ``[s, e)``; O(1) unless the window reaches past a booking's edge."""
+        if s < self.busy_min and e <= self.ahead_min:
+            return self.clean + self.ahead
         return sum(1 for g in self.gpus if g.free(s, e))
 
     def whole_free(self, s: int, e: int) -> bool:
         """Every GPU free for ``[s, e)``: what a bare-metal unit needs."""
-        if s < self.busy_min:
-            return self.clean == self.size
+        if self.busy and s < self.busy_min:
+            return False
+        if not self.busy and e <= self.ahead_min:
+            return True
         return all(g.free(s, e) for g in self.gpus)
 
     def free_gpus(self, s: int, e: int) -> list[GpuState]:
@@ -208,6 +217,7 @@ class Capacity:
         self.pools: dict[tuple[str, UUID, str], list[Pool]] = {}
         self.gpus: dict[UUID, GpuState] = {}
         self.region_gpus: dict[str, list[GpuState]] = {}
+        self.region_nodes: dict[str, list[NodeState]] = {}
         self.victim_priority: dict[UUID, float] = {}  # evictable reservations of the snapshot
         self.holdings: dict[UUID, set[GpuState]] = {}  # evictable reservation -> its GPUs
         self.journal: list[Callable[[], None]] = []
@@ -254,6 +264,7 @@ class Capacity:
                 self._index_layouts(gpu, NO_LAYOUTS)
                 self._index_holdings(gpu)
             node.refresh()
+            self.region_nodes.setdefault(cap.region, []).append(node)
             leaf.nodes.append(node)
             pool.nodes.append(node)
             pool.max_size = max(pool.max_size, node.size)
@@ -368,7 +379,8 @@ class Capacity:
         if t not in load:
             if len(load) >= LOAD_INSTANTS:
                 del load[next(iter(load))]
-            load[t] = sum(1 for g in self.region_gpus.get(region, ()) if g.busy_at(t))
+            # Free at instant t is free for [t, t + 1): the nodes' summaries answer that in O(1) mostly.
+            load[t] = sum(n.size - n.free_count(t, t + 1) for n in self.region_nodes.get(region, ()))
         return len(self.region_gpus.get(region, ())) - load[t]
 
     def victims_below(self, priority: float) -> int:

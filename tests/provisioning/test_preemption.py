@@ -1,0 +1,67 @@
+"""Higher-priority demand takes capacity from spot work: soft gives a grace period, and spot never preempts."""
+
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+
+from cloud.models import GPUModel, Offering
+from provisioning.models import Allocation, Reservation
+from tests.world import small_fleet
+
+URL = "/api/v1/reservations/"
+
+
+@pytest.fixture
+def spot_offering(world):
+    """A spot-capable 8-GPU VM offering on a fleet with one 8-GPU shared host and an empty queue."""
+    Reservation.objects.all().delete()
+    small_fleet(4)
+    return Offering.objects.create(
+        slug="vm-h100x8-spot", name="VM 8x H100", kind="vm", gpu_model=GPUModel.objects.get(slug="h100-80gb-sxm"),
+        gpus_per_unit=8, price_per_gpu_hour="2.49", spot_available=True, spot_floor_price="1.00",
+    )
+
+
+def reserve(client, offering, **extra):
+    body = {"name": "job", "offering": offering.slug, "gpus": 8, "regions": ["us-east-1"], "duration_hours": 4,
+            **extra}
+    response = client.post(URL, body, format="json")
+    assert response.status_code == 201, response.content
+    return Reservation.objects.get(pk=response.json()["id"])
+
+
+def test_on_demand_work_evicts_lower_priority_spot_work_after_its_grace_period(world, spot_offering):
+    """The spot holder is released with the preemptor recorded; the new work starts after the grace period."""
+    spot = reserve(world.client("t2_member"), spot_offering, billing_term="spot", spot_max_price="1.50",
+                   urgency="low", eviction_policy="soft")
+    assert spot.state == "scheduled"
+    urgent = reserve(world.client("t1_member"), spot_offering, urgency="critical")
+    assert urgent.state == "scheduled"
+    spot.refresh_from_db()
+    assert spot.preempted_by_id == urgent.pk
+    assert spot.state in ("releasing", "preempted")
+    assert "Preempted" in spot.state_reason
+    grace = settings.MERIDIAN_SPOT_GRACE
+    assert urgent.starts_at >= spot.submitted_at + grace - timedelta(seconds=5)
+    held_until = max(a.ends_at for a in Allocation.objects.filter(reservation=spot))
+    assert held_until <= urgent.starts_at
+
+
+def test_spot_work_never_preempts(world, spot_offering):
+    """A second spot request waits instead of evicting the first, whatever its urgency."""
+    first = reserve(world.client("t2_member"), spot_offering, billing_term="spot", spot_max_price="1.50",
+                    urgency="low")
+    second = reserve(world.client("t1_member"), spot_offering, billing_term="spot", spot_max_price="2.00",
+                     urgency="critical")
+    first.refresh_from_db()
+    assert (first.state, second.state) == ("scheduled", "queued")
+    assert first.preempted_by_id is None
+
+
+def test_on_demand_work_never_evicts_on_demand_work(world, spot_offering):
+    """Only spot capacity can be taken: a critical request waits behind on-demand work."""
+    first = reserve(world.client("t2_member"), spot_offering, urgency="low")
+    second = reserve(world.client("t1_member"), spot_offering, urgency="critical")
+    first.refresh_from_db()
+    assert (first.state, second.state) == ("scheduled", "queued")
