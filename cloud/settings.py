@@ -368,6 +368,9 @@ MERIDIAN_SPOT_GRACE = timedelta(seconds=env.int("MERIDIAN_SPOT_GRACE_SECONDS", d
 # Share of each region kept free for on-demand bursts (reserved and spot work may not use it).
 MERIDIAN_HEADROOM = env.float("MERIDIAN_HEADROOM", default=0.10)
 MERIDIAN_SCHEDULER_INTERVAL = env.float("MERIDIAN_SCHEDULER_INTERVAL_SECONDS", default=0.5)
+# How many of the ranked queue one cycle tries to place (Slurm's default_queue_depth): the whole
+# queue is ranked every cycle, but planning stops here so a cycle stays short; the rest waits.
+MERIDIAN_SCHEDULER_QUEUE_DEPTH = env.int("MERIDIAN_SCHEDULER_QUEUE_DEPTH", default=1000)
 
 LOGGING = {
     "version": 1,

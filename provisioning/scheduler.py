@@ -30,6 +30,7 @@ from .team_record import team_inputs
 
 log = logging.getLogger(__name__)
 MAX_QUEUE = 20_000
+WAITING_REASONS_PER_CYCLE = 200
 
 
 @dataclass
@@ -78,7 +79,8 @@ def run_cycle(*, now: datetime | None = None) -> CycleReport:
     ranked = rank_queue(queued, now, weights())
     lap("rank")
     requests = []
-    for reservation_id, total in ranked:
+    depth = settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH
+    for reservation_id, total in ranked[:depth]:
         reservation = by_id[reservation_id]
         reservation.score = total
         requests.append(request_for(reservation, now))
@@ -97,12 +99,11 @@ def run_cycle(*, now: datetime | None = None) -> CycleReport:
             report.placed += 1
         except QuotaExceeded as exc:
             report.over_quota += 1
-            _note_waiting(reservation, str(exc.detail))
+            result.unplaced[reservation.pk] = str(exc.detail)
         except CapacityTaken:
             report.conflicts += 1
-    for reservation_id, reason in result.unplaced.items():
-        _note_waiting(by_id[reservation_id], reason)
-    report.waiting = len(result.unplaced) + report.over_quota + report.conflicts
+    _note_waiting([(by_id[rid], reason) for rid, reason in result.unplaced.items()])
+    report.waiting = len(queued) - report.placed
     lap("apply")
     return report
 
@@ -115,8 +116,14 @@ def _recheck_quota(reservation: Reservation, now: datetime) -> None:
                           counted_already=True)
 
 
-def _note_waiting(reservation: Reservation, reason: str) -> None:
-    reason = reason[:500]
-    if reservation.state_reason != reason:
-        Reservation.objects.filter(pk=reservation.pk, state=R.QUEUED).update(state_reason=reason,
-                                                                             score=reservation.score)
+def _note_waiting(waiting: list[tuple[Reservation, str]]) -> None:
+    """
+    Tell the best-ranked waiting reservations why they wait, with their current score: one batched
+    UPDATE of the rows whose reason changed (state is not written, so a concurrent move stands).
+    """
+    changed = []
+    for reservation, reason in waiting[:WAITING_REASONS_PER_CYCLE]:
+        if reservation.state_reason != reason[:500]:
+            reservation.state_reason = reason[:500]
+            changed.append(reservation)
+    Reservation.objects.bulk_update(changed, ["state_reason", "score"], batch_size=500)

@@ -20,7 +20,7 @@ from tenants.models import Tenant
 
 from . import admission
 from .allocations import CapacityTaken, allocation_bind, allocation_end, allocation_extend
-from .choices import OperationKind, OperationState
+from .choices import EvictionPolicy, OperationKind, OperationState
 from .choices import ReservationState as R
 from .models import Operation, Reservation
 from .plan_types import Placement
@@ -164,10 +164,13 @@ def reservation_schedule(*, reservation: Reservation, placement: Placement, acto
 
 def reservation_evict(*, victim_id, by: Reservation, at: datetime, reason: str) -> None:
     """
-    Preempt a spot reservation for ``by``: its capacity ends at ``at`` (now, or after its grace
-    period). Work that has not started ends as ``preempted``; running work is released.
+    Preempt a spot reservation for ``by``. A soft victim keeps its capacity until ``at`` (the
+    grace period the planner left it); a hard one loses it at once. Work that has not started
+    ends as ``preempted``; running work is released.
     """
     victim = Reservation.objects.select_for_update().get(pk=victim_id)
+    if victim.eviction_policy == EvictionPolicy.HARD:
+        at = min(at, timezone.now())
     allocation_end(reservation=victim, at=at)
     why = f"Preempted by {by.pk}: {reason}"[:500]
     if victim.state == R.SCHEDULED and (victim.starts_at is None or victim.starts_at >= at):

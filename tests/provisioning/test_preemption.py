@@ -65,3 +65,14 @@ def test_on_demand_work_never_evicts_on_demand_work(world, spot_offering):
     second = reserve(world.client("t1_member"), spot_offering, urgency="critical")
     first.refresh_from_db()
     assert (first.state, second.state) == ("scheduled", "queued")
+
+
+def test_a_hard_spot_victim_loses_its_gpus_at_once(world, spot_offering):
+    """Hard eviction ends the victim's hold now, not after a grace period."""
+    from django.utils import timezone
+
+    spot = reserve(world.client("t2_member"), spot_offering, billing_term="spot", spot_max_price="1.50",
+                   urgency="low", eviction_policy="hard")
+    reserve(world.client("t1_member"), spot_offering, urgency="critical")
+    held_until = max(a.ends_at for a in Allocation.objects.filter(reservation=spot))
+    assert held_until <= timezone.now()
