@@ -30,13 +30,18 @@ class LeaderLock:
         self.lease = lease
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self.held = False
+        self.pid = None
 
     def acquire(self) -> bool:
         if connection.vendor == "postgresql":
-            if not self.held:
-                with connection.cursor() as cursor:
+            with connection.cursor() as cursor:
+                # The lock lives as long as the server session: a new backend (the connection was
+                # closed or dropped) has lost it, so ask again rather than trust ``held``.
+                cursor.execute("SELECT pg_backend_pid()")
+                pid = cursor.fetchone()[0]
+                if not self.held or pid != self.pid:
                     cursor.execute("SELECT pg_try_advisory_lock(%s)", [_advisory_key(self.name)])
-                    self.held = bool(cursor.fetchone()[0])
+                    self.held, self.pid = bool(cursor.fetchone()[0]), pid
             return self.held
         now = timezone.now()
         with transaction.atomic():
@@ -54,8 +59,9 @@ class LeaderLock:
         if not self.held:
             return
         if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [_advisory_key(self.name)])
+            if connection.connection is not None:  # a closed session has released it already
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s)", [_advisory_key(self.name)])
         else:
             LeaderLease.objects.filter(name=self.name, holder=self.holder).delete()
         self.held = False

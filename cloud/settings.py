@@ -333,6 +333,7 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BEAT_SCHEDULE = {
     "tenants.invitation_expire": {"task": "tenants.invitation_expire", "schedule": 300.0},
+    "provisioning.idempotency_key_prune": {"task": "provisioning.idempotency_key_prune", "schedule": 3600.0},
 }
 
 #

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Q, Sum, Value
 
 from cloud.capacity import SELLABLE_HEALTH
 from cloud.errors import DomainError
@@ -25,7 +25,7 @@ from tenants.quotas import QuotaLimit, quota_check
 from .choices import BillingTerm
 from .models import Reservation
 from .snapshot import pool_of
-from .transitions import HOLDING_STATES, WAITING_STATES
+from .transitions import QUOTA_STATES, WAITING_STATES
 
 
 @dataclass(frozen=True)
@@ -130,12 +130,16 @@ def check_quota(*, tenant, team, ask: Ask, window_start: datetime, counted_alrea
 
     def in_use(limit: QuotaLimit) -> float:
         owned = Q(tenant=tenant) if limit.scope == "tenant" else Q(team=team)
-        reservations = Reservation.objects.filter(owned, state__in=HOLDING_STATES | WAITING_STATES)
+        reservations = Reservation.objects.filter(owned, state__in=QUOTA_STATES | WAITING_STATES)
         if limit.gpu_model_id:
             reservations = reservations.filter(gpu_model_id=limit.gpu_model_id)
-        # Overlapping the window: placed ones by their window, waiting ones by what they asked.
+        # Overlapping the window: placed ones by their window; waiting ones by the window they
+        # asked for, or -- as soon as possible -- as if they started now.
         placed = reservations.filter(starts_at__lt=window_end, ends_at__gt=window_start)
-        waiting = reservations.filter(starts_at__isnull=True)
+        asked_start_floor = ExpressionWrapper(Value(window_start) - F("duration"), output_field=DateTimeField())
+        asked_window = Q(requested_start__isnull=True) | Q(requested_start__lt=window_end,
+                                                            requested_start__gt=asked_start_floor)
+        waiting = reservations.filter(asked_window, starts_at__isnull=True)
         whole = sum((qs.aggregate(n=Sum("gpus"))["n"] or 0) for qs in (placed, waiting))
         slots = sum(units / slots_per_gpu for units, slots_per_gpu in
                     (placed | waiting).filter(gpus=0).values_list("units", "offering__slots_per_gpu"))

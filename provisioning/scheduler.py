@@ -16,10 +16,9 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
-from cloud.errors import QuotaExceeded
+from cloud.errors import Conflict, QuotaExceeded
 
 from . import admission
-from .allocations import CapacityTaken
 from .choices import ReservationState as R
 from .models import Reservation
 from .planner import plan
@@ -100,7 +99,9 @@ def run_cycle(*, now: datetime | None = None) -> CycleReport:
         except QuotaExceeded as exc:
             report.over_quota += 1
             result.unplaced[reservation.pk] = str(exc.detail)
-        except CapacityTaken:
+        except Conflict:
+            # Lost a race: the capacity (CapacityTaken), or the reservation or a victim moved on
+            # (cancelled, released) since the snapshot. Re-planned next cycle if still queued.
             report.conflicts += 1
     _note_waiting([(by_id[rid], reason) for rid, reason in result.unplaced.items()])
     report.waiting = len(queued) - report.placed
@@ -112,18 +113,18 @@ def _recheck_quota(reservation: Reservation, now: datetime) -> None:
     """Quotas are checked again at placement: one lowered since admission keeps the reservation queued."""
     ask = admission.Ask(name=reservation.name, offering=reservation.offering, units=reservation.units,
                         regions=(), duration=reservation.duration)
-    admission.check_quota(tenant=reservation.tenant, team=reservation.team, ask=ask, window_start=now,
+    window_start = max(reservation.requested_start or now, now)
+    admission.check_quota(tenant=reservation.tenant, team=reservation.team, ask=ask, window_start=window_start,
                           counted_already=True)
 
 
 def _note_waiting(waiting: list[tuple[Reservation, str]]) -> None:
     """
-    Tell the best-ranked waiting reservations why they wait, with their current score: one batched
-    UPDATE of the rows whose reason changed (state is not written, so a concurrent move stands).
+    Tell the best-ranked waiting reservations why they wait, with their current score (the age
+    term moves it every cycle): one batched UPDATE; state is not written, so a concurrent move
+    stands (at worst its reason is overwritten once).
     """
-    changed = []
+    top = [reservation for reservation, reason in waiting[:WAITING_REASONS_PER_CYCLE]]
     for reservation, reason in waiting[:WAITING_REASONS_PER_CYCLE]:
-        if reservation.state_reason != reason[:500]:
-            reservation.state_reason = reason[:500]
-            changed.append(reservation)
-    Reservation.objects.bulk_update(changed, ["state_reason", "score"], batch_size=500)
+        reservation.state_reason = reason[:500]
+    Reservation.objects.bulk_update(top, ["state_reason", "score"], batch_size=500)

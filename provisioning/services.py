@@ -20,7 +20,7 @@ from tenants.models import Tenant
 
 from . import admission
 from .allocations import CapacityTaken, allocation_bind, allocation_end, allocation_extend
-from .choices import EvictionPolicy, OperationKind, OperationState
+from .choices import BillingTerm, EvictionPolicy, OperationKind, OperationState
 from .choices import ReservationState as R
 from .models import Operation, Reservation
 from .plan_types import Placement
@@ -90,6 +90,7 @@ def reservation_create(*, actor, ask: admission.Ask, team=None) -> Reservation:
     """
     if actor.tenant is None:
         raise Forbidden("Reservations are made inside a tenant; choose one with the X-Meridian-Tenant header.")
+    team = _team_for(actor, team)
     now = timezone.now()
     admission.check_never_fits(ask, now)
     # One create at a time per tenant, so two racing requests cannot both pass the quota check.
@@ -114,15 +115,30 @@ def reservation_create(*, actor, ask: admission.Ask, team=None) -> Reservation:
     return reservation
 
 
+def _team_for(actor, team):
+    """
+    The team a reservation is booked for: a team-bound token books for its team only (by default
+    too); others book tenant-wide or for a team they belong to (tenant admins: any team).
+    """
+    if actor.team is not None:
+        if team is not None and team.pk != actor.team.pk:
+            raise Forbidden(f"This token acts for team '{actor.team.slug}' only.")
+        return actor.team
+    if team is not None and not actor.sees_all_teams and team.pk not in actor.team_roles:
+        raise Forbidden("You can book only for teams you belong to.")
+    return team
+
+
 def _fast_path(reservation: Reservation, now: datetime) -> bool:
     """Place a start-now reservation inside the request when nothing queued outranks it."""
     starts_now = reservation.requested_start is None or reservation.requested_start <= now + timedelta(seconds=1)
     if not starts_now:
         return False
-    outranked = Reservation.objects.filter(state=R.QUEUED, gpu_model_id=reservation.gpu_model_id,
-                                           score__gt=reservation.score).exists()
-    if outranked:
-        return False
+    wanted = set(reservation.regions)
+    competitors = Reservation.objects.filter(state=R.QUEUED, gpu_model_id=reservation.gpu_model_id,
+                                             score__gt=reservation.score).values_list("regions", flat=True)[:1000]
+    if any(wanted & set(regions) for regions in competitors):
+        return False  # queued work of higher priority wants this capacity: the scheduler decides
     request = request_for(reservation, now)
     # Both pools of the model: the headroom is a share of the region's GPUs of that model, as in the loop.
     snapshot = load_snapshot(now=now, until=request.end, regions=request.regions,
@@ -150,8 +166,7 @@ def reservation_schedule(*, reservation: Reservation, placement: Placement, acto
     """
     region = Region.objects.get(slug=placement.region)
     for eviction in placement.evictions:
-        reservation_evict(victim_id=eviction.victim_reservation_id, by=reservation, at=eviction.at,
-                          reason=eviction.reason)
+        reservation_evict(victim_id=eviction.victim_reservation_id, by=reservation, at=eviction.at)
     allocation_bind(reservation=reservation, assignments=list(placement.assignments), starts_at=placement.start,
                     ends_at=placement.end)
     _move(reservation, R.SCHEDULED, only_from={R.PENDING, R.QUEUED}, reason="", scheduled_at=timezone.now(),
@@ -162,23 +177,29 @@ def reservation_schedule(*, reservation: Reservation, placement: Placement, acto
         audit_record(actor=actor, action="reservation.schedule", target=reservation, after=_snap(reservation))
 
 
-def reservation_evict(*, victim_id, by: Reservation, at: datetime, reason: str) -> None:
+def reservation_evict(*, victim_id, by: Reservation, at: datetime) -> None:
     """
     Preempt a spot reservation for ``by``. A soft victim keeps its capacity until ``at`` (the
     grace period the planner left it); a hard one loses it at once. Work that has not started
     ends as ``preempted``; running work is released.
     """
     victim = Reservation.objects.select_for_update().get(pk=victim_id)
-    if victim.eviction_policy == EvictionPolicy.HARD:
-        at = min(at, timezone.now())
+    if victim.billing_term != BillingTerm.SPOT or victim.state not in (R.SCHEDULED, R.PROVISIONING, R.ACTIVE):
+        # It ended or changed since the snapshot: the plan that counted on its GPUs is void.
+        raise CapacityTaken("Capacity the plan would have taken from spot work is no longer there.")
+    now = timezone.now()
+    if victim.eviction_policy == EvictionPolicy.HARD and at <= now + settings.MERIDIAN_SPOT_GRACE:
+        at = now  # hard: at once (the planner leaves every victim the soft grace; a later window keeps its start)
     allocation_end(reservation=victim, at=at)
-    why = f"Preempted by {by.pk}: {reason}"[:500]
+    # The reason names no other reservation: the preemptor may belong to another tenant.
+    why = "Preempted by higher-priority work" + (" after its grace period." if at > now else ".")
     if victim.state == R.SCHEDULED and (victim.starts_at is None or victim.starts_at >= at):
         _move(victim, R.PREEMPTED, reason=why, preempted_by=by)
     else:
         _move(victim, R.RELEASING, reason=why, preempted_by=by, released_at=at)
-    audit_record(actor=None, action="reservation.preempt", target=victim, after={"by": str(by.pk), "at": at.isoformat(),
-                                                                               "state": victim.state})
+    # The victim's tenant reads this event: it says when, not by whom (preempted_by stays internal).
+    audit_record(actor=None, action="reservation.preempt", target=victim,
+                 after={"at": at.isoformat(), "state": victim.state})
 
 
 #
@@ -204,8 +225,18 @@ def reservation_cancel(*, actor, reservation: Reservation) -> Reservation:
     else:
         _move(reservation, R.CANCELLED, only_from={R.PENDING, R.QUEUED, R.SCHEDULED}, reason="Cancelled by the tenant.")
         allocation_end(reservation=reservation, at=now)
+    Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE, state=OperationState.PENDING).update(
+        state=OperationState.FAILED, error="Cancelled before it was placed.")
+    if reservation.state == R.RELEASING:
+        _release_operation(reservation)
     audit_record(actor=actor, action="reservation.cancel", target=reservation, after=_snap(reservation))
     return reservation
+
+
+def _release_operation(reservation: Reservation) -> Operation:
+    """The release is asynchronous (cleaning, later): clients poll this operation."""
+    return Operation.objects.create(tenant_id=reservation.tenant_id, reservation=reservation,
+                                    kind=OperationKind.RELEASE, step="release")
 
 
 @transaction.atomic
@@ -215,6 +246,7 @@ def reservation_release(*, actor, reservation: Reservation) -> Reservation:
     _move(reservation, R.RELEASING, only_from={R.SCHEDULED, R.PROVISIONING, R.ACTIVE},
           reason="Released by the tenant.", released_at=now)
     allocation_end(reservation=reservation, at=now)
+    _release_operation(reservation)
     audit_record(actor=actor, action="reservation.release", target=reservation, after=_snap(reservation))
     return reservation
 
@@ -225,7 +257,8 @@ def reservation_extend(*, actor, reservation: Reservation, by: timedelta) -> Res
     Make a scheduled or active reservation longer, on the same GPUs, if they are free for the
     extra time (409 ``capacity_taken`` otherwise) and the total stays within the maximum duration.
     """
-    locked = Reservation.objects.select_for_update().get(pk=reservation.pk)
+    Tenant.objects.select_for_update().get(pk=reservation.tenant_id)  # as creates do: quota checks in turn
+    locked = Reservation.objects.select_for_update().select_related("offering").get(pk=reservation.pk)
     if locked.state not in (R.SCHEDULED, R.PROVISIONING, R.ACTIVE):
         raise Conflict(f"The reservation is '{locked.state}' and cannot be extended.", code="invalid_transition",
                        current_state=locked.state)
@@ -234,6 +267,9 @@ def reservation_extend(*, actor, reservation: Reservation, by: timedelta) -> Res
         raise admission.invalid("by", "That would pass the maximum duration of "
                                       f"{settings.MERIDIAN_MAX_RESERVATION_DURATION.days} days.",
                                 code="duration_too_long")
+    extra = admission.Ask(name=locked.name, offering=locked.offering, units=locked.units, regions=(),
+                          duration=new_end - locked.ends_at)
+    admission.check_quota(tenant=locked.tenant, team=locked.team, ask=extra, window_start=locked.ends_at)
     before = _snap(locked)
     allocation_extend(reservation=locked, new_end=new_end)
     Reservation.objects.filter(pk=locked.pk).update(ends_at=new_end, duration=locked.duration + by)

@@ -21,7 +21,7 @@ from tenants.quotas import quota_limits
 from .choices import ReservationState as R
 from .models import Allocation, Reservation
 from .priority import Weights, decayed_usage, fulfilment_rate
-from .transitions import HOLDING_STATES
+from .transitions import QUOTA_STATES
 
 RECORD_WINDOW = timedelta(days=30)
 # Outcomes that count as "used as booked", and those that count against the team.
@@ -52,7 +52,7 @@ def team_inputs(*, tenant, team, gpu_model_id, now: datetime, weights: Weights) 
 
     limit = min((q.limit for q in quota_limits(tenant=tenant, team=team, resource=QuotaResource.GPUS,
                                                gpu_model=gpu_model_id)), default=0)
-    in_use = sum(Reservation.objects.filter(owner, state__in=HOLDING_STATES, gpu_model_id=gpu_model_id)
+    in_use = sum(Reservation.objects.filter(owner, state__in=QUOTA_STATES, gpu_model_id=gpu_model_id)
                  .values_list("gpus", flat=True))
     load = in_use / limit if limit else 1.0
 

@@ -9,16 +9,21 @@ RESERVATION_TRANSITIONS: dict[str, frozenset[str]] = {
     R.PENDING: frozenset({R.QUEUED, R.SCHEDULED, R.CANCELLED, R.FAILED}),
     R.QUEUED: frozenset({R.SCHEDULED, R.CANCELLED, R.EXPIRED, R.FAILED}),
     # A scheduled reservation has capacity held; spot work may lose it before it starts.
-    R.SCHEDULED: frozenset({R.PROVISIONING, R.CANCELLED, R.PREEMPTED, R.EXPIRED, R.NO_SHOW, R.RELEASING}),
+    # Back to the queue (keeping its place) when its capacity is lost before it starts.
+    R.SCHEDULED: frozenset({R.PROVISIONING, R.QUEUED, R.CANCELLED, R.PREEMPTED, R.EXPIRED, R.NO_SHOW,
+                            R.RELEASING, R.FAILED}),
     # Provisioning that failed on a node goes back to the queue, keeping its place.
     R.PROVISIONING: frozenset({R.ACTIVE, R.QUEUED, R.FAILED, R.RELEASING}),
     # Active work whose hardware failed is provisioned again on a replacement.
-    R.ACTIVE: frozenset({R.RELEASING, R.PROVISIONING}),
+    R.ACTIVE: frozenset({R.RELEASING, R.PROVISIONING, R.FAILED}),
     R.RELEASING: frozenset({R.RELEASED, R.CANCELLED, R.PREEMPTED, R.FAILED}),
 }
 TERMINAL_STATES = frozenset({R.RELEASED, R.FAILED, R.CANCELLED, R.PREEMPTED, R.EXPIRED, R.NO_SHOW})
 # States in which a reservation holds capacity (its allocations count).
 HOLDING_STATES = frozenset({R.SCHEDULED, R.PROVISIONING, R.ACTIVE, R.RELEASING})
+# What counts against quotas and a team's load: released work gave its GPUs back when it was
+# released (its allocations end then), so RELEASING no longer counts.
+QUOTA_STATES = frozenset({R.SCHEDULED, R.PROVISIONING, R.ACTIVE})
 WAITING_STATES = frozenset({R.PENDING, R.QUEUED})
 for _state in TERMINAL_STATES:
     RESERVATION_TRANSITIONS.setdefault(_state, frozenset())

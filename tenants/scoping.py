@@ -105,6 +105,9 @@ class TenantScopedQuerySet(models.QuerySet):
             return self.none()
         qs = self.filter(**{self.model.tenant_path: principal.tenant.pk})
         team_path = self.model.team_path
+        if team_path and principal.team is not None and action == CHANGE:
+            # A team-bound token reads tenant-wide objects but changes only its team's.
+            return qs.filter(**{f"{team_path}__in": principal.team_ids})
         if team_path and not principal.sees_all_teams:
             qs = qs.filter(Q(**{f"{team_path}__isnull": True}) | Q(**{f"{team_path}__in": principal.team_ids}))
         return qs

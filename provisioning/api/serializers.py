@@ -94,6 +94,11 @@ class ReservationCreateSerializer(StrictSerializer):
     ssh_public_key = serializers.CharField(max_length=MAX_KEY_LENGTH, required=False, allow_blank=True,
                                            validators=[validate_ssh_public_key])
 
+    def validate_regions(self, regions):
+        if len({region.pk for region in regions}) != len(regions):
+            raise serializers.ValidationError("Name each region once.", code="duplicate")
+        return regions
+
     def validate(self, attrs):
         if ("offering" in attrs) == ("spec" in attrs):
             raise serializers.ValidationError({"offering": ["Give an offering or a spec, not both or neither."]})
@@ -137,7 +142,7 @@ class ReservationSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "state", "state_reason", "offering", "kind", "gpu_model", "spec", "units", "gpus",
                   "regions", "region", "requested_start", "starts_at", "ends_at", "duration_hours", "billing_term",
                   "spot_max_price", "eviction_policy", "urgency", "team", "score", "submitted_at", "scheduled_at",
-                  "released_at", "preempted_by"]
+                  "released_at"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.FloatField())

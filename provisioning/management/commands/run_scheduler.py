@@ -6,7 +6,7 @@ import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
-from django.db import close_old_connections
+from django.db import connection
 
 from cloud.db import LeaderLock
 from provisioning.scheduler import run_cycle
@@ -31,17 +31,23 @@ class Command(BaseCommand):
         try:
             while not stopping:
                 started = time.monotonic()
-                close_old_connections()
-                if lock.acquire():
-                    if not leading:
-                        log.info("Leading the scheduler.")
-                        leading = True
-                    report = run_cycle()
-                    if report.placed or report.conflicts:
-                        log.info("cycle: %s", report.as_dict())
-                elif leading or once:
-                    log.info("Standing by: another scheduler leads.")
-                    leading = False
+                try:
+                    if lock.acquire():
+                        if not leading:
+                            log.info("Leading the scheduler.")
+                            leading = True
+                        report = run_cycle()
+                        if report.placed or report.conflicts:
+                            log.info("cycle: %s", report.as_dict())
+                    elif leading or once:
+                        log.info("Standing by: another scheduler leads.")
+                        leading = False
+                except Exception:
+                    # One bad cycle must not stop scheduling: log it, drop the (maybe broken)
+                    # connection -- the lock is re-checked on the next one -- and go on.
+                    log.exception("Scheduler cycle failed; retrying after a pause.")
+                    connection.close()
+                    time.sleep(min(5.0, interval * 4))
                 if once:
                     break
                 time.sleep(max(0.0, interval - (time.monotonic() - started)))
