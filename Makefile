@@ -26,8 +26,8 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 
 bench: $(VENV)/.dev services
-	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python bench/seed_fleet.py
-	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python bench/api_latency.py
+	for b in seed_fleet api_latency ranking planner scheduler_cycle claims trace_replay; do \
+	  DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python bench/$$b.py || exit 1; done
 
 services:
 	scripts/ensure-services

@@ -3,12 +3,13 @@ What can be sold right now, per offering and region: aggregate counts only, neve
 
 Read-only selectors. A bare-metal unit is a whole available node; a VM or container unit needs
 ``gpus_per_unit`` available GPUs on one shared host; a fractional unit is one slot of a GPU.
-Spares, nodes that are not serving, and unhealthy GPUs never count.
+Spares, nodes that are not serving, unhealthy GPUs and GPUs held by a reservation now never count.
 """
 
 from collections import defaultdict
 
-from django.db.models import Count
+from django.db.models import Count, Exists, OuterRef
+from django.utils import timezone
 
 from .choices import GPUState, Health, NodePool, NodeState, OfferingKind
 from .models import GPU, Node, Offering
@@ -18,6 +19,10 @@ SELLABLE_HEALTH = [Health.HEALTHY, Health.DEGRADED]
 
 def availability(offerings: list[Offering]) -> dict:
     """``{offering_id: {region_slug: {"units": n, "gpus": g}}}`` in two queries, whatever the fleet size."""
+    from provisioning.models import Allocation  # provisioning builds on the inventory, not the reverse
+
+    now = timezone.now()
+    held_now = Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now)
     model_ids = {o.gpu_model_id for o in offerings}
     # Whole available bare-metal nodes per (region, GPU model).
     nodes = defaultdict(int)
@@ -26,6 +31,7 @@ def availability(offerings: list[Offering]) -> dict:
             Node.objects.filter(pool=NodePool.BARE_METAL, state=NodeState.AVAILABLE, is_spare=False,
                                 health__in=SELLABLE_HEALTH, gpus__model_id__in=model_ids)
             .exclude(gpus__health__in=[Health.FAILED, Health.UNKNOWN])  # a whole node sells only whole
+            .exclude(Exists(held_now.filter(node=OuterRef("pk"))))
             .values("region__slug", "gpus__model_id")
             .annotate(n=Count("id", distinct=True))
         )
@@ -37,6 +43,7 @@ def availability(offerings: list[Offering]) -> dict:
         rows = (
             GPU.objects.filter(node__pool=NodePool.SHARED, node__state=NodeState.IN_SERVICE, node__is_spare=False,
                                state=GPUState.AVAILABLE, health__in=SELLABLE_HEALTH, model_id__in=model_ids)
+            .exclude(Exists(held_now.filter(gpu=OuterRef("pk"))))
             .values("node_id", "node__region__slug", "model_id")
             .annotate(n=Count("id"))
         )

@@ -29,6 +29,11 @@ from .team_record import team_inputs
 
 log = logging.getLogger(__name__)
 MAX_QUEUE = 20_000
+# What ranking, planning and applying read of a queued reservation (not its key or breakdown).
+QUEUE_COLUMNS = ["id", "tenant_id", "team_id", "name", "gpu_model_id", "offering", "submitted_at", "urgency", "units",
+                 "gpus", "regions", "requested_start", "duration", "billing_term", "eviction_policy", "score",
+                 "state", "state_reason", "offering__kind", "offering__gpus_per_unit", "offering__slots_per_gpu",
+                 "offering__gpu_model_id"]
 WAITING_REASONS_PER_CYCLE = 200
 
 
@@ -52,7 +57,8 @@ def rank_queue(queued: list[Reservation], now: datetime, w: Weights) -> list[tup
     for r in queued:
         key = (r.tenant_id, r.team_id, r.gpu_model_id)
         if key not in records:
-            records[key] = team_inputs(tenant=r.tenant, team=r.team, gpu_model_id=r.gpu_model_id, now=now, weights=w)
+            records[key] = team_inputs(tenant=r.tenant_id, team=r.team_id, gpu_model_id=r.gpu_model_id, now=now,
+                                       weights=w)
         t = records[key]
         entries.append((r.pk, r.submitted_at.timestamp(), r.urgency, t.fulfilment_rate, t.current_load,
                         t.high_priority, t.usage_share))
@@ -69,7 +75,7 @@ def run_cycle(*, now: datetime | None = None) -> CycleReport:
         report.timings_ms[name] = round((time.perf_counter() - clock) * 1000, 2)
         clock = time.perf_counter()
 
-    queued = list(Reservation.objects.filter(state=R.QUEUED).select_related("offering", "tenant", "team")
+    queued = list(Reservation.objects.filter(state=R.QUEUED).select_related("offering").only(*QUEUE_COLUMNS)
                   .order_by("submitted_at")[:MAX_QUEUE])
     report.queued = len(queued)
     if not queued:
@@ -114,8 +120,8 @@ def _recheck_quota(reservation: Reservation, now: datetime) -> None:
     ask = admission.Ask(name=reservation.name, offering=reservation.offering, units=reservation.units,
                         regions=(), duration=reservation.duration)
     window_start = max(reservation.requested_start or now, now)
-    admission.check_quota(tenant=reservation.tenant, team=reservation.team, ask=ask, window_start=window_start,
-                          counted_already=True)
+    admission.check_quota(tenant=reservation.tenant_id, team=reservation.team_id, ask=ask,
+                          window_start=window_start, counted_already=True)
 
 
 def _note_waiting(waiting: list[tuple[Reservation, str]]) -> None:

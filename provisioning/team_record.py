@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import F, Q
+from django.db.models import Count, Q
 
 from tenants.choices import QuotaResource
 from tenants.quotas import quota_limits
@@ -42,12 +42,16 @@ def owner_filter(tenant_id, team_id) -> Q:
 
 
 def team_inputs(*, tenant, team, gpu_model_id, now: datetime, weights: Weights) -> TeamInputs:
-    """The record of ``team`` (or of the tenant's team-less work) for one GPU model."""
-    owner = owner_filter(tenant.pk, getattr(team, "pk", None))
+    """The record of ``team`` (or of the tenant's team-less work) for one GPU model; ids or objects."""
+    tenant, team = getattr(tenant, "pk", tenant), getattr(team, "pk", team)
+    owner = owner_filter(tenant, team)
     since = now - RECORD_WINDOW
-    scheduled_once = Reservation.objects.filter(owner, submitted_at__gte=since, scheduled_at__isnull=False)
-    total = scheduled_once.filter(state__in=USED | NOT_USED | {R.CANCELLED, R.PREEMPTED}).count()
-    used = scheduled_once.filter(state__in=USED).count()
+    # One query, so a reservation that moves meanwhile cannot count as used but not in the total.
+    counts = Reservation.objects.filter(owner, submitted_at__gte=since, scheduled_at__isnull=False).aggregate(
+        total=Count("pk", filter=Q(state__in=USED | NOT_USED | {R.CANCELLED, R.PREEMPTED})),
+        used=Count("pk", filter=Q(state__in=USED)),
+    )
+    total, used = counts["total"], counts["used"]
     rate = fulfilment_rate(used, total, weights.neutral_fulfilment) if total else None
 
     limit = min((q.limit for q in quota_limits(tenant=tenant, team=team, resource=QuotaResource.GPUS,
@@ -57,11 +61,12 @@ def team_inputs(*, tenant, team, gpu_model_id, now: datetime, weights: Weights) 
     load = in_use / limit if limit else 1.0
 
     horizon = now - timedelta(seconds=4 * weights.usage_half_life_s)
+    rows = Allocation.objects.filter(reservation__in=Reservation.objects.filter(owner), ends_at__gt=horizon,
+                                     starts_at__lt=now).values_list("starts_at", "ends_at", "mem_lo", "mem_hi",
+                                                                    "gpu__memory_mib")
     samples = [
-        (gpu_hours_of(a, now), (now - min(a.ends_at, now)).total_seconds())
-        for a in Allocation.objects.filter(reservation__in=Reservation.objects.filter(owner), ends_at__gt=horizon,
-                                           starts_at__lt=now)
-        .annotate(gpu_memory=F("gpu__memory_mib")).only("starts_at", "ends_at", "mem_lo", "mem_hi")
+        (gpu_hours(start, end, lo, hi, memory, now), (now - min(end, now)).total_seconds())
+        for start, end, lo, hi, memory in rows
     ]
     usage = decayed_usage(samples, weights.usage_half_life_s)
     # Fair share: what the team would accrue using its whole quota for one half-life.
@@ -69,8 +74,7 @@ def team_inputs(*, tenant, team, gpu_model_id, now: datetime, weights: Weights) 
     return TeamInputs(fulfilment_rate=rate, current_load=load, usage_share=usage / fair)
 
 
-def gpu_hours_of(allocation: Allocation, now: datetime) -> float:
+def gpu_hours(start, end, mem_lo: int, mem_hi: int, memory: int, now: datetime) -> float:
     """GPU-hours an allocation has used so far (a slot counts as its share of the GPU's memory)."""
-    end = min(allocation.ends_at, now)
-    hours = max(0.0, (end - allocation.starts_at).total_seconds() / 3600)
-    return hours * (allocation.mem_hi - allocation.mem_lo) / allocation.gpu_memory
+    hours = max(0.0, (min(end, now) - start).total_seconds() / 3600)
+    return hours * (mem_hi - mem_lo) / memory

@@ -640,3 +640,19 @@ def test_tenant_reads_the_gpu_catalogue(world):
     assert {slug: row["memory_gib"] for slug, row in rows.items()} == {
         "a100-80gb-sxm": 80, "h100-80gb-sxm": 80, "h200-141gb-sxm": 141, "b200-180gb-sxm": 180,
     }
+
+
+def test_availability_goes_down_when_reservations_hold_gpus(world):
+    """Placing a reservation takes its GPUs (and a bare-metal node) out of the live counts."""
+    from provisioning.models import Reservation
+
+    Reservation.objects.all().delete()
+    small_fleet(8)
+    vm = offering(OfferingKind.VM, gpus_per_unit=1)
+    client = world.client("t1_member")
+    before = client.get(f"/api/v1/offerings/{vm.pk}/").json()["availability"][0]["gpus"]
+    placed = client.post("/api/v1/reservations/", {"name": "x", "offering": vm.slug, "gpus": 3,
+                                                   "regions": [REGION], "duration_hours": 1}, format="json")
+    assert placed.json()["state"] == "scheduled", placed.content
+    after = client.get(f"/api/v1/offerings/{vm.pk}/").json()["availability"][0]["gpus"]
+    assert after == before - 3

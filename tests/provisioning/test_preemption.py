@@ -13,8 +13,12 @@ URL = "/api/v1/reservations/"
 
 
 @pytest.fixture
-def spot_offering(world):
-    """A spot-capable 8-GPU VM offering on a fleet with one 8-GPU shared host and an empty queue."""
+def spot_offering(world, settings):
+    """
+    A spot-capable 8-GPU VM offering on a fleet with one 8-GPU shared host and an empty queue;
+    no headroom, so spot work may fill the host (the headroom has tests of its own).
+    """
+    settings.MERIDIAN_HEADROOM = 0
     Reservation.objects.all().delete()
     small_fleet(4)
     return Offering.objects.create(

@@ -1,0 +1,402 @@
+"""
+The API path "select and claim": POST a reservation that the fast path places at once (the
+response says ``scheduled``), through gunicorn (2 workers x 4 threads) on 127.0.0.1, on the
+benchmark fleet (1,280 nodes x 8 GPUs, seeded like bench/api_latency.py). From 1 and from 4
+client threads it measures claims per second and p50/p99 latency (each series runs
+BENCH_SERIES_SECONDS, 20, or BENCH_CLAIMS requests) of:
+
+  - a 1-GPU VM, an 8-GPU VM (one shared host's 8 GPUs) and a whole 8-GPU bare-metal node;
+  - the capacity query ``GET /api/v1/offerings/`` (every offering with its availability).
+
+A thread in the bench releases what was placed more than a second ago (directly in the
+database, as a finished reservation would), so capacity never runs out. Exceptions in the
+server's log are counted (a 5xx is a bug). Then, in-process, BENCH_BREAKDOWN (40) creates per
+kind with a timer around each step of ``services.reservation_create``: where the time goes.
+
+OpenStack Placement beside it (shared/peers/openstack-placement.sh): BENCH_PLACEMENT=1 runs
+the peer after Meridian's figures (about 3 minutes: SQLite, flat, 1,280 nodes x 8 GPUs); or
+BENCH_PLACEMENT_RESULT=path/to/result-sqlite-flat.json reads a result it wrote. Either way the
+RESULT line then carries the ratios: claims per second against Placement's select+claim, and
+request latency against its ``GET /allocation_candidates`` for 1 and 8 GPUs (goal: 10x).
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/meridian .venv/bin/python bench/claims.py
+
+It prints readable lines and one final ``RESULT {json}`` line.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from itertools import count
+from pathlib import Path
+
+from common import REPO, drop_database, percentile, setup_django
+
+DB = "meridian_bench_claims"
+CLAIMS = int(os.environ.get("BENCH_CLAIMS", "2000"))  # at most, per series
+QUERIES = int(os.environ.get("BENCH_QUERIES", "2000"))
+SERIES_S = float(os.environ.get("BENCH_SERIES_SECONDS", "20"))  # each series stops after this long
+CLIENTS = [1, 4]
+HOLD_S = float(os.environ.get("BENCH_HOLD_SECONDS", "1"))
+BREAKDOWN = int(os.environ.get("BENCH_BREAKDOWN", "40"))  # in-process creates per kind, timed by function
+PEERS = REPO.parent / "shared" / "peers"
+GOAL_RATIO = 10.0
+_names = count()
+
+
+def prepare() -> tuple[str, dict]:
+    from cloud.demo import seed_demo
+    from cloud.models import Offering
+    from tenants.models import Membership, Quota, User
+    from tests.world import issue_token
+
+    started = time.perf_counter()
+    seed_demo(regions=1, nodes=1280)
+    alice = User.objects.get(email="alice@acme.example")
+    tenant = Membership.objects.get(user=alice).tenant
+    Quota.objects.filter(tenant=tenant).update(limit=10_000_000)  # quotas are not what is measured
+    short = Offering.objects.get(slug__startswith="vm-", slug__endswith="x1").slug.removeprefix("vm-")[:-2]
+    print(f"seeded the fleet and the demo tenants in {time.perf_counter() - started:.1f} s")
+    region = "us-east-1"
+    bodies = {
+        "1 GPU VM": {"offering": f"vm-{short}x1", "gpus": 1, "regions": [region], "duration_hours": 1},
+        "8 GPU VM": {"offering": f"vm-{short}x8", "gpus": 8, "regions": [region], "duration_hours": 1},
+        "8 GPU bare-metal node": {"offering": f"bm-{short}x8", "nodes": 1, "regions": [region], "duration_hours": 1},
+    }
+    return issue_token(alice, tenant), bodies
+
+
+def serve(port: int, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, MERIDIAN_API_RATE="100000000/min")  # the per-principal throttle is not measured
+    server = subprocess.Popen(
+        [str(REPO / ".venv/bin/gunicorn"), "cloud.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "2",
+         "--threads", "4"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"),
+    )
+    for _ in range(150):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health/", timeout=1)
+            return server
+        except OSError:
+            time.sleep(0.2)
+    server.kill()
+    sys.exit("gunicorn did not start")
+
+
+class Releaser(threading.Thread):
+    """Ends, every 0.2 s, what the fast path placed more than HOLD_S ago: its capacity is free again."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.stopping = threading.Event()
+        self.released = 0
+
+    def run(self):
+        from django.db import connection
+
+        try:
+            while not self.stopping.wait(0.2):
+                self.released += release(HOLD_S)
+        finally:
+            connection.close()
+
+
+def release(hold_s: float) -> int:
+    from django.db import transaction
+    from django.utils import timezone
+
+    from provisioning.models import Allocation, Reservation
+
+    now = timezone.now()
+    with transaction.atomic():
+        done = list(Reservation.objects.filter(state="scheduled", scheduled_at__lte=now - timedelta(seconds=hold_s))
+                    .values_list("pk", flat=True))
+        Allocation.objects.filter(reservation_id__in=done, starts_at__gte=now).delete()
+        Allocation.objects.filter(reservation_id__in=done, ends_at__gt=now).update(ends_at=now)
+        Reservation.objects.filter(pk__in=done).update(state="released", released_at=now, state_changed_at=now)
+    return len(done)
+
+
+def claim_series(base: str, token: str, body: dict, clients: int, n: int) -> dict:
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    states: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def one(_):
+        if time.perf_counter() > deadline:
+            return None
+        data = json.dumps({**body, "name": f"claim-{next(_names)}"}).encode()
+        request = urllib.request.Request(f"{base}/reservations/", data=data, headers=headers, method="POST")
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request) as response:  # loopback only
+                state = json.loads(response.read())["state"]
+        except urllib.error.HTTPError as exc:
+            state = f"http {exc.code}"
+        elapsed = time.perf_counter() - started
+        with lock:
+            states[state] = states.get(state, 0) + 1
+        return elapsed, state
+
+    with ThreadPoolExecutor(clients) as pool:
+        deadline = time.perf_counter() + SERIES_S
+        list(pool.map(one, range(5 * clients)))  # warm-up (connections, caches)
+        states.clear()
+        started = time.perf_counter()
+        deadline = started + SERIES_S
+        results = [r for r in pool.map(one, range(n)) if r is not None]
+        wall = time.perf_counter() - started
+    placed = [elapsed for elapsed, state in results if state == "scheduled"]
+    latencies = [elapsed for elapsed, _ in results]
+    return {"requests": len(results), "seconds": round(wall, 1), "states": states,
+            "claims_per_s": round(len(placed) / wall, 1),
+            "p50_ms": round(percentile(latencies, 50) * 1000, 1), "p99_ms": round(percentile(latencies, 99) * 1000, 1)}
+
+
+def query_series(url: str, token: str, clients: int, n: int) -> dict:
+    def one(_):
+        if time.perf_counter() > deadline:
+            return None
+        started = time.perf_counter()
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request) as response:  # loopback only
+            response.read()
+        return time.perf_counter() - started
+
+    with ThreadPoolExecutor(clients) as pool:
+        deadline = time.perf_counter() + SERIES_S
+        list(pool.map(one, range(10 * clients)))
+        started = time.perf_counter()
+        deadline = started + SERIES_S / 2
+        latencies = [r for r in pool.map(one, range(n)) if r is not None]
+        wall = time.perf_counter() - started
+    return {"requests": len(latencies), "req_per_s": round(len(latencies) / wall, 1),
+            "p50_ms": round(percentile(latencies, 50) * 1000, 1),
+            "p99_ms": round(percentile(latencies, 99) * 1000, 1)}
+
+
+# Functions timed in the in-process breakdown of a create: (module, attribute) as reservation_create reaches them.
+TIMED = [
+    ("provisioning.admission", "check_never_fits"),
+    ("provisioning.admission", "check_quota"),
+    ("provisioning.services", "reservation_rescore"),
+    ("provisioning.services", "team_inputs"),
+    ("provisioning.services", "_fast_path"),
+    ("provisioning.services", "load_snapshot"),
+    ("provisioning.services", "Planner"),
+    ("provisioning.services", "reservation_schedule"),
+    ("provisioning.services", "allocation_bind"),
+    ("provisioning.allocations", "_check_allocatable"),
+    ("provisioning.services", "_move"),
+    ("provisioning.services", "audit_record"),
+]
+
+
+def breakdown(bodies: dict, n: int) -> dict:
+    """
+    Where a create's time goes, in-process (no HTTP): ``services.reservation_create`` n times per
+    kind of request, with a timer around the functions in TIMED, ``Planner.place``, and a counter on
+    every query. Released after every ten, as in the HTTP run.
+    """
+    import importlib
+
+    from django.db import connection
+
+    from cloud.models import Offering, Region
+    from provisioning import admission, services
+    from provisioning.planner import planning
+    from tenants.choices import TenantRole
+    from tenants.models import Membership, User
+    from tenants.scoping import Principal
+
+    alice = User.objects.get(email="alice@acme.example")
+    tenant = Membership.objects.get(user=alice).tenant
+    actor = Principal(user=alice, tenant=tenant, role=TenantRole.OWNER)
+    out = {}
+    for name, body in bodies.items():
+        offering = Offering.objects.get(slug=body["offering"])
+        regions = tuple(Region.objects.filter(slug__in=body["regions"]))
+        units = body.get("nodes") or body["gpus"] // offering.gpus_per_unit
+        totals: dict[str, list] = {}
+        queries = [0, 0.0]
+        patched = []
+
+        def timer(label, fn, totals=totals):
+            def timed(*args, **kwargs):
+                t = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    entry = totals.setdefault(label, [0, 0.0])
+                    entry[0] += 1
+                    entry[1] += time.perf_counter() - t
+            return timed
+
+        def spy(execute, sql, params, many, context, queries=queries):
+            t = time.perf_counter()
+            try:
+                return execute(sql, params, many, context)
+            finally:
+                queries[0] += 1
+                queries[1] += time.perf_counter() - t
+
+        targets = [(importlib.import_module(m), a) for m, a in TIMED] + [(planning.Planner, "place")]
+        for owner, attribute in targets:
+            original = owner.__dict__[attribute] if isinstance(owner, type) else getattr(owner, attribute)
+            patched.append((owner, attribute, original))
+            label = f"{getattr(owner, '__name__', owner).split('.')[-1]}.{attribute}"
+            setattr(owner, attribute, timer(label, original))
+        latencies = []
+        try:
+            with connection.execute_wrapper(spy):
+                for i in range(n):
+                    ask = admission.Ask(name=f"inproc-{i}", offering=offering, units=units, regions=regions,
+                                        duration=timedelta(hours=body["duration_hours"]))
+                    t = time.perf_counter()
+                    services.reservation_create(actor=actor, ask=ask)
+                    latencies.append(time.perf_counter() - t)
+                    if i % 10 == 9:
+                        release(0.0)
+        finally:
+            for owner, attribute, original in patched:
+                setattr(owner, attribute, original)
+        release(0.0)
+        out[name] = {
+            "creates": n, "p50_ms": round(percentile(latencies, 50) * 1000, 1),
+            "queries_per_create": round(queries[0] / n, 1), "db_ms_per_create": round(queries[1] * 1000 / n, 1),
+            "ms_per_create": {label: round(total * 1000 / n, 2)
+                              for label, (_, total) in sorted(totals.items(), key=lambda kv: -kv[1][1])},
+        }
+        print(f"in-process {name}: {json.dumps(out[name])}")
+    return out
+
+
+def server_errors(log: Path) -> dict:
+    """The last line of each distinct exception the server logged (a 5xx is a bug: the issue allows none)."""
+    found: dict[str, int] = {}
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback"):
+            j = i + 1
+            while j < len(lines) and (lines[j].startswith((" ", "\t")) or not lines[j].strip()
+                                      or lines[j].startswith(("The above", "During handling"))
+                                      or lines[j].startswith("Traceback")):
+                j += 1
+            if j < len(lines):
+                found[lines[j][:300]] = found.get(lines[j][:300], 0) + 1
+    for error, n in found.items():
+        print(f"server error x{n}: {error}")
+    return found
+
+
+def placement_result() -> dict | None:
+    """Placement's figures: run the peer (BENCH_PLACEMENT=1) or read its result file."""
+    path = os.environ.get("BENCH_PLACEMENT_RESULT")
+    if os.environ.get("BENCH_PLACEMENT") == "1":
+        script = PEERS / "openstack-placement.sh"
+        work = os.environ.get("BENCH_PLACEMENT_WORK", "/tmp/placement-peer-bench")  # noqa: S108 -- the peer's folder
+        print(f"running OpenStack Placement ({script}), WORK={work}: a few minutes")
+        env = dict(os.environ, WORK=work, PORT=os.environ.get("BENCH_PLACEMENT_PORT", "8792"))
+        done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=1200)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if done.returncode or not lines:
+            print(f"Placement did not run (exit {done.returncode}): {done.stderr[-800:]}")
+            return None
+        return json.loads(lines[-1].removeprefix("RESULT "))
+    if path and Path(path).is_file():
+        return json.loads(Path(path).read_text())
+    return None
+
+
+def ratios(meridian: dict, placement: dict) -> dict:
+    queries = placement.get("queries", {})
+    select_claim = placement.get("claims", {}).get("select_plus_claim_per_s")
+    out = {"placement_select_plus_claim_per_s": select_claim,
+           "placement_allocation_candidates_ms": {k: queries.get(k, {}).get("median_ms") for k in
+                                                  ("gpu1_limit10", "gpu8_limit10", "gpu1_nolimit", "gpu8_nolimit")}}
+    claims = meridian["claims"]
+    if select_claim:
+        for series in ("1 GPU VM", "8 GPU VM", "8 GPU bare-metal node"):
+            for clients in CLIENTS:
+                key = f"{series}, {clients} client{'s' if clients > 1 else ''}"
+                if key in claims:
+                    out[f"claims_per_s x Placement: {key}"] = round(claims[key]["claims_per_s"] / select_claim, 1)
+    for gpus, series in ((1, "1 GPU VM"), (8, "8 GPU VM"), (8, "8 GPU bare-metal node")):
+        ac = queries.get(f"gpu{gpus}_limit10", {}).get("median_ms")
+        ours = claims.get(f"{series}, 1 client", {}).get("p50_ms")
+        if ac and ours:
+            out[f"latency x lower: {series} POST p50 vs Placement GET allocation_candidates {gpus} GPU p50"] = round(
+                ac / ours, 1)
+    capacity = meridian["capacity_query"].get("1 client", {}).get("p50_ms")
+    if capacity and queries.get("gpu8_limit10", {}).get("median_ms"):
+        out["latency x lower: GET offerings p50 vs Placement allocation_candidates 8 GPU p50"] = round(
+            queries["gpu8_limit10"]["median_ms"] / capacity, 1)
+    out["goal_ratio"] = GOAL_RATIO
+    return out
+
+
+def commit() -> str:
+    """The commit measured (with "+" when the working tree differs from it: others may be editing)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True)
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
+def main():
+    setup_django(DB)
+    token, bodies = prepare()
+    from django.db import connections
+
+    connections.close_all()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server_log = Path(os.environ["MERIDIAN_DATA_DIR"]) / "gunicorn.log"
+    server = serve(port, server_log)
+    base = f"http://127.0.0.1:{port}/api/v1"
+    releaser = Releaser()
+    releaser.start()
+    claims, capacity = {}, {}
+    try:
+        for name, body in bodies.items():
+            for clients in CLIENTS:
+                key = f"{name}, {clients} client{'s' if clients > 1 else ''}"
+                claims[key] = claim_series(base, token, body, clients, CLAIMS)
+                print(f"POST {key:34s} {claims[key]}")
+        for clients in CLIENTS:
+            key = f"{clients} client{'s' if clients > 1 else ''}"
+            capacity[key] = query_series(f"{base}/offerings/", token, clients, QUERIES)
+            print(f"GET /offerings/ {key:20s} {capacity[key]}")
+    finally:
+        releaser.stopping.set()
+        releaser.join()
+        server.terminate()
+        server.wait()
+    errors = server_errors(server_log)
+    meridian = {"claims": claims, "capacity_query": capacity}
+    result_breakdown = breakdown(bodies, BREAKDOWN) if BREAKDOWN else {}
+    result = {"bench": "claims", "commit": commit(), "server": "gunicorn 2 workers x 4 threads", "cpus": os.cpu_count(),
+              "released_during_run": releaser.released, "server_errors": errors, **meridian,
+              "in_process_breakdown": result_breakdown}
+    drop_database(DB)
+    placement = placement_result()
+    if placement:
+        result["placement"] = {"label": placement.get("label"), "claims": placement.get("claims"),
+                               "queries": {k: v for k, v in placement.get("queries", {}).items()
+                                           if not k.endswith("_after_claims")}}
+        result["ratios"] = ratios(meridian, placement)
+        for key, value in result["ratios"].items():
+            print(f"  {key}: {value}")
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
