@@ -9,14 +9,13 @@ requests per second, to compare with a bare DRF view on the same machine (shared
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from common import REPO, drop_database, percentile, setup_django
+from common import REPO, drop_database, free_port, percentile, setup_django
 
 DB = "meridian_bench_api"
 REQUESTS_PER_ENDPOINT = int(os.environ.get("BENCH_REQUESTS", "600"))
@@ -77,9 +76,7 @@ def main():
     from django.db import connections
 
     connections.close_all()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = serve(port)
     base = f"http://127.0.0.1:{port}/api/v1"
     endpoints = {

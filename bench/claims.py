@@ -26,7 +26,6 @@ It prints readable lines and one final ``RESULT {json}`` line.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -38,7 +37,7 @@ from datetime import timedelta
 from itertools import count
 from pathlib import Path
 
-from common import REPO, drop_database, percentile, setup_django
+from common import REPO, drop_database, free_port, percentile, setup_django
 
 DB = "meridian_bench_claims"
 CLAIMS = int(os.environ.get("BENCH_CLAIMS", "2000"))  # at most, per series
@@ -356,9 +355,7 @@ def main():
     from django.db import connections
 
     connections.close_all()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server_log = Path(os.environ["MERIDIAN_DATA_DIR"]) / "gunicorn.log"
     server = serve(port, server_log)
     base = f"http://127.0.0.1:{port}/api/v1"

@@ -95,10 +95,12 @@ def run_cycle(*, now: datetime | None = None) -> CycleReport:
     lap("snapshot")
     result = plan(snapshot, requests, headroom=settings.MERIDIAN_HEADROOM)
     lap("plan")
+    over_quota = _owners_over_quota([by_id[p.reservation_id] for p in result.placements], now)
     for placement in result.placements:
         reservation = by_id[placement.reservation_id]
         try:
-            _recheck_quota(reservation, now)
+            if _owner(reservation) in over_quota:
+                raise over_quota[_owner(reservation)]
             Reservation.objects.filter(pk=reservation.pk).update(score=reservation.score)
             reservation_schedule(reservation=reservation, placement=placement, actor=None)
             report.placed += 1
@@ -115,13 +117,31 @@ def run_cycle(*, now: datetime | None = None) -> CycleReport:
     return report
 
 
-def _recheck_quota(reservation: Reservation, now: datetime) -> None:
-    """Quotas are checked again at placement: one lowered since admission keeps the reservation queued."""
-    ask = admission.Ask(name=reservation.name, offering=reservation.offering, units=reservation.units,
-                        regions=(), duration=reservation.duration)
-    window_start = max(reservation.requested_start or now, now)
-    admission.check_quota(tenant=reservation.tenant_id, team=reservation.team_id, ask=ask,
-                          window_start=window_start, counted_already=True)
+def _owner(reservation: Reservation) -> tuple:
+    return reservation.tenant_id, reservation.team_id, reservation.gpu_model_id
+
+
+def _owners_over_quota(placed: list[Reservation], now: datetime) -> dict[tuple, QuotaExceeded]:
+    """
+    Quotas are checked again at placement: one lowered since admission keeps the reservation
+    queued. Placing queued work does not change what counts (waiting work counts already), so
+    one check per owner and GPU model over the span of all its placements this cycle covers
+    each of them: usage over a wider window is never smaller.
+    """
+    spans: dict[tuple, list] = {}
+    for r in placed:
+        start = max(r.requested_start or now, now)
+        span = spans.setdefault(_owner(r), [start, start + r.duration, r])
+        span[0], span[1] = min(span[0], start), max(span[1], start + r.duration)
+    refused = {}
+    for owner, (start, end, r) in spans.items():
+        ask = admission.Ask(name=r.name, offering=r.offering, units=r.units, regions=(), duration=end - start)
+        try:
+            admission.check_quota(tenant=r.tenant_id, team=r.team_id, ask=ask, window_start=start,
+                                  counted_already=True)
+        except QuotaExceeded as exc:
+            refused[owner] = exc
+    return refused
 
 
 def _note_waiting(waiting: list[tuple[Reservation, str]]) -> None:

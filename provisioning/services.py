@@ -44,7 +44,7 @@ def _move(reservation: Reservation, target: str, *, only_from=None, reason: str 
         only_from=frozenset(only_from) if only_from else None, state_reason=reason[:500],
         state_changed_at=timezone.now(), **also,
     )
-    reservation.refresh_from_db()
+    reservation.refresh_from_db(fields=["state", "state_reason", "state_changed_at", *also])
     return previous
 
 

@@ -130,3 +130,18 @@ def test_a_leader_that_lost_its_connection_stops_leading(world):
     assert first.acquire() is False
     done.set()
     thread.join()
+
+
+def test_a_quota_lowered_after_admission_keeps_the_reservation_queued(world, fleet):
+    """Checked again at placement: the reservation waits and says which quota holds it."""
+    team_quota(world, 4)
+    client = world.client("t1_admin")
+    later = (timezone.now() + timedelta(hours=2)).isoformat()
+    queued = client.post(URL, body(offering=vm_offering(2).slug, gpus=2, team=str(world.t1.team.pk), start=later),
+                         format="json").json()
+    assert queued["state"] == "queued"
+    team_quota(world, 1)
+    report = run_cycle()
+    assert report.over_quota == 1
+    waiting = Reservation.objects.get(pk=queued["id"])
+    assert waiting.state == "queued" and "quota" in waiting.state_reason
