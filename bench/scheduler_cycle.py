@@ -303,7 +303,7 @@ TIMED = [
     ("provisioning.scheduler", "rank"),
     ("provisioning.scheduler", "load_snapshot"),
     ("provisioning.scheduler", "plan"),
-    ("provisioning.scheduler", "_recheck_quota"),
+    ("provisioning.scheduler", "_owners_over_quota"),
     ("provisioning.scheduler", "reservation_schedule"),
     ("provisioning.scheduler", "_note_waiting"),
     ("provisioning.services", "reservation_evict"),
