@@ -232,8 +232,11 @@ def test_racing_creates_and_the_scheduler_never_double_book_the_last_8_gpus(worl
     region = Region.objects.get(slug="us-east-1")
     offering = vm_offering()
     outcomes, errors, stop = [], [], threading.Event()
+    # PostgreSQL allows 100 connections, shared with the other test process: 30 creates at a time.
+    gate = threading.Semaphore(30)
 
     def create(principal):
+        gate.acquire()
         try:
             ask = Ask(name="race", offering=offering, units=1, regions=(region,), duration=timedelta(hours=1))
             outcomes.append(reservation_create(actor=principal, ask=ask).state)
@@ -241,6 +244,7 @@ def test_racing_creates_and_the_scheduler_never_double_book_the_last_8_gpus(worl
             errors.append(repr(exc))
         finally:
             connections.close_all()
+            gate.release()
 
     def scheduler():
         while not stop.is_set():
