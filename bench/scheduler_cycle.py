@@ -308,7 +308,7 @@ TIMED = [
     ("provisioning.scheduler", "_note_waiting"),
     ("provisioning.services", "reservation_evict"),
     ("provisioning.services", "allocation_bind"),
-    ("provisioning.allocations", "_check_allocatable"),
+    ("provisioning.scheduler", "unallocatable"),
     ("provisioning.services", "_move"),
     ("provisioning.services", "audit_record"),
 ]

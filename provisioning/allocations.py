@@ -40,15 +40,17 @@ def overlapping(gpu_ids: Iterable, starts_at: datetime, ends_at: datetime):
     return Allocation.objects.filter(gpu_id__in=list(gpu_ids), starts_at__lt=ends_at, ends_at__gt=starts_at)
 
 
+def unallocatable(gpu_ids) -> set:
+    """Those of ``gpu_ids`` that may not be allocated now: missing, on a spare, or on a node held back."""
+    gpu_ids = set(gpu_ids)
+    fine = GPU.objects.filter(pk__in=gpu_ids, node__is_spare=False, node__state__in=ALLOCATABLE_NODE_STATES)
+    return gpu_ids - set(fine.values_list("pk", flat=True))
+
+
 def _check_allocatable(gpu_ids: list) -> None:
-    gpus = GPU.objects.filter(pk__in=gpu_ids).select_related("node")
-    found = {gpu.pk: gpu for gpu in gpus}
-    for gpu_id in gpu_ids:
-        gpu = found.get(gpu_id)
-        if gpu is None:
-            raise CapacityTaken(f"GPU {gpu_id} does not exist.")
-        if gpu.node.is_spare or gpu.node.state not in ALLOCATABLE_NODE_STATES:
-            raise CapacityTaken(f"Node {gpu.node.hostname} cannot take allocations ({gpu.node.state}).")
+    refused = unallocatable(gpu_ids)
+    if refused:
+        raise CapacityTaken(f"{len(refused)} of the planned GPUs can no longer take allocations.")
 
 
 def _check_no_overlap_sqlite(assignments: list[Assignment], starts_at: datetime, ends_at: datetime) -> None:
@@ -69,15 +71,18 @@ def _check_no_overlap_sqlite(assignments: list[Assignment], starts_at: datetime,
 
 
 def allocation_bind(
-    *, reservation: Reservation, assignments: list[Assignment], starts_at: datetime, ends_at: datetime
+    *, reservation: Reservation, assignments: list[Assignment], starts_at: datetime, ends_at: datetime,
+    checked: bool = False,
 ) -> list[Allocation]:
     """
     Hold ``assignments`` for ``reservation`` over ``[starts_at, ends_at)``; all or nothing.
-    Must run inside the caller's transaction. Raises CapacityTaken on any clash.
+    Must run inside the caller's transaction. Raises CapacityTaken on any clash. ``checked``:
+    the caller has just made sure the GPUs are allocatable (the scheduler does it for a whole cycle).
     """
     if not connection.in_atomic_block:
         raise RuntimeError("allocation_bind must run inside the transaction that schedules the reservation.")
-    _check_allocatable([a.gpu_id for a in assignments])
+    if not checked:
+        _check_allocatable([a.gpu_id for a in assignments])
     rows = [
         Allocation(reservation=reservation, gpu_id=a.gpu_id, node_id=a.node_id, mem_lo=a.mem_lo, mem_hi=a.mem_hi,
                    starts_at=starts_at, ends_at=ends_at)

@@ -17,8 +17,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from cloud.errors import Conflict, QuotaExceeded
+from cloud.models import Region
 
 from . import admission
+from .allocations import CapacityTaken, unallocatable
 from .choices import ReservationState as R
 from .models import Reservation
 from .planner import plan
@@ -96,13 +98,19 @@ def run_cycle(*, now: datetime | None = None) -> CycleReport:
     result = plan(snapshot, requests, headroom=settings.MERIDIAN_HEADROOM)
     lap("plan")
     over_quota = _owners_over_quota([by_id[p.reservation_id] for p in result.placements], now)
+    # Checked once for the cycle: GPUs whose node was held back since the snapshot are refused.
+    refused = unallocatable({a.gpu_id for p in result.placements for a in p.assignments})
+    regions = {r.slug: r for r in Region.objects.filter(slug__in={p.region for p in result.placements})}
     for placement in result.placements:
         reservation = by_id[placement.reservation_id]
         try:
             if _owner(reservation) in over_quota:
                 raise over_quota[_owner(reservation)]
+            if any(a.gpu_id in refused for a in placement.assignments):
+                raise CapacityTaken("A planned node was held back since the snapshot.")
             Reservation.objects.filter(pk=reservation.pk).update(score=reservation.score)
-            reservation_schedule(reservation=reservation, placement=placement, actor=None)
+            reservation_schedule(reservation=reservation, placement=placement, actor=None,
+                                 region=regions[placement.region], checked=True)
             report.placed += 1
         except QuotaExceeded as exc:
             report.over_quota += 1

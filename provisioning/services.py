@@ -160,16 +160,20 @@ def _fast_path(reservation: Reservation, now: datetime) -> bool:
 
 
 @transaction.atomic
-def reservation_schedule(*, reservation: Reservation, placement: Placement, actor=None, audit: bool = True) -> None:
+def reservation_schedule(
+    *, reservation: Reservation, placement: Placement, actor=None, audit: bool = True, region: Region | None = None,
+    checked: bool = False,
+) -> None:
     """
     Bind the placement's GPUs and move the reservation to ``scheduled``; evict the spot work the
-    placement displaces. All or nothing: CapacityTaken when the database finds a clash.
+    placement displaces. All or nothing: CapacityTaken when the database finds a clash. The
+    scheduler passes the region and ``checked`` (GPUs verified allocatable for the whole cycle).
     """
-    region = Region.objects.get(slug=placement.region)
+    region = region or Region.objects.get(slug=placement.region)
     for eviction in placement.evictions:
         reservation_evict(victim_id=eviction.victim_reservation_id, by=reservation, at=eviction.at)
     allocation_bind(reservation=reservation, assignments=list(placement.assignments), starts_at=placement.start,
-                    ends_at=placement.end)
+                    ends_at=placement.end, checked=checked)
     _move(reservation, R.SCHEDULED, only_from={R.PENDING, R.QUEUED}, reason="", scheduled_at=timezone.now(),
           starts_at=placement.start, ends_at=placement.end, region=region)
     Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE).exclude(

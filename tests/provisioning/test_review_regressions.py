@@ -145,3 +145,22 @@ def test_a_quota_lowered_after_admission_keeps_the_reservation_queued(world, fle
     assert report.over_quota == 1
     waiting = Reservation.objects.get(pk=queued["id"])
     assert waiting.state == "queued" and "quota" in waiting.state_reason
+
+
+def test_a_node_held_back_after_the_snapshot_is_not_allocated(world, fleet):
+    """The cycle checks its planned GPUs once before applying: a node put in maintenance meanwhile is skipped."""
+    from cloud.models import Node
+
+    client = world.client("t1_member")
+    queued = client.post(URL, body(start=(timezone.now() + timedelta(hours=2)).isoformat()), format="json").json()
+    real_plan = scheduler.plan
+
+    def plan_then_hold(*args, **kwargs):
+        result = real_plan(*args, **kwargs)
+        Node.objects.filter(pool="shared").update(state="maintenance")
+        return result
+
+    with mock.patch.object(scheduler, "plan", plan_then_hold):
+        report = run_cycle()
+    assert (report.placed, report.conflicts) == (0, 1)
+    assert Reservation.objects.get(pk=queued["id"]).state == "queued"
