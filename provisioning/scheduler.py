@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from cloud.errors import Conflict, QuotaExceeded
@@ -37,6 +38,7 @@ QUEUE_COLUMNS = ["id", "tenant_id", "team_id", "name", "gpu_model_id", "offering
                  "state", "state_reason", "offering__kind", "offering__gpus_per_unit", "offering__slots_per_gpu",
                  "offering__gpu_model_id"]
 WAITING_REASONS_PER_CYCLE = 200
+APPLY_BATCH = 100
 
 
 @dataclass
@@ -101,28 +103,35 @@ def run_cycle(*, now: datetime | None = None) -> CycleReport:
     # Checked once for the cycle: GPUs whose node was held back since the snapshot are refused.
     refused = unallocatable({a.gpu_id for p in result.placements for a in p.assignments})
     regions = {r.slug: r for r in Region.objects.filter(slug__in={p.region for p in result.placements})}
-    for placement in result.placements:
-        reservation = by_id[placement.reservation_id]
-        try:
-            if _owner(reservation) in over_quota:
-                raise over_quota[_owner(reservation)]
-            if any(a.gpu_id in refused for a in placement.assignments):
-                raise CapacityTaken("A planned node was held back since the snapshot.")
-            Reservation.objects.filter(pk=reservation.pk).update(score=reservation.score)
-            reservation_schedule(reservation=reservation, placement=placement, actor=None,
-                                 region=regions[placement.region], checked=True)
-            report.placed += 1
-        except QuotaExceeded as exc:
-            report.over_quota += 1
-            result.unplaced[reservation.pk] = str(exc.detail)
-        except Conflict:
-            # Lost a race: the capacity (CapacityTaken), or the reservation or a victim moved on
-            # (cancelled, released) since the snapshot. Re-planned next cycle if still queued.
-            report.conflicts += 1
+    # Placements commit in batches: one transaction per batch, a savepoint per placement (inside
+    # reservation_schedule), so a lost race undoes only its own placement and a cycle pays for a
+    # few commits instead of one per placement.
+    for batch_start in range(0, len(result.placements), APPLY_BATCH):
+        with transaction.atomic():
+            for placement in result.placements[batch_start:batch_start + APPLY_BATCH]:
+                _apply(placement, by_id[placement.reservation_id], over_quota, refused, regions, result, report)
     _note_waiting([(by_id[rid], reason) for rid, reason in result.unplaced.items()])
     report.waiting = len(queued) - report.placed
     lap("apply")
     return report
+
+
+def _apply(placement, reservation, over_quota, refused, regions, result, report) -> None:
+    try:
+        if _owner(reservation) in over_quota:
+            raise over_quota[_owner(reservation)]
+        if any(a.gpu_id in refused for a in placement.assignments):
+            raise CapacityTaken("A planned node was held back since the snapshot.")
+        reservation_schedule(reservation=reservation, placement=placement, actor=None,
+                             region=regions[placement.region], checked=True)
+        report.placed += 1
+    except QuotaExceeded as exc:
+        report.over_quota += 1
+        result.unplaced[reservation.pk] = str(exc.detail)
+    except Conflict:
+        # Lost a race: the capacity (CapacityTaken), or the reservation or a victim moved on
+        # (cancelled, released) since the snapshot. Re-planned next cycle if still queued.
+        report.conflicts += 1
 
 
 def _owner(reservation: Reservation) -> tuple:

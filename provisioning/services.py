@@ -175,7 +175,7 @@ def reservation_schedule(
     allocation_bind(reservation=reservation, assignments=list(placement.assignments), starts_at=placement.start,
                     ends_at=placement.end, checked=checked)
     _move(reservation, R.SCHEDULED, only_from={R.PENDING, R.QUEUED}, reason="", scheduled_at=timezone.now(),
-          starts_at=placement.start, ends_at=placement.end, region=region)
+          starts_at=placement.start, ends_at=placement.end, region=region, score=reservation.score)
     Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE).exclude(
         state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
     if audit:
