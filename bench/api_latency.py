@@ -9,13 +9,11 @@ requests per second, to compare with a bare DRF view on the same machine (shared
 
 import json
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from common import REPO, drop_database, free_port, percentile, setup_django
+from common import drop_database, free_port, percentile, serve, setup_django
 
 DB = "meridian_bench_api"
 REQUESTS_PER_ENDPOINT = int(os.environ.get("BENCH_REQUESTS", "600"))
@@ -36,20 +34,6 @@ def prepare():
     return issue_token(alice, tenant), issue_token(staff, None)
 
 
-def serve(port: int) -> subprocess.Popen:
-    env = dict(os.environ)
-    server = subprocess.Popen(
-        [str(REPO / ".venv/bin/gunicorn"), "cloud.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "2",
-         "--threads", "4"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health/", timeout=1)
-            return server
-        except OSError:
-            time.sleep(0.2)
-    server.kill()
-    sys.exit("gunicorn did not start")
 
 
 def measure(url: str, token: str) -> dict:

@@ -27,7 +27,6 @@ It prints readable lines and one final ``RESULT {json}`` line.
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -37,7 +36,7 @@ from datetime import timedelta
 from itertools import count
 from pathlib import Path
 
-from common import REPO, drop_database, free_port, percentile, setup_django
+from common import REPO, drop_database, free_port, percentile, serve, setup_django
 
 DB = "meridian_bench_claims"
 CLAIMS = int(os.environ.get("BENCH_CLAIMS", "2000"))  # at most, per series
@@ -73,20 +72,6 @@ def prepare() -> tuple[str, dict]:
     return issue_token(alice, tenant), bodies
 
 
-def serve(port: int, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, MERIDIAN_API_RATE="100000000/min")  # the per-principal throttle is not measured
-    server = subprocess.Popen(
-        [str(REPO / ".venv/bin/gunicorn"), "cloud.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "2",
-         "--threads", "4"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"),
-    )
-    for _ in range(150):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health/", timeout=1)
-            return server
-        except OSError:
-            time.sleep(0.2)
-    server.kill()
-    sys.exit("gunicorn did not start")
 
 
 class Releaser(threading.Thread):

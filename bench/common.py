@@ -55,6 +55,31 @@ def drop_database(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def serve(port: int, log: Path | None = None):
+    """
+    gunicorn (2 workers x 4 threads) on 127.0.0.1:``port`` over the scratch database, once it
+    answers /health/. The per-token rate limit is lifted: it is not what the benchmarks measure.
+    """
+    import subprocess
+    import time
+    import urllib.request
+
+    env = dict(os.environ, MERIDIAN_API_RATE="100000000/min")
+    server = subprocess.Popen(
+        [str(REPO / ".venv/bin/gunicorn"), "cloud.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "2",
+         "--threads", "4"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+        stderr=log.open("w") if log else subprocess.DEVNULL,
+    )
+    for _ in range(150):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health/", timeout=1)  # noqa: S310 -- loopback
+            return server
+        except OSError:
+            time.sleep(0.2)
+    server.kill()
+    sys.exit("gunicorn did not start")
+
+
 def free_port() -> int:
     """A free TCP port on the loopback address, for a server the benchmark starts."""
     import socket
