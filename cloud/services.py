@@ -30,7 +30,8 @@ def _catalogue_save(*, actor, instance: Model, changes: dict, action: str) -> Mo
     instance.full_clean(validate_unique=False)
     try:
         with transaction.atomic():
-            instance.save()
+            # An update writes only its fields: two PATCHes of different fields both stand.
+            instance.save(update_fields=None if is_new else list(changes))
     except IntegrityError:
         raise Conflict(f"A {instance._meta.verbose_name} with this slug already exists.", code="duplicate") from None
     audit_record(actor=actor, action=action, target=instance, before=before, after=snapshot(instance, list(changes)))

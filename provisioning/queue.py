@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Q
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from cloud.capacity import SELLABLE_HEALTH
@@ -41,8 +41,8 @@ def estimated_start(reservation: Reservation, now: datetime) -> datetime | None:
                               node__pool=pool_of(reservation.offering.kind), health__in=SELLABLE_HEALTH)
     held = Allocation.objects.filter(gpu__in=gpus, starts_at__lt=now, ends_at__gt=now)
     free_now = gpus.count() - held.values("gpu").distinct().count()
-    ahead = sum(Reservation.objects.filter(state=R.QUEUED, gpu_model_id=reservation.gpu_model_id,
-                                           score__gt=reservation.score).values_list("gpus", flat=True))
+    ahead = Reservation.objects.filter(state=R.QUEUED, gpu_model_id=reservation.gpu_model_id,
+                                       score__gt=reservation.score).aggregate(n=Sum("gpus"))["n"] or 0
     needed = max(reservation.gpus, 1) + ahead
     start = max(reservation.requested_start or now, now)
     if free_now >= needed:

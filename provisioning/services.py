@@ -15,7 +15,7 @@ from django.utils import timezone
 from cloud.errors import Conflict, Forbidden
 from cloud.models import Region
 from cloud.transitions import compare_and_set
-from security.audit import audit_record
+from security.audit import audit_record, snapshot
 from tenants.models import Tenant
 
 from . import admission
@@ -49,8 +49,6 @@ def _move(reservation: Reservation, target: str, *, only_from=None, reason: str 
 
 
 def _snap(reservation: Reservation) -> dict:
-    from security.audit import snapshot
-
     return snapshot(reservation, AUDITED)
 
 

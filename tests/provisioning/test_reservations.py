@@ -156,12 +156,21 @@ def test_extend_needs_the_same_gpus_free_for_the_extra_time(world, fleet):
 
 
 def test_score_shows_every_factor_and_the_queue_position(world, fleet):
-    """GET score: the total, each factor with weight and contribution, position 1 when first."""
-    response = world.client("t1_viewer").get(f"{URL}{world.t1.objects[Reservation].pk}/score/")
+    """GET score: each factor with its weight and contribution adding up to the total, a queue position."""
+    Reservation.objects.all().delete()
+    client = world.client("t1_member")
+    later = (timezone.now() + timedelta(hours=2)).isoformat()
+    queued = client.post(URL, body(start=later, urgency="high"), format="json").json()
+    assert queued["state"] == "queued"
+    response = world.client("t1_viewer").get(f"{URL}{queued['id']}/score/")
     assert response.status_code == 200
     data = response.json()
-    assert {f["name"] for f in data["factors"]} >= {"urgency", "fulfilment", "load"} or data["factors"] == []
-    assert data["queue_position"] >= 1
+    factors = {f["name"]: f for f in data["factors"]}
+    assert {"urgency", "fulfilment", "load", "age", "high_priority", "fair_share"} <= set(factors)
+    assert factors["urgency"]["value"] == 0.8
+    assert data["total"] == pytest.approx(sum(f["contribution"] for f in data["factors"]), abs=1e-9)
+    assert data["queue_position"] == 1
+    assert data["waiting_reason"]
 
 
 def test_idempotency_key_replays_refuses_a_different_body_and_is_per_tenant(world, fleet):
