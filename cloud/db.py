@@ -1,5 +1,6 @@
 """
-Database-level coordination, one behaviour on both databases: a leader lock for singleton loops.
+Database-level helpers, one behaviour on both databases: a leader lock for singleton loops, and
+a many-row update of different values per row.
 
 PostgreSQL: a session advisory lock, released by the server if the leader's connection dies.
 SQLite (embedded): a lease row that the leader renews; a standby takes over once it expires.
@@ -65,3 +66,28 @@ class LeaderLock:
         else:
             LeaderLease.objects.filter(name=self.name, holder=self.holder).delete()
         self.held = False
+
+
+def update_rows(model, objs: list, fields: list[str]) -> None:
+    """
+    Write ``fields`` of saved ``objs``, a different value per row, in one statement. Django's
+    bulk_update builds a CASE per field and row (most of a 100-row batch's time in the
+    scheduler); on PostgreSQL this joins a typed VALUES list instead. SQLite keeps bulk_update.
+    """
+    if not objs:
+        return
+    if connection.vendor != "postgresql":
+        model.objects.bulk_update(objs, fields)
+        return
+    qn = connection.ops.quote_name
+    pk = model._meta.pk
+    columns = [pk, *(model._meta.get_field(name) for name in fields)]
+    row = "(" + ", ".join(f"%s::{field.db_type(connection)}" for field in columns) + ")"
+    params = [field.get_db_prep_save(getattr(obj, field.attname), connection) for obj in objs for field in columns]
+    assignments = ", ".join(f"{qn(field.column)} = v.{qn(field.column)}" for field in columns[1:])
+    names = ", ".join(qn(field.column) for field in columns)
+    # Only quoted names from the model's metadata are formatted in; every value is a parameter.
+    sql = (f"UPDATE {qn(model._meta.db_table)} AS t SET {assignments} "  # noqa: S608
+           f"FROM (VALUES {', '.join([row] * len(objs))}) AS v({names}) WHERE t.{qn(pk.column)} = v.{qn(pk.column)}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)

@@ -372,6 +372,9 @@ MERIDIAN_SCHEDULER_INTERVAL = env.float("MERIDIAN_SCHEDULER_INTERVAL_SECONDS", d
 # How many of the ranked queue one cycle tries to place (Slurm's default_queue_depth): the whole
 # queue is ranked every cycle, but planning stops here so a cycle stays short; the rest waits.
 MERIDIAN_SCHEDULER_QUEUE_DEPTH = env.int("MERIDIAN_SCHEDULER_QUEUE_DEPTH", default=1000)
+# How long the scheduler loop reuses the teams' records (fulfilment, load, usage) between
+# cycles, like Slurm's PriorityCalcPeriod; the age term and urgency are fresh every cycle.
+MERIDIAN_SCHEDULER_RECORD_REFRESH = env.float("MERIDIAN_SCHEDULER_RECORD_REFRESH_SECONDS", default=5.0)
 
 LOGGING = {
     "version": 1,

@@ -14,13 +14,14 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Q, Sum, Value
+from django.db.models import Count, DateTimeField, ExpressionWrapper, F, FloatField, Q, Sum, Value
+from django.db.models.functions import Cast
 
 from cloud.capacity import SELLABLE_HEALTH
 from cloud.errors import DomainError
 from cloud.models import GPU, GPUModel, Offering, Region
 from tenants.choices import QuotaResource
-from tenants.quotas import QuotaLimit, quota_check
+from tenants.quotas import QuotaLimit, quota_check, quota_limits_many
 
 from .choices import BillingTerm
 from .models import Reservation
@@ -148,3 +149,33 @@ def check_quota(*, tenant, team, ask: Ask, window_start: datetime, counted_alrea
     asked = 0 if counted_already else ask.gpu_equivalent
     quota_check(tenant=tenant, team=team, resource=QuotaResource.GPUS, asked=asked, in_use=in_use,
                 gpu_model=ask.offering.gpu_model_id)
+
+
+def quota_suspects(owners) -> set[tuple]:
+    """
+    Of ``owners`` -- ``(tenant_id, team_id or None, gpu_model_id)`` -- those that may be over a
+    GPU quota at placement: all their held and waiting work, whatever its window, passes a limit.
+    Counting every window is never less than counting one, so the others surely pass
+    ``check_quota(counted_already=True)`` and only these need it. Two queries for all owners.
+    """
+    owners = set(owners)
+    tenant_ids = {tenant for tenant, _, _ in owners}
+    counted = Reservation.objects.filter(tenant_id__in=tenant_ids, state__in=QUOTA_STATES | WAITING_STATES)
+    totals = [
+        (row["tenant_id"], row["team_id"], row["gpu_model_id"], (row["whole"] or 0) + (row["slots"] or 0))
+        for row in counted.values("tenant_id", "team_id", "gpu_model_id").annotate(
+            whole=Sum("gpus"),
+            slots=Sum(Cast("units", FloatField()) / F("offering__slots_per_gpu"), filter=Q(gpus=0)),
+        )
+    ]
+    limits_of = quota_limits_many(tenant_ids=tenant_ids, resource=QuotaResource.GPUS)
+    suspects = set()
+    for tenant, team, model in owners:
+        for limit in limits_of(tenant, team, model):
+            used = sum(n for t, tm, m, n in totals
+                       if t == tenant and (limit.scope == "tenant" or tm == team)
+                       and limit.gpu_model_id in (None, m))
+            if used > limit.limit:
+                suspects.add((tenant, team, model))
+                break
+    return suspects

@@ -10,6 +10,7 @@ transaction. Either way a conflict is ``CapacityTaken``, never a 500: the caller
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, OperationalError, connection, transaction
@@ -54,7 +55,7 @@ def _check_allocatable(gpu_ids: list) -> None:
 
 
 def _check_no_overlap_sqlite(assignments: list[Assignment], starts_at: datetime, ends_at: datetime) -> None:
-    """SQLite's counterpart of the exclusion constraint (valid because writers are serialised)."""
+    """SQLite's counterpart of the exclusion constraint against what is stored (writers are serialised)."""
     by_gpu: dict = {}
     for a in assignments:
         by_gpu.setdefault(a.gpu_id, []).append((a.mem_lo, a.mem_hi))
@@ -64,10 +65,6 @@ def _check_no_overlap_sqlite(assignments: list[Assignment], starts_at: datetime,
             memory_clash |= Q(gpu_id=gpu_id, mem_lo__lt=hi, mem_hi__gt=lo)
     if overlapping(by_gpu, starts_at, ends_at).filter(memory_clash).exists():
         raise CapacityTaken()
-    for ranges in by_gpu.values():
-        ordered = sorted(ranges)
-        if any(a_hi > b_lo for (_, a_hi), (b_lo, _) in zip(ordered, ordered[1:], strict=False)):
-            raise CapacityTaken("The plan gives one GPU's memory twice.")
 
 
 def allocation_bind(
@@ -79,17 +76,35 @@ def allocation_bind(
     Must run inside the caller's transaction. Raises CapacityTaken on any clash. ``checked``:
     the caller has just made sure the GPUs are allocatable (the scheduler does it for a whole cycle).
     """
+    return allocation_bind_many([Binding(reservation, assignments, starts_at, ends_at)], checked=checked)
+
+
+@dataclass(frozen=True)
+class Binding:
+    reservation: Reservation
+    assignments: list[Assignment]
+    starts_at: datetime
+    ends_at: datetime
+
+
+def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> list[Allocation]:
+    """
+    ``allocation_bind`` for many reservations in one INSERT, all or nothing: one clash anywhere
+    raises CapacityTaken for the lot (the scheduler then binds that batch one by one).
+    """
     if not connection.in_atomic_block:
         raise RuntimeError("allocation_bind must run inside the transaction that schedules the reservation.")
     if not checked:
-        _check_allocatable([a.gpu_id for a in assignments])
-    rows = [
-        Allocation(reservation=reservation, gpu_id=a.gpu_id, node_id=a.node_id, mem_lo=a.mem_lo, mem_hi=a.mem_hi,
-                   starts_at=starts_at, ends_at=ends_at)
-        for a in assignments
-    ]
+        _check_allocatable([a.gpu_id for b in bindings for a in b.assignments])
     if connection.vendor != "postgresql":
-        _check_no_overlap_sqlite(assignments, starts_at, ends_at)
+        for b in bindings:
+            _check_no_overlap_sqlite(b.assignments, b.starts_at, b.ends_at)
+        _check_disjoint(bindings)
+    rows = [
+        Allocation(reservation=b.reservation, gpu_id=a.gpu_id, node_id=a.node_id, mem_lo=a.mem_lo, mem_hi=a.mem_hi,
+                   starts_at=b.starts_at, ends_at=b.ends_at)
+        for b in bindings for a in b.assignments
+    ]
     try:
         with transaction.atomic():
             return Allocation.objects.bulk_create(rows)
@@ -102,6 +117,19 @@ def allocation_bind(
         if getattr(exc.__cause__, "sqlstate", None) == DEADLOCK_DETECTED:
             raise CapacityTaken() from exc
         raise
+
+
+def _check_disjoint(bindings: list[Binding]) -> None:
+    """SQLite: the bindings of one batch must not clash with each other either (the constraint's other half)."""
+    by_gpu: dict = {}
+    for b in bindings:
+        for a in b.assignments:
+            by_gpu.setdefault(a.gpu_id, []).append((b.starts_at, b.ends_at, a.mem_lo, a.mem_hi))
+    for held in by_gpu.values():
+        for i, (start, end, lo, hi) in enumerate(held):
+            if any(start < other_end and other_start < end and lo < other_hi and other_lo < hi
+                   for other_start, other_end, other_lo, other_hi in held[i + 1:]):
+                raise CapacityTaken("The plan gives one GPU's memory twice.")
 
 
 def allocation_end(*, reservation: Reservation, at: datetime) -> int:

@@ -12,14 +12,22 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from cloud.db import update_rows
 from cloud.errors import Conflict, Forbidden
 from cloud.models import Region
-from cloud.transitions import compare_and_set
-from security.audit import audit_record, snapshot
+from cloud.transitions import compare_and_set, sources_of
+from security.audit import audit_record, audit_record_many, snapshot
 from tenants.models import Tenant
 
 from . import admission
-from .allocations import CapacityTaken, allocation_bind, allocation_end, allocation_extend
+from .allocations import (
+    Binding,
+    CapacityTaken,
+    allocation_bind,
+    allocation_bind_many,
+    allocation_end,
+    allocation_extend,
+)
 from .choices import BillingTerm, EvictionPolicy, OperationKind, OperationState
 from .choices import ReservationState as R
 from .models import Operation, Reservation
@@ -178,6 +186,40 @@ def reservation_schedule(
         state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
     if audit:
         audit_record(actor=actor, action="reservation.schedule", target=reservation, after=_snap(reservation))
+
+
+@transaction.atomic
+def reservation_schedule_many(*, items: list[tuple[Reservation, Placement, Region]]) -> list[Reservation]:
+    """
+    ``reservation_schedule`` for a batch of the scheduler's placements that evict nobody, in a
+    few statements: lock those still waiting, bind all their GPUs in one INSERT, move them to
+    ``scheduled`` in one UPDATE, close their place operations and audit them. Returns those
+    moved (the others moved on meanwhile, e.g. were cancelled). CapacityTaken when the database
+    finds any clash: nothing of the batch stays, and the caller places it one by one. The GPUs
+    must have been checked allocatable (the scheduler does it once per cycle).
+    """
+    sources = sources_of(RESERVATION_TRANSITIONS, R.SCHEDULED) & {R.PENDING, R.QUEUED}
+    waiting = set(Reservation.objects.select_for_update().filter(
+        pk__in=[reservation.pk for reservation, _, _ in items], state__in=sources).values_list("pk", flat=True))
+    moving = [(reservation, placement, region) for reservation, placement, region in items if reservation.pk in waiting]
+    if not moving:
+        return []
+    allocation_bind_many([Binding(reservation, list(placement.assignments), placement.start, placement.end)
+                          for reservation, placement, _ in moving], checked=True)
+    now = timezone.now()
+    moved = []
+    for reservation, placement, region in moving:
+        reservation.state, reservation.state_reason, reservation.state_changed_at = R.SCHEDULED, "", now
+        reservation.scheduled_at, reservation.starts_at, reservation.ends_at = now, placement.start, placement.end
+        reservation.region = region
+        moved.append(reservation)
+    update_rows(Reservation, moved, ["state", "state_reason", "state_changed_at", "scheduled_at", "starts_at",
+                                     "ends_at", "region", "score"])
+    Operation.objects.filter(reservation__in=moved, kind=OperationKind.PLACE).exclude(
+        state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
+    audit_record_many(actor=None, action="reservation.schedule",
+                      changes=[(reservation, _snap(reservation)) for reservation in moved])
+    return moved
 
 
 def reservation_evict(*, victim_id, by: Reservation, at: datetime) -> None:

@@ -43,6 +43,29 @@ def quota_limits(*, tenant: Tenant, resource: str, team: Team | None = None, gpu
     if team is not None:
         owners |= Q(team=team)
     rows = Quota.objects.filter(owners, resource=resource).filter(Q(gpu_model__isnull=True) | Q(gpu_model=model_id))
+    return limits_from_rows(rows, resource=resource, team_id=getattr(team, "pk", team), gpu_model_id=model_id)
+
+
+def quota_limits_many(*, tenant_ids, resource: str) -> Callable[..., list[QuotaLimit]]:
+    """
+    ``quota_limits`` for many owners from one query: returns ``limits(tenant_id, team_id,
+    gpu_model_id)``. The scheduler reads every queued owner's limits once per cycle this way.
+    """
+    by_tenant: dict = {}
+    for row in Quota.objects.filter(tenant_id__in=list(tenant_ids), resource=resource):
+        by_tenant.setdefault(row.tenant_id, []).append(row)
+
+    def limits(tenant_id, team_id, gpu_model_id) -> list[QuotaLimit]:
+        rows = [row for row in by_tenant.get(tenant_id, ())
+                if (row.team_id is None or row.team_id == team_id)
+                and (row.gpu_model_id is None or row.gpu_model_id == gpu_model_id)]
+        return limits_from_rows(rows, resource=resource, team_id=team_id, gpu_model_id=gpu_model_id)
+
+    return limits
+
+
+def limits_from_rows(rows, *, resource: str, team_id, gpu_model_id) -> list[QuotaLimit]:
+    """The limits of the tenant's and ``team_id``'s quota rows (already narrowed to them), plus the default."""
     limits = [
         QuotaLimit(scope="team" if row.team_id else "tenant", resource=resource, gpu_model_id=row.gpu_model_id,
                    limit=row.limit)

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand
 from django.db import connection
 
 from cloud.db import LeaderLock
-from provisioning.scheduler import run_cycle
+from provisioning.scheduler import TeamRecords, run_cycle
 
 log = logging.getLogger("provisioning.scheduler")
 
@@ -28,11 +28,11 @@ class Command(BaseCommand):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stopping.append(True))
         lock = LeaderLock("scheduler")
+        records = TeamRecords(refresh_s=settings.MERIDIAN_SCHEDULER_RECORD_REFRESH)
         leading = False
-        # A cycle builds tens of thousands of short-lived objects; with the default thresholds
-        # the collector ran ~700 times a cycle (half a second). Freeze what exists, collect rarely.
+        # Cycles pause the collector (provisioning.scheduler.collector_paused); between them it
+        # need not walk the long-lived objects of the process again and again.
         gc.freeze()
-        gc.set_threshold(50_000, 20, 20)
         try:
             while not stopping:
                 started = time.monotonic()
@@ -41,7 +41,7 @@ class Command(BaseCommand):
                         if not leading:
                             log.info("Leading the scheduler.")
                             leading = True
-                        report = run_cycle()
+                        report = run_cycle(records=records)
                         if report.placed or report.conflicts:
                             log.info("cycle: %s", report.as_dict())
                     elif leading or once:

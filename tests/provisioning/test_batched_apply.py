@@ -1,0 +1,169 @@
+"""
+The scheduler applies its plan in batches: a few statements per hundred placements, with the
+same guarantees as one by one (no overlap, state moves only from waiting, audited, operations
+closed), and a batch that meets a lost race is redone one by one.
+"""
+
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from cloud.db import update_rows
+from cloud.models import GPU, Region
+from provisioning import scheduler
+from provisioning.admission import quota_suspects
+from provisioning.allocations import Binding, CapacityTaken, allocation_bind, allocation_bind_many
+from provisioning.models import Allocation, Operation, Reservation
+from provisioning.plan_types import Assignment
+from provisioning.scheduler import TeamRecords, run_cycle
+from security.models import AuditEvent
+from tenants.choices import QuotaResource
+from tenants.models import Quota
+from tests.provisioning.factories import make_reservation
+from tests.provisioning.test_allocations import OVERLAPPING_PAIRS
+from tests.world import small_fleet, vm_offering
+
+URL = "/api/v1/reservations/"
+
+
+@pytest.fixture
+def fleet(world):
+    Reservation.objects.all().delete()
+    return small_fleet(4)
+
+
+def queue(world, n, *, gpus=1):
+    client = world.client("t1_member")
+    later = (timezone.now() + timedelta(hours=2)).isoformat()
+    made = [client.post(URL, {"name": f"job-{i}", "offering": vm_offering(gpus).slug, "gpus": gpus,
+                              "regions": ["us-east-1"], "duration_hours": 1, "start": later}, format="json").json()
+            for i in range(n)]
+    assert all(r["state"] == "queued" for r in made), made
+    return [r["id"] for r in made]
+
+
+def test_a_batch_is_scheduled_with_its_window_operation_and_audit(world, fleet):
+    ids = queue(world, 3)
+    report = run_cycle()
+    assert (report.placed, report.conflicts) == (3, 0)
+    for reservation in Reservation.objects.filter(pk__in=ids):
+        assert reservation.state == "scheduled" and reservation.region.slug == "us-east-1"
+        assert reservation.starts_at and reservation.ends_at - reservation.starts_at == timedelta(hours=1)
+        assert reservation.scheduled_at and reservation.score > 0
+        assert reservation.allocations.count() == 1
+        assert Operation.objects.get(reservation=reservation, kind="place").state == "succeeded"
+        event = AuditEvent.objects.get(action="reservation.schedule", target_id=str(reservation.pk))
+        assert event.tenant_id == reservation.tenant_id and event.after["state"] == "scheduled"
+
+
+def test_a_clash_in_a_batch_places_the_others_one_by_one(world, fleet):
+    """A GPU taken between plan and apply costs only the placement that planned it."""
+    queue(world, 3)
+    real_plan = scheduler.plan
+
+    def plan_then_take_one(*args, **kwargs):
+        result = real_plan(*args, **kwargs)
+        first = result.placements[0]
+        taker = make_reservation(world, state="scheduled")
+        with transaction.atomic():
+            allocation_bind(reservation=taker, assignments=list(first.assignments), starts_at=first.start,
+                            ends_at=first.end)
+        return result
+
+    with mock.patch.object(scheduler, "plan", plan_then_take_one):
+        report = run_cycle()
+    assert (report.placed, report.conflicts) == (2, 1)
+    assert Reservation.objects.filter(state="queued").count() == 1
+    with connection.cursor() as cursor:
+        cursor.execute(OVERLAPPING_PAIRS)
+        assert cursor.fetchone()[0] == 0
+
+
+def test_a_failed_batch_leaves_nothing_behind(world, fleet):
+    """All or nothing: one clash and no allocation, state move, operation or audit of the batch stays."""
+    from provisioning.services import reservation_schedule_many
+
+    ids = queue(world, 2)
+    queued = list(Reservation.objects.filter(pk__in=ids).select_related("offering"))
+    gpu = GPU.objects.filter(node__pool="shared").first()
+    start = timezone.now() + timedelta(hours=2)
+    whole = Assignment(node_id=gpu.node_id, gpu_id=gpu.pk, mem_lo=0, mem_hi=gpu.memory_mib)
+    placement = mock.Mock(assignments=[whole], start=start, end=start + timedelta(hours=1), evictions=())
+    region = Region.objects.get(slug="us-east-1")
+    with pytest.raises(CapacityTaken), transaction.atomic():
+        reservation_schedule_many(items=[(r, placement, region) for r in queued])  # both on one GPU
+    assert not Allocation.objects.filter(reservation_id__in=ids).exists()
+    assert set(Reservation.objects.filter(pk__in=ids).values_list("state", flat=True)) == {"queued"}
+    assert not AuditEvent.objects.filter(action="reservation.schedule").exists()
+
+
+def test_a_reservation_that_moved_on_is_not_scheduled_by_its_batch(world, fleet):
+    from provisioning.services import reservation_schedule_many
+
+    ids = queue(world, 2)
+    Reservation.objects.filter(pk=ids[0]).update(state="cancelled")
+    queued = list(Reservation.objects.filter(pk__in=ids).select_related("offering"))
+    gpus = list(GPU.objects.filter(node__pool="shared")[:2])
+    start = timezone.now() + timedelta(hours=2)
+    placements = [mock.Mock(assignments=[Assignment(g.node_id, g.pk, 0, g.memory_mib)], start=start,
+                            end=start + timedelta(hours=1), evictions=()) for g in gpus]
+    with transaction.atomic():
+        moved = reservation_schedule_many(items=[(r, p, Region.objects.get(slug="us-east-1"))
+                                                 for r, p in zip(queued, placements, strict=True)])
+    assert [r.pk for r in moved] == [r.pk for r in queued if str(r.pk) == ids[1]]
+    assert Reservation.objects.get(pk=ids[0]).state == "cancelled"
+    assert not Allocation.objects.filter(reservation_id=ids[0]).exists()
+
+
+def test_the_embedded_check_refuses_two_bindings_of_a_batch_on_one_gpu(world, fleet):
+    """SQLite has no constraint: the batch's own bindings are checked against each other too."""
+    gpu = GPU.objects.filter(node__pool="shared").first()
+    now = timezone.now()
+    half = Assignment(gpu.node_id, gpu.pk, 0, gpu.memory_mib // 2 + 1)
+    other_half = Assignment(gpu.node_id, gpu.pk, gpu.memory_mib // 2, gpu.memory_mib)
+    bindings = [Binding(make_reservation(world), [half], now, now + timedelta(hours=1)),
+                Binding(make_reservation(world), [other_half], now, now + timedelta(hours=1))]
+    with (mock.patch.object(connection, "vendor", "sqlite"),
+          mock.patch.object(Allocation.objects, "bulk_create", side_effect=AssertionError("reached the insert")),
+          pytest.raises(CapacityTaken), transaction.atomic()):
+        allocation_bind_many(bindings)
+
+
+@pytest.mark.parametrize("vendor", ["postgresql", "sqlite"])
+def test_update_rows_writes_each_rows_own_values(world, fleet, vendor):
+    rows = [make_reservation(world, state="queued") for _ in range(3)]
+    for i, row in enumerate(rows):
+        row.score, row.state_reason = 0.1 * (i + 1), f"reason {i}"
+    with mock.patch.object(connection, "vendor", vendor):
+        update_rows(Reservation, rows, ["score", "state_reason"])
+    fresh = Reservation.objects.filter(pk__in=[r.pk for r in rows])
+    stored = {r.pk: (round(r.score, 3), r.state_reason) for r in fresh}
+    assert stored == {row.pk: (round(0.1 * (i + 1), 3), f"reason {i}") for i, row in enumerate(rows)}
+
+
+def test_quota_suspects_are_only_owners_whose_whole_commitment_passes_a_limit(world, fleet):
+    queue(world, 2)
+    owner = (world.t1.tenant.pk, None, vm_offering().gpu_model_id)
+    Quota.objects.update_or_create(tenant=world.t1.tenant, team=None, resource=QuotaResource.GPUS, gpu_model=None,
+                                   defaults={"limit": 2})
+    assert quota_suspects({owner}) == set()
+    Quota.objects.filter(tenant=world.t1.tenant, team=None, resource=QuotaResource.GPUS).update(limit=1)
+    assert quota_suspects({owner}) == {owner}
+
+
+def test_the_loop_rereads_team_records_only_after_the_refresh(world):
+    now = timezone.now()
+    a, b = ("tenant-a", None, "model"), ("tenant-b", None, "model")
+    with mock.patch.object(scheduler, "team_inputs_many", side_effect=lambda keys, **_: {k: k for k in keys}) as read:
+        records = TeamRecords(refresh_s=3600)
+        records.get({a}, now, None)
+        records.get({a}, now, None)
+        assert read.call_count == 1
+        records.get({a, b}, now, None)
+        assert read.call_args.args[0] == {b}  # only the owner new to the queue
+        records.refresh_s = 0
+        records.get({a, b}, now, None)
+        assert read.call_count == 3 and read.call_args.args[0] == {a, b}
