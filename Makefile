@@ -40,6 +40,8 @@ $(VENV)/.runtime: requirements.txt | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements.txt
 	touch $@
 
-$(VENV)/.dev: requirements.txt requirements-dev.txt | $(BIN)/python
+$(VENV)/.dev: requirements.txt requirements-dev.txt requirements-vm.txt | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements-dev.txt
+	scripts/ensure-libvirt
+	pkg-config --exists libvirt 2>/dev/null && $(BIN)/pip install --quiet -r requirements-vm.txt || true
 	touch $@ $(VENV)/.runtime

@@ -334,6 +334,9 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BEAT_SCHEDULE = {
     "tenants.invitation_expire": {"task": "tenants.invitation_expire", "schedule": 300.0},
     "provisioning.idempotency_key_prune": {"task": "provisioning.idempotency_key_prune", "schedule": 3600.0},
+    # Start reservations whose window opened, release those whose window ended, resume or fail
+    # operations stuck past their deadline.
+    "provisioning.lifecycle_tick": {"task": "provisioning.lifecycle_tick", "schedule": 5.0},
 }
 
 #
@@ -343,8 +346,6 @@ CELERY_BEAT_SCHEDULE = {
 MERIDIAN_ENCRYPTION_KEYS = env.list("MERIDIAN_ENCRYPTION_KEYS", default=[]) or [
     _file_secret(DATA_DIR / "encryption_key", lambda: Fernet.generate_key().decode())
 ]
-# Drivers: "simulated" in the embedded default and most tests.
-MERIDIAN_BMC_DRIVER = env("MERIDIAN_BMC_DRIVER", default="simulated")
 # API tokens never live longer than this; a token without an expiry is allowed.
 MERIDIAN_TOKEN_MAX_TTL = timedelta(days=env.int("MERIDIAN_TOKEN_MAX_TTL_DAYS", default=365))
 MERIDIAN_INVITATION_TTL = timedelta(days=env.int("MERIDIAN_INVITATION_TTL_DAYS", default=7))
@@ -375,6 +376,32 @@ MERIDIAN_SCHEDULER_QUEUE_DEPTH = env.int("MERIDIAN_SCHEDULER_QUEUE_DEPTH", defau
 # How long the scheduler loop reuses the teams' records (fulfilment, load, usage) between
 # cycles, like Slurm's PriorityCalcPeriod; the age term and urgency are fresh every cycle.
 MERIDIAN_SCHEDULER_RECORD_REFRESH = env.float("MERIDIAN_SCHEDULER_RECORD_REFRESH_SECONDS", default=5.0)
+
+# Provisioning (DESIGN.md, Workers, the node agent and drivers). Drivers per region: "default"
+# and region slugs, each {kind: implementation}; kinds power (simulated|redfish), image, vm
+# (simulated|libvirt), container, host.
+MERIDIAN_DRIVERS = env.json("MERIDIAN_DRIVERS", default={"default": {}})
+# Simulated hardware: seed, and per action (or "default") latency_s, failure_rate (transient)
+# and broken_rate (for good); e.g. {"seed": 7, "failure_rate": {"write_image": 0.2}}.
+MERIDIAN_SIMULATION = {"seed": 0, "latency_s": {}, "failure_rate": {}, "broken_rate": {},
+                       **env.json("MERIDIAN_SIMULATION", default={})}
+MERIDIAN_REDFISH_VERIFY_TLS = env.bool("MERIDIAN_REDFISH_VERIFY_TLS", default=True)
+MERIDIAN_LIBVIRT_URI = env("MERIDIAN_LIBVIRT_URI", default="qemu+ssh://root@{host}/system")
+MERIDIAN_DEPLOY_IMAGE_URL = env("MERIDIAN_DEPLOY_IMAGE_URL", default="http://images.meridian.internal/deploy.iso")
+MERIDIAN_OS_IMAGE = env("MERIDIAN_OS_IMAGE", default="ubuntu-24.04-cuda-12.8")
+MERIDIAN_VM_IMAGE_DIR = env("MERIDIAN_VM_IMAGE_DIR", default="/var/lib/meridian/images")
+MERIDIAN_CONTAINER_IMAGE = env("MERIDIAN_CONTAINER_IMAGE", default="nvcr.io/nvidia/pytorch:25.01-py3")
+# A transient driver error retries the step up to this many attempts, backing off 2^n seconds
+# (capped); cleaning gets its own, smaller limit, and a reservation whose provisioning failed
+# for good on this many nodes fails instead of being placed again.
+MERIDIAN_STEP_ATTEMPTS = env.int("MERIDIAN_STEP_ATTEMPTS", default=5)
+MERIDIAN_STEP_BACKOFF_MAX_S = env.float("MERIDIAN_STEP_BACKOFF_MAX_SECONDS", default=60.0)
+MERIDIAN_CLEANING_ATTEMPTS = env.int("MERIDIAN_CLEANING_ATTEMPTS", default=3)
+MERIDIAN_PROVISION_FAILURES = env.int("MERIDIAN_PROVISION_FAILURES", default=3)
+# An operation untouched this long lost its worker without a redelivery: the reaper resumes it
+# (up to MERIDIAN_RESUME_LIMIT times, then fails it with the reason).
+MERIDIAN_STUCK_AFTER = timedelta(seconds=env.int("MERIDIAN_STUCK_AFTER_SECONDS", default=300))
+MERIDIAN_RESUME_LIMIT = env.int("MERIDIAN_RESUME_LIMIT", default=3)
 
 LOGGING = {
     "version": 1,

@@ -40,6 +40,7 @@ class OperationKind(models.TextChoices):
     CANCEL = "cancel", "Cancel"
     EXTEND = "extend", "Extend"
     PREEMPT = "preempt", "Preempt"
+    VALIDATE = "validate", "Validate a node"
 
 
 class OperationState(models.TextChoices):
@@ -47,3 +48,20 @@ class OperationState(models.TextChoices):
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
+
+
+class InstanceState(models.TextChoices):
+    """What the tenant gets: a server, VM or container, from provisioning to released."""
+
+    PROVISIONING = "provisioning", "Provisioning"
+    ACTIVE = "active", "Active"
+    RELEASING = "releasing", "Releasing"
+    RELEASED = "released", "Released"
+    FAILED = "failed", "Failed"
+
+
+class StepState(models.TextChoices):
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed (will retry)"
+    GAVE_UP = "gave_up", "Failed for good"

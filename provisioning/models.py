@@ -16,7 +16,15 @@ from django.db.models import F, Q
 
 from tenants.scoping import TeamOwnedModel, TenantOwnedModel, TenantScopedQuerySet
 
-from .choices import BillingTerm, EvictionPolicy, OperationKind, OperationState, ReservationState
+from .choices import (
+    BillingTerm,
+    EvictionPolicy,
+    InstanceState,
+    OperationKind,
+    OperationState,
+    ReservationState,
+    StepState,
+)
 from .transitions import HOLDING_STATES, TERMINAL_STATES
 
 
@@ -56,6 +64,8 @@ class Reservation(TeamOwnedModel):
     submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
     scheduled_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
+    # Provisioning attempts that failed for good on a node; past the limit the reservation fails.
+    provision_failures = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-submitted_at"]
@@ -119,26 +129,111 @@ class Allocation(models.Model):
 
 
 class Operation(TenantOwnedModel):
-    """An asynchronous change a client can poll: what runs, which step, how far, and why it failed."""
+    """
+    An asynchronous change a client can poll: what runs, which step, how far, and why it failed.
+    A reservation's operations belong to its tenant; a node's validation belongs to the platform
+    (no tenant, no reservation: only staff see it).
+    """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="operations")
+    tenant = models.ForeignKey("tenants.Tenant", null=True, blank=True, on_delete=models.PROTECT,
+                               related_name="provisioning_operation_set")
+    reservation = models.ForeignKey(Reservation, null=True, blank=True, on_delete=models.CASCADE,
+                                    related_name="operations")
+    node = models.ForeignKey("cloud.Node", null=True, blank=True, on_delete=models.CASCADE, related_name="operations")
     kind = models.CharField(max_length=16, choices=OperationKind.choices)
     state = models.CharField(max_length=16, choices=OperationState.choices, default=OperationState.PENDING)
     step = models.CharField(max_length=64, blank=True)
     attempt = models.PositiveSmallIntegerField(default=0)
     progress = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)])
     error = models.TextField(blank=True)
+    # Times the reaper found it stuck (its worker died and no redelivery came) and resumed it.
+    resumed = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
 
     team_path = "reservation__team"
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state", "updated_at"], name="operation_stuck_idx")]
 
     def __str__(self):
-        return f"{self.kind} {self.state} ({self.reservation_id})"
+        return f"{self.kind} {self.state} ({self.reservation_id or self.node_id})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in (OperationState.SUCCEEDED, OperationState.FAILED)
+
+
+class StepRun(models.Model):
+    """
+    One attempt of one step of an operation (Ironic's deploy and clean steps): the node's step
+    history and every cause of a failure, kept even when a retry succeeds.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="steps")
+    node = models.ForeignKey("cloud.Node", null=True, blank=True, on_delete=models.CASCADE, related_name="step_runs")
+    name = models.CharField(max_length=64)
+    attempt = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.RUNNING)
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"{self.name} #{self.attempt} {self.state}"
+
+
+class Instance(TeamOwnedModel):
+    """
+    What the tenant gets for one unit of a reservation: a bare-metal server, a VM or a container,
+    on one node, with the GPUs (or slot) it was given and how to reach it.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="instances")
+    node = models.ForeignKey("cloud.Node", on_delete=models.PROTECT, related_name="instances")
+    index = models.PositiveSmallIntegerField(help_text="Which unit of the reservation.")
+    kind = models.CharField(max_length=16)
+    state = models.CharField(max_length=16, choices=InstanceState.choices, default=InstanceState.PROVISIONING)
+    # [{"gpu_id", "index", "pci_bus_id", "mem_lo", "mem_hi"}]: what the drivers pass through.
+    devices = models.JSONField(default=list)
+    name = models.CharField(max_length=100, help_text="The domain or pod name on the host; the server's hostname.")
+    address = models.CharField(max_length=64, blank=True)
+    ssh_user = models.CharField(max_length=32, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["reservation", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["reservation", "index"], name="instance_unit_unique"),
+            models.CheckConstraint(condition=Q(state__in=InstanceState.values), name="instance_state_valid"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.state})"
+
+
+class SimulatedDevice(models.Model):
+    """
+    The state of simulated hardware (a BMC, a disk, a hypervisor, a container host), kept in the
+    database so it outlives the worker that changed it -- a retried step sees what the killed
+    one did, as it would on real hardware -- with a count of every call for the tests.
+    """
+
+    key = models.CharField(max_length=200, primary_key=True)
+    state = models.JSONField(default=dict)
+    calls = models.JSONField(default=dict)
+
+    def __str__(self):
+        return self.key
 
 
 class IdempotencyKey(models.Model):

@@ -19,7 +19,7 @@ from cloud.transitions import compare_and_set, sources_of
 from security.audit import audit_record, audit_record_many, snapshot
 from tenants.models import Tenant
 
-from . import admission
+from . import admission, lifecycle
 from .allocations import (
     Binding,
     CapacityTaken,
@@ -186,6 +186,7 @@ def reservation_schedule(
         state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
     if audit:
         audit_record(actor=actor, action="reservation.schedule", target=reservation, after=_snap(reservation))
+    lifecycle.provision_when_due([reservation])
 
 
 @transaction.atomic
@@ -219,6 +220,7 @@ def reservation_schedule_many(*, items: list[tuple[Reservation, Placement, Regio
         state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
     audit_record_many(actor=None, action="reservation.schedule",
                       changes=[(reservation, _snap(reservation)) for reservation in moved])
+    lifecycle.provision_when_due(moved)
     return moved
 
 
@@ -273,15 +275,9 @@ def reservation_cancel(*, actor, reservation: Reservation) -> Reservation:
     Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE, state=OperationState.PENDING).update(
         state=OperationState.FAILED, error="Cancelled before it was placed.")
     if reservation.state == R.RELEASING:
-        _release_operation(reservation)
+        lifecycle.release_start(reservation)
     audit_record(actor=actor, action="reservation.cancel", target=reservation, after=_snap(reservation))
     return reservation
-
-
-def _release_operation(reservation: Reservation) -> Operation:
-    """The release is asynchronous (cleaning, later): clients poll this operation."""
-    return Operation.objects.create(tenant_id=reservation.tenant_id, reservation=reservation,
-                                    kind=OperationKind.RELEASE, step="release")
 
 
 @transaction.atomic
@@ -291,9 +287,24 @@ def reservation_release(*, actor, reservation: Reservation) -> Reservation:
     _move(reservation, R.RELEASING, only_from={R.SCHEDULED, R.PROVISIONING, R.ACTIVE},
           reason="Released by the tenant.", released_at=now)
     allocation_end(reservation=reservation, at=now)
-    _release_operation(reservation)
+    lifecycle.release_start(reservation)
     audit_record(actor=actor, action="reservation.release", target=reservation, after=_snap(reservation))
     return reservation
+
+
+@transaction.atomic
+def reservation_expire(*, reservation: Reservation) -> bool:
+    """The window ended: release what is provisioning or running (the system's act, audited). False if it moved on."""
+    now = timezone.now()
+    try:
+        _move(reservation, R.RELEASING, only_from={R.PROVISIONING, R.ACTIVE}, reason="The reservation's window ended.",
+              released_at=now)
+    except Conflict:
+        return False
+    allocation_end(reservation=reservation, at=now)
+    lifecycle.release_start(reservation)
+    audit_record(actor=None, action="reservation.expire", target=reservation, after=_snap(reservation))
+    return True
 
 
 @transaction.atomic

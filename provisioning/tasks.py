@@ -15,3 +15,31 @@ def idempotency_key_prune() -> int:
 
     deleted, _ = IdempotencyKey.objects.filter(created_at__lt=timezone.now() - IDEMPOTENCY_KEY_TTL).delete()
     return deleted
+
+
+# The lifecycle: thin tasks over provisioning.lifecycle. Late acknowledgement and redelivery on
+# a lost worker come from the Celery settings; each task is safe to run twice.
+
+
+@shared_task(name="provisioning.operation_step")
+def operation_step(operation_id: str, step: str) -> str:
+    """Run one step of a provisioning, release or validation operation."""
+    from .lifecycle import operation_run_step
+
+    return operation_run_step(operation_id, step)
+
+
+@shared_task(name="provisioning.reservation_start")
+def reservation_start(reservation_id: str) -> bool:
+    """Begin provisioning a reservation whose window opened (the tick retries if its nodes are busy)."""
+    from .lifecycle import reservation_provision_start
+
+    return reservation_provision_start(reservation_id) is not None
+
+
+@shared_task(name="provisioning.lifecycle_tick")
+def lifecycle_tick() -> dict:
+    """Start what is due, release what ended, validate waiting nodes, resume or fail stuck work."""
+    from .lifecycle import tick
+
+    return tick()

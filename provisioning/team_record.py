@@ -10,9 +10,11 @@ fulfilment from the weights. No-show detection from telemetry comes with the sta
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import reduce
 
 from django.db.models import Count, Q, Sum
 
@@ -51,7 +53,8 @@ def team_inputs_many(keys, *, now: datetime, weights: Weights) -> dict[tuple, Te
     """
     keys = set(keys)
     tenant_ids = {tenant for tenant, _, _ in keys}
-    mine = Reservation.objects.filter(tenant_id__in=tenant_ids)
+    owners = _owners_filter({(tenant, team) for tenant, team, _ in keys})
+    mine = Reservation.objects.filter(owners)
     since = now - RECORD_WINDOW
     # One query, so a reservation that moves meanwhile cannot count as used but not in the total.
     outcomes = {
@@ -69,7 +72,7 @@ def team_inputs_many(keys, *, now: datetime, weights: Weights) -> dict[tuple, Te
     horizon = now - timedelta(seconds=4 * weights.usage_half_life_s)
     samples = defaultdict(list)
     for tenant, team, start, end, lo, hi, memory in Allocation.objects.filter(
-        reservation__tenant_id__in=tenant_ids, ends_at__gt=horizon, starts_at__lt=now,
+        reservation__in=Reservation.objects.filter(owners), ends_at__gt=horizon, starts_at__lt=now,
     ).values_list("reservation__tenant_id", "reservation__team_id", "starts_at", "ends_at", "mem_lo", "mem_hi",
                   "gpu__memory_mib"):
         age_s = (now - min(end, now)).total_seconds()
@@ -87,6 +90,14 @@ def team_inputs_many(keys, *, now: datetime, weights: Weights) -> dict[tuple, Te
         records[(tenant, team, gpu_model_id)] = TeamInputs(
             fulfilment_rate=rate, current_load=in_use / limit if limit else 1.0, usage_share=usage / fair)
     return records
+
+
+def _owners_filter(owners: set[tuple]) -> Q:
+    """Exactly these owners when they are few (a create scores one); their tenants when many (a cycle)."""
+    if len(owners) > 8:
+        return Q(tenant_id__in={tenant for tenant, _ in owners})
+    return reduce(operator.or_, (Q(tenant_id=tenant, team_id=team) if team else Q(tenant_id=tenant, team__isnull=True)
+                                 for tenant, team in owners))
 
 
 def gpu_hours(start, end, mem_lo: int, mem_hi: int, memory: int, now: datetime) -> float:

@@ -1,0 +1,128 @@
+"""
+The driver interfaces: one per kind of hardware the pipeline touches. Steps call them only
+through ``provisioning.drivers.drivers_for(region)``, so a region can run real protocol
+clients while the embedded default runs simulated ones.
+
+Every driver call may be repeated (a retried step calls it again): each interface has a read
+that tells the step whether the change is already there, so a step can check before it acts.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+class DriverError(Exception):
+    """A driver call failed. ``transient``: worth retrying (timeout, busy, 5xx); otherwise for good."""
+
+    def __init__(self, message: str, *, transient: bool = True):
+        super().__init__(message)
+        self.transient = transient
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a driver needs to know of a node: never the Django model (drivers stay plain)."""
+
+    node_id: str
+    hostname: str
+    bmc_address: str = ""
+    bmc_username: str = ""
+    bmc_password: str = ""  # decrypted for the call only; never logged or put in an error
+
+    def __repr__(self):
+        return f"Target({self.hostname})"
+
+
+class PowerDriver(ABC):
+    """The BMC: power, boot device, virtual media (Redfish on real hardware)."""
+
+    @abstractmethod
+    def power_state(self, target: Target) -> str:
+        """'on' or 'off'."""
+
+    @abstractmethod
+    def set_power(self, target: Target, on: bool) -> None: ...
+
+    @abstractmethod
+    def boot_device(self, target: Target) -> str:
+        """'pxe', 'cd', 'hdd' or 'none'."""
+
+    @abstractmethod
+    def set_boot_device(self, target: Target, device: str) -> None: ...
+
+    @abstractmethod
+    def media(self, target: Target) -> str | None:
+        """The URL of the image in the virtual CD drive, if any."""
+
+    @abstractmethod
+    def insert_media(self, target: Target, url: str) -> None: ...
+
+    @abstractmethod
+    def eject_media(self, target: Target) -> None: ...
+
+
+class ImageDriver(ABC):
+    """The node's disks, written by the deploy image: the OS image, and the wipe when cleaning."""
+
+    @abstractmethod
+    def image(self, target: Target) -> str | None:
+        """The image written on the node's disk, None when blank."""
+
+    @abstractmethod
+    def write_image(self, target: Target, image: str, ssh_public_key: str) -> None: ...
+
+    @abstractmethod
+    def wipe(self, target: Target) -> None: ...
+
+
+class VMDriver(ABC):
+    """A host's hypervisor (libvirt on real hosts)."""
+
+    @abstractmethod
+    def domain_state(self, target: Target, name: str) -> str:
+        """'absent', 'defined' (shut off) or 'running'."""
+
+    @abstractmethod
+    def define(self, target: Target, name: str, xml: str) -> None: ...
+
+    @abstractmethod
+    def start(self, target: Target, name: str) -> None: ...
+
+    @abstractmethod
+    def stop(self, target: Target, name: str) -> None: ...
+
+    @abstractmethod
+    def undefine(self, target: Target, name: str) -> None: ...
+
+
+class ContainerDriver(ABC):
+    """A shared host's container runtime, through the Kubernetes API of its cluster."""
+
+    @abstractmethod
+    def pod(self, target: Target, name: str) -> dict | None:
+        """The applied manifest, None when there is no such pod."""
+
+    @abstractmethod
+    def apply(self, target: Target, manifest: dict) -> None: ...
+
+    @abstractmethod
+    def delete(self, target: Target, name: str) -> None: ...
+
+
+class HostDriver(ABC):
+    """
+    What the node agent reports and does on a GPU host: its GPUs as NVML sees them, and the GPU
+    memory scrub between tenants (the security work adds attestation here).
+    """
+
+    @abstractmethod
+    def inventory(self, target: Target) -> list[dict]:
+        """[{"index", "uuid", "healthy"}] for every GPU the host sees."""
+
+    @abstractmethod
+    def scrub(self, target: Target, devices: list[dict]) -> None: ...
+
+    @abstractmethod
+    def scrubbed(self, target: Target, devices: list[dict]) -> bool: ...

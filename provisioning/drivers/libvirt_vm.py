@@ -1,0 +1,106 @@
+"""
+GPU VMs through libvirt: the domain XML (the allocated GPUs passed through as PCI hostdevs,
+VFIO-managed) and a client for the host's hypervisor. ``libvirt-python`` is optional (it builds
+against the system's libvirt); the XML builder needs nothing.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from django.conf import settings
+
+from .base import DriverError, Target, VMDriver
+
+
+def pci_address(bus_id: str) -> dict[str, str]:
+    """'00000000:18:00.0' or '0000:18:00.0' -> libvirt's domain/bus/slot/function attributes."""
+    try:
+        domain, bus, rest = bus_id.split(":")
+        slot, function = rest.split(".")
+        return {"domain": f"0x{int(domain, 16):04x}", "bus": f"0x{int(bus, 16):02x}",
+                "slot": f"0x{int(slot, 16):02x}", "function": f"0x{int(function, 16):x}"}
+    except ValueError as exc:
+        raise DriverError(f"'{bus_id}' is not a PCI bus id.", transient=False) from exc
+
+
+def domain_xml(*, name: str, vcpus: int, memory_mib: int, devices: list[dict], image: str,
+               domain_type: str = "kvm") -> str:
+    """A VM with the given GPUs passed through (one hostdev each) and its disk from ``image``."""
+    domain = ET.Element("domain", type=domain_type)
+    ET.SubElement(domain, "name").text = name
+    ET.SubElement(domain, "memory", unit="MiB").text = str(memory_mib)
+    ET.SubElement(domain, "vcpu").text = str(vcpus)
+    os_ = ET.SubElement(domain, "os")
+    ET.SubElement(os_, "type", arch="x86_64", machine="q35").text = "hvm"
+    features = ET.SubElement(domain, "features")
+    ET.SubElement(features, "acpi")
+    ET.SubElement(domain, "cpu", mode="host-passthrough")
+    parts = ET.SubElement(domain, "devices")
+    disk = ET.SubElement(parts, "disk", type="file", device="disk")
+    ET.SubElement(disk, "driver", name="qemu", type="qcow2")
+    ET.SubElement(disk, "source", file=image)
+    ET.SubElement(disk, "target", dev="vda", bus="virtio")
+    for device in devices:
+        hostdev = ET.SubElement(parts, "hostdev", mode="subsystem", type="pci", managed="yes")
+        ET.SubElement(hostdev, "driver", name="vfio")
+        source = ET.SubElement(hostdev, "source")
+        ET.SubElement(source, "address", **pci_address(device["pci_bus_id"]))
+    return ET.tostring(domain, encoding="unicode")
+
+
+class LibvirtVM(VMDriver):
+    """``settings.MERIDIAN_LIBVIRT_URI`` names the host's hypervisor, e.g. ``qemu+ssh://root@{host}/system``."""
+
+    def _open(self, target: Target):
+        try:
+            import libvirt
+        except ImportError as exc:
+            raise DriverError("libvirt-python is not installed on this worker (pip install -r "
+                              "requirements-vm.txt).", transient=False) from exc
+        libvirt.registerErrorHandler(lambda *_: None, None)  # errors come back as exceptions
+        try:
+            return libvirt, libvirt.open(settings.MERIDIAN_LIBVIRT_URI.format(host=target.hostname))
+        except libvirt.libvirtError as exc:
+            raise DriverError(f"Cannot reach the hypervisor of {target.hostname}: {exc}.") from exc
+
+    def _on_domain(self, target, name, action, *, missing=None):
+        libvirt, conn = self._open(target)
+        try:
+            try:
+                domain = conn.lookupByName(name)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    return missing
+                raise
+            return action(libvirt, domain)
+        except libvirt.libvirtError as exc:
+            raise DriverError(f"libvirt on {target.hostname}: {exc}.") from exc
+        finally:
+            conn.close()
+
+    def domain_state(self, target, name):
+        def state(libvirt, domain):
+            return "running" if domain.state()[0] == libvirt.VIR_DOMAIN_RUNNING else "defined"
+        return self._on_domain(target, name, state, missing="absent")
+
+    def define(self, target, name, xml):
+        libvirt, conn = self._open(target)
+        try:
+            conn.defineXML(xml)
+        except libvirt.libvirtError as exc:
+            transient = exc.get_error_code() not in (libvirt.VIR_ERR_XML_ERROR, libvirt.VIR_ERR_XML_DETAIL)
+            raise DriverError(f"libvirt on {target.hostname} refused domain {name}: {exc}.",
+                              transient=transient) from exc
+        finally:
+            conn.close()
+
+    def start(self, target, name):
+        if self._on_domain(target, name, lambda lv, d: d.create(), missing="absent") == "absent":
+            raise DriverError(f"No domain {name} on {target.hostname}.", transient=False)
+
+    def stop(self, target, name):
+        self._on_domain(target, name, lambda lv, d: d.destroy() if d.isActive() else None)
+
+    def undefine(self, target, name):
+        self._on_domain(target, name, lambda lv, d: d.undefine())

@@ -1,0 +1,90 @@
+"""
+Bare metal through the node's BMC with Redfish, using the ``sushy`` client (OpenStack Ironic's).
+
+The node's ``bmc_address`` is the BMC's Redfish service root; a BMC manages one system (or, on
+a chassis manager, the one named like the node). Errors say what failed and what to check,
+never the credentials.
+"""
+
+from __future__ import annotations
+
+import sushy
+from django.conf import settings
+from sushy import exceptions as sushy_errors
+
+from .base import DriverError, PowerDriver, Target
+
+BOOT_SOURCES = {"pxe": sushy.BootSource.PXE, "cd": sushy.BootSource.CD, "hdd": sushy.BootSource.HDD,
+                "none": sushy.BootSource.NONE}
+ON_STATES = {sushy.PowerState.ON, sushy.PowerState.POWERING_ON}
+
+
+class RedfishPower(PowerDriver):
+    def _call(self, target: Target, what: str, action):
+        try:
+            root = sushy.Sushy(target.bmc_address, username=target.bmc_username or None,
+                               password=target.bmc_password or None,
+                               verify=settings.MERIDIAN_REDFISH_VERIFY_TLS)
+            return action(self._system(root, target))
+        except sushy_errors.AccessError as exc:
+            raise DriverError(f"The BMC of {target.hostname} refused the credentials ({what}); "
+                              "update the node's BMC username and password.", transient=False) from exc
+        except sushy_errors.ResourceNotFoundError as exc:
+            raise DriverError(f"The BMC of {target.hostname} has no such resource ({what}): {exc}.",
+                              transient=False) from exc
+        except sushy_errors.ConnectionError as exc:
+            raise DriverError(f"The BMC of {target.hostname} did not answer ({what}); "
+                              "check its address and network.") from exc
+        except sushy_errors.HTTPError as exc:
+            status = getattr(exc, "status_code", 0) or 0
+            raise DriverError(f"The BMC of {target.hostname} answered {status} to {what}.",
+                              transient=status >= 500 or status in (409, 429)) from exc
+
+    @staticmethod
+    def _system(root, target: Target):
+        identities = list(root.get_system_collection().members_identities)
+        if len(identities) == 1:
+            return root.get_system(identities[0])
+        for identity in identities:
+            system = root.get_system(identity)
+            if system.name == target.hostname:
+                return system
+        raise DriverError(f"The BMC at {target.bmc_address} manages {len(identities)} systems, none named "
+                          f"{target.hostname}.", transient=False)
+
+    @staticmethod
+    def _cd(system):
+        members = system.virtual_media.get_members()
+        for media in members:
+            if media.identity.lower() == "cd" or "CD" in [str(t) for t in (media.media_types or [])]:
+                return media
+        raise DriverError("The BMC offers no virtual CD drive.", transient=False)
+
+    def power_state(self, target):
+        return self._call(target, "read power", lambda s: "on" if s.power_state in ON_STATES else "off")
+
+    def set_power(self, target, on):
+        reset = sushy.ResetType.ON if on else sushy.ResetType.FORCE_OFF
+        self._call(target, "power " + ("on" if on else "off"), lambda s: s.reset_system(reset))
+
+    def boot_device(self, target):
+        names = {source: name for name, source in BOOT_SOURCES.items()}
+        return self._call(target, "read boot device", lambda s: names.get(s.boot.target, "none"))
+
+    def set_boot_device(self, target, device):
+        source = BOOT_SOURCES[device]
+        self._call(target, f"boot from {device}", lambda s: s.set_system_boot_options(
+            target=source, enabled=sushy.BootSourceOverrideEnabled.ONCE))
+
+    def media(self, target):
+        def read(system):
+            cd = self._cd(system)
+            return cd.image if cd.inserted else None
+        return self._call(target, "read virtual media", read)
+
+    def insert_media(self, target, url):
+        self._call(target, "insert virtual media",
+                   lambda s: self._cd(s).insert_media(url, inserted=True, write_protected=True))
+
+    def eject_media(self, target):
+        self._call(target, "eject virtual media", lambda s: self._cd(s).eject_media())

@@ -1,0 +1,181 @@
+"""
+Simulated hardware: the embedded default and most tests. State lives in the database
+(SimulatedDevice), so it outlives a killed worker like real hardware does, and every call is
+counted so tests can prove a retried step did not repeat a side effect.
+
+Faults are injected from ``settings.MERIDIAN_SIMULATION``, deterministic under its seed:
+``latency_s`` and ``failure_rate`` (transient, retried) and ``broken_rate`` (for good), each a
+mapping from an action name (``set_power``, ``write_image``, ``scrub``...) or ``"default"``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from django.conf import settings
+from django.db import transaction
+
+from ..models import SimulatedDevice
+from .base import ContainerDriver, DriverError, HostDriver, ImageDriver, PowerDriver, Target, VMDriver
+
+
+def _knob(name: str, action: str) -> float:
+    table = settings.MERIDIAN_SIMULATION.get(name, {})
+    return float(table.get(action, table.get("default", 0.0)))
+
+
+class Simulated:
+    """One simulated device per (kind, node): read its state, change it, count the calls."""
+
+    kind = ""
+
+    def _key(self, target: Target) -> str:
+        return f"{self.kind}:{target.hostname}"
+
+    def _state(self, target: Target) -> dict:
+        row = SimulatedDevice.objects.filter(key=self._key(target)).values_list("state", flat=True).first()
+        return row or {}
+
+    def _act(self, target: Target, action: str, change) -> None:
+        """Count the call, maybe fail it as configured, then apply ``change(state)`` and store it."""
+        key = self._key(target)
+        with transaction.atomic():
+            row, _ = SimulatedDevice.objects.select_for_update().get_or_create(key=key)
+            calls = dict(row.calls)
+            calls[action] = calls.get(action, 0) + 1
+            SimulatedDevice.objects.filter(key=key).update(calls=calls)
+        latency = _knob("latency_s", action)
+        if latency:
+            time.sleep(latency)
+        seed = settings.MERIDIAN_SIMULATION.get("seed", 0)
+        roll = random.Random(f"{seed}|{key}|{action}|{calls[action]}").random()  # noqa: S311 -- fault injection
+        if roll < _knob("broken_rate", action):
+            raise DriverError(f"Simulated hardware fault on {target.hostname}: {action} failed.", transient=False)
+        if roll < _knob("failure_rate", action):
+            raise DriverError(f"Simulated transient error on {target.hostname}: {action} timed out.")
+        with transaction.atomic():
+            row = SimulatedDevice.objects.select_for_update().get(key=key)
+            state = dict(row.state)
+            change(state)
+            SimulatedDevice.objects.filter(key=key).update(state=state)
+
+    @staticmethod
+    def calls(kind: str, hostname: str) -> dict:
+        """Every call made to one simulated device, by action (for tests and the bench)."""
+        row = SimulatedDevice.objects.filter(key=f"{kind}:{hostname}").values_list("calls", flat=True).first()
+        return row or {}
+
+
+class SimulatedPower(Simulated, PowerDriver):
+    kind = "bmc"
+
+    def power_state(self, target):
+        return self._state(target).get("power", "off")
+
+    def set_power(self, target, on):
+        self._act(target, "set_power", lambda s: s.update(power="on" if on else "off"))
+
+    def boot_device(self, target):
+        return self._state(target).get("boot", "hdd")
+
+    def set_boot_device(self, target, device):
+        self._act(target, "set_boot_device", lambda s: s.update(boot=device))
+
+    def media(self, target):
+        return self._state(target).get("media")
+
+    def insert_media(self, target, url):
+        self._act(target, "insert_media", lambda s: s.update(media=url))
+
+    def eject_media(self, target):
+        self._act(target, "eject_media", lambda s: s.update(media=None))
+
+
+class SimulatedImage(Simulated, ImageDriver):
+    kind = "disk"
+
+    def image(self, target):
+        return self._state(target).get("image")
+
+    def write_image(self, target, image, ssh_public_key):
+        self._act(target, "write_image", lambda s: s.update(image=image, ssh_key=ssh_public_key))
+
+    def wipe(self, target):
+        self._act(target, "wipe", lambda s: s.update(image=None, ssh_key=None))
+
+
+class SimulatedVM(Simulated, VMDriver):
+    kind = "hypervisor"
+
+    def domain_state(self, target, name):
+        return self._state(target).get("domains", {}).get(name, {}).get("state", "absent")
+
+    def _domain(self, target, action, name, update):
+        def change(state):
+            domains = state.setdefault("domains", {})
+            update(domains, name)
+        self._act(target, action, change)
+
+    def define(self, target, name, xml):
+        self._domain(target, "define", name, lambda d, n: d.setdefault(n, {"state": "defined", "xml": xml}))
+
+    def start(self, target, name):
+        if self.domain_state(target, name) == "absent":
+            raise DriverError(f"No domain {name} on {target.hostname}.", transient=False)
+        self._domain(target, "start", name, lambda d, n: d[n].update(state="running"))
+
+    def stop(self, target, name):
+        def shut_off(domains, n):
+            if n in domains:
+                domains[n]["state"] = "defined"
+        self._domain(target, "stop", name, shut_off)
+
+    def undefine(self, target, name):
+        self._domain(target, "undefine", name, lambda d, n: d.pop(n, None))
+
+
+class SimulatedContainers(Simulated, ContainerDriver):
+    kind = "containers"
+
+    def pod(self, target, name):
+        return self._state(target).get("pods", {}).get(name)
+
+    def apply(self, target, manifest):
+        name = manifest["metadata"]["name"]
+        self._act(target, "apply", lambda s: s.setdefault("pods", {}).__setitem__(name, manifest))
+
+    def delete(self, target, name):
+        self._act(target, "delete", lambda s: s.setdefault("pods", {}).pop(name, None))
+
+
+class SimulatedHost(Simulated, HostDriver):
+    """The node agent's answers, with GPUs as the catalogue has them unless a test breaks one."""
+
+    kind = "host"
+
+    def inventory(self, target):
+        from cloud.models import GPU
+
+        state = self._state(target)
+        missing, unhealthy = set(state.get("missing", [])), set(state.get("unhealthy", []))
+        return [{"index": index, "uuid": uuid, "healthy": index not in unhealthy}
+                for index, uuid in GPU.objects.filter(node_id=target.node_id).order_by("index")
+                .values_list("index", "uuid") if index not in missing]
+
+    def scrub(self, target, devices):
+        marks = [_slot(d) for d in devices]
+        self._act(target, "scrub", lambda s: s.update(dirty=[m for m in s.get("dirty", []) if m not in marks]))
+
+    def scrubbed(self, target, devices):
+        dirty = self._state(target).get("dirty", [])
+        return not any(_slot(d) in dirty for d in devices)
+
+    def use(self, target, devices) -> None:
+        """A tenant wrote to this memory (the handover does it): it needs a scrub before reuse."""
+        marks = [_slot(d) for d in devices]
+        self._act(target, "use", lambda s: s.update(dirty=sorted(set(s.get("dirty", [])) | set(marks))))
+
+
+def _slot(device: dict) -> str:
+    return f"{device['index']}:{device['mem_lo']}-{device['mem_hi']}"

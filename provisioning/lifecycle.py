@@ -1,0 +1,453 @@
+"""
+From ``scheduled`` to ``active`` and back: provisioning, release (cleaning) and node validation
+as operations of named steps (provisioning.steps), one Celery task per step.
+
+How a step runs (``operation_run_step``): the task names the operation and the step it expects;
+a task whose step is already done (a redelivery after the commit) does nothing. The step calls
+its drivers outside any transaction -- hardware does not roll back -- and then one transaction
+records the outcome and enqueues the next step on commit. A worker killed between the driver
+call and that commit leaves the step where it was: the redelivered task runs it again, and the
+step finds the work done (steps check before they act). Transient driver errors retry with
+backoff up to a limit; a failure for good marks the node faulty and re-queues the reservation
+(it keeps its place), or fails it after MERIDIAN_PROVISION_FAILURES nodes. ``tick`` (every few
+seconds) starts what is due, releases what ended, and resumes or fails what is stuck.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from cloud.choices import GPUState, Health, NodePool, NodeState, OfferingKind
+from cloud.errors import Conflict
+from cloud.models import GPU, Node
+from cloud.services import node_transition
+from cloud.transitions import GPU_TRANSITIONS
+from security.audit import audit_record
+
+from .allocations import allocation_end
+from .choices import InstanceState, OperationKind, OperationState, StepState
+from .choices import ReservationState as R
+from .drivers import drivers_for
+from .models import Instance, Operation, Reservation, StepRun
+from .steps import PIPELINES, Context, NodeFault
+
+log = logging.getLogger(__name__)
+N = NodeState
+UNFINISHED = [OperationState.PENDING, OperationState.RUNNING]
+# Bare-metal nodes that failed or are held cannot take the reservation: it is placed again.
+LOST_NODE_STATES = {N.SUSPECT, N.QUARANTINED, N.REFERENCE_UNAVAILABLE, N.FAULTY, N.REPAIR, N.MAINTENANCE}
+
+
+def pipeline_of(operation: Operation) -> list:
+    kind = operation.reservation.offering.kind if operation.reservation_id else None
+    return PIPELINES[(operation.kind, kind)]
+
+
+def _enqueue(operation: Operation | str, step: str, countdown: float = 0) -> None:
+    from .tasks import operation_step
+
+    operation_id = str(getattr(operation, "pk", operation))
+    transaction.on_commit(lambda: operation_step.apply_async((operation_id, step), countdown=countdown))
+
+
+def provision_when_due(reservations) -> None:
+    """After the commit that scheduled them, start provisioning those whose window is open now."""
+    from .tasks import reservation_start
+
+    soon = timezone.now() + timedelta(seconds=1)
+    for reservation_id in [r.pk for r in reservations if r.starts_at and r.starts_at <= soon]:
+        transaction.on_commit(lambda rid=str(reservation_id): reservation_start.delay(rid))
+
+
+def _move_gpus(gpu_ids, source: str, target: str) -> int:
+    assert target in GPU_TRANSITIONS[source], f"GPU {source} -> {target} is not in the table"
+    return GPU.objects.filter(pk__in=list(gpu_ids), state=source).update(state=target)
+
+
+def _move_reservation(reservation: Reservation, target: str, *, only_from, reason: str = "", **also) -> bool:
+    """The reservation moves if it is still where this lifecycle expects it (a cancel may have won)."""
+    from .services import _move
+
+    try:
+        _move(reservation, target, only_from=only_from, reason=reason, **also)
+    except Conflict:
+        return False
+    return True
+
+
+#
+# Start provisioning
+#
+
+
+@transaction.atomic
+def reservation_provision_start(reservation_id) -> Operation | None:
+    """
+    Begin provisioning a scheduled reservation whose window has opened: one instance per unit,
+    its nodes (bare metal) or GPUs (whole GPUs on shared hosts) taken, the first step enqueued.
+    None when it is not due, moved on, or its nodes are still being cleaned (the tick retries).
+    """
+    reservation = (Reservation.objects.select_for_update(of=("self",)).select_related("offering", "region")
+                   .filter(pk=reservation_id).first())
+    now = timezone.now()
+    if reservation is None or reservation.state != R.SCHEDULED or reservation.starts_at > now + timedelta(seconds=1):
+        return None
+    allocations = list(reservation.allocations.select_related("gpu", "node").order_by("node__hostname", "gpu__index",
+                                                                                      "mem_lo"))
+    offering = reservation.offering
+    nodes = {a.node_id: a.node for a in allocations}
+    if offering.kind == OfferingKind.BARE_METAL:
+        lost = [node for node in nodes.values() if node.state in LOST_NODE_STATES]
+        if lost:
+            _requeue(reservation, f"Node {lost[0].hostname} became {lost[0].state} before the start; "
+                                  "placing the reservation again.")
+            return None
+        if any(node.state != N.AVAILABLE for node in nodes.values()):
+            return None  # the previous tenant's cleaning is still running: the tick tries again
+        for node in nodes.values():
+            node_transition(actor=None, node=node, target=N.ALLOCATED, reason=f"Reservation {reservation.pk}.")
+    elif offering.slots_per_gpu == 1:
+        gpu_ids = {a.gpu_id for a in allocations}
+        if GPU.objects.filter(pk__in=gpu_ids).exclude(state=GPUState.AVAILABLE).exists():
+            return None  # a GPU is still being scrubbed after its previous tenant
+        _move_gpus(gpu_ids, GPUState.AVAILABLE, GPUState.ALLOCATED)
+    _create_instances(reservation, allocations)
+    if not _move_reservation(reservation, R.PROVISIONING, only_from={R.SCHEDULED}, reason="Provisioning."):
+        raise Conflict("The reservation moved on while provisioning started.", code="invalid_transition")
+    steps = PIPELINES[(OperationKind.PROVISION, offering.kind)]
+    operation = Operation.objects.create(tenant_id=reservation.tenant_id, reservation=reservation,
+                                         kind=OperationKind.PROVISION, step=steps[0].name)
+    audit_record(actor=None, action="reservation.provision", target=reservation,
+                 after={"state": R.PROVISIONING, "operation": str(operation.pk)})
+    _enqueue(operation, steps[0].name)
+    return operation
+
+
+def _create_instances(reservation: Reservation, allocations: list) -> list[Instance]:
+    """One instance per unit: a bare-metal node, a VM's GPUs on one host, or a container's GPUs or slot."""
+    offering = reservation.offering
+    units: list[tuple] = []
+    by_node: dict = {}
+    for a in allocations:
+        by_node.setdefault(a.node_id, []).append(a)
+    for held in by_node.values():
+        per_unit = len(held) if offering.kind == OfferingKind.BARE_METAL else (
+            1 if offering.slots_per_gpu > 1 else offering.gpus_per_unit)
+        units += [(held[0].node, held[i:i + per_unit]) for i in range(0, len(held), per_unit)]
+    # Serial numbers go on after earlier attempts' instances (a re-placed reservation keeps them).
+    first = (reservation.instances.order_by("-index").values_list("index", flat=True).first() or -1) + 1
+    def name(node, index):  # a server is its node; a VM or pod is named for the host's hypervisor or kubelet
+        return node.hostname if offering.kind == OfferingKind.BARE_METAL else f"r{reservation.pk.hex[:12]}-{index}"
+
+    instances = [
+        Instance(tenant_id=reservation.tenant_id, team_id=reservation.team_id, reservation=reservation, node=node,
+                 index=first + i, kind=offering.kind, name=name(node, first + i),
+                 devices=[{"gpu_id": str(a.gpu_id), "index": a.gpu.index, "pci_bus_id": a.gpu.pci_bus_id,
+                           "mem_lo": a.mem_lo, "mem_hi": a.mem_hi} for a in held])
+        for i, (node, held) in enumerate(units)
+    ]
+    return Instance.objects.bulk_create(instances)
+
+
+def _requeue(reservation: Reservation, reason: str) -> None:
+    """Back to the queue keeping its place (submitted_at is unchanged), its capacity given back."""
+    allocation_end(reservation=reservation, at=timezone.now())
+    _move_reservation(reservation, R.QUEUED, only_from={R.SCHEDULED, R.PROVISIONING}, reason=reason[:500],
+                      starts_at=None, ends_at=None, region=None)
+
+
+#
+# Release (cleaning)
+#
+
+
+def release_start(reservation: Reservation) -> Operation:
+    """
+    Clean up after a reservation that is ``releasing`` (inside the caller's transaction): stop
+    its provisioning, mark its instances releasing, take its nodes or GPUs into cleaning, and
+    enqueue the first cleaning step. With no instances it is released at once.
+    """
+    Operation.objects.filter(reservation=reservation, kind=OperationKind.PROVISION, state__in=UNFINISHED).update(
+        state=OperationState.FAILED, error="Stopped: the reservation was released.", finished_at=timezone.now())
+    live = list(reservation.instances.filter(state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE]))
+    return _clean(reservation, live)
+
+
+def _clean(reservation: Reservation, instances: list[Instance]) -> Operation:
+    offering = reservation.offering
+    Instance.objects.filter(pk__in=[i.pk for i in instances]).update(state=InstanceState.RELEASING)
+    if offering.kind == OfferingKind.BARE_METAL:
+        for node in Node.objects.filter(pk__in={i.node_id for i in instances}, state=N.ALLOCATED):
+            node_transition(actor=None, node=node, target=N.RELEASING, reason=f"Cleaning after {reservation.pk}.")
+    elif offering.slots_per_gpu == 1:
+        _move_gpus({d["gpu_id"] for i in instances for d in i.devices}, GPUState.ALLOCATED, GPUState.SCRUBBING)
+    steps = PIPELINES[(OperationKind.RELEASE, offering.kind)]
+    operation = Operation.objects.create(tenant_id=reservation.tenant_id, reservation=reservation,
+                                         kind=OperationKind.RELEASE, step=steps[0].name)
+    if instances:
+        _enqueue(operation, steps[0].name)
+    else:
+        _finish(operation)
+    return operation
+
+
+#
+# Node validation (burn-in)
+#
+
+
+@transaction.atomic
+def node_validate(*, actor, node: Node) -> Operation:
+    """Validate a node (enrolment, after repair or maintenance): BMC, GPUs, burn-in -> available."""
+    if node.state != N.VALIDATING:
+        node = node_transition(actor=actor, node=node, target=N.VALIDATING, reason="Validation (burn-in).")
+    running = Operation.objects.filter(node=node, kind=OperationKind.VALIDATE, state__in=UNFINISHED).first()
+    if running:
+        return running
+    steps = PIPELINES[(OperationKind.VALIDATE, None)]
+    operation = Operation.objects.create(node=node, kind=OperationKind.VALIDATE, step=steps[0].name)
+    _enqueue(operation, steps[0].name)
+    return operation
+
+
+#
+# Running steps
+#
+
+
+def operation_run_step(operation_id, step: str) -> str:
+    """
+    Run ``step`` of the operation if that is where it stands; returns what happened ("done",
+    "skipped", "retrying", "failed"). Drivers are called outside any transaction.
+    """
+    operation = (Operation.objects.select_related("reservation__offering", "reservation__region", "node")
+                 .filter(pk=operation_id).first())
+    if operation is None or operation.is_finished or operation.step != step:
+        return "skipped"  # done already: a redelivery, or a stopped operation
+    steps = pipeline_of(operation)
+    names = [s.name for s in steps]
+    attempt = operation.attempt + 1
+    Operation.objects.filter(pk=operation.pk).update(state=OperationState.RUNNING, attempt=attempt,
+                                                     updated_at=timezone.now())
+    run = StepRun.objects.create(operation=operation, node=operation.node, name=step, attempt=attempt)
+    context = _context(operation)
+    try:
+        steps[names.index(step)].run(context)
+    except NodeFault as fault:
+        return _step_failed(operation, run, fault, attempt)
+    return _step_succeeded(operation, run, names)
+
+
+def _context(operation: Operation) -> Context:
+    reservation = operation.reservation
+    region = reservation.region.slug if reservation else operation.node.region.slug
+    wanted = InstanceState.RELEASING if operation.kind == OperationKind.RELEASE else InstanceState.PROVISIONING
+    instances = list(reservation.instances.filter(state=wanted).select_related("node")) if reservation else []
+    return Context(operation=operation, drivers=drivers_for(region), reservation=reservation, instances=instances,
+                   node=operation.node)
+
+
+@transaction.atomic
+def _step_succeeded(operation: Operation, run: StepRun, names: list[str]) -> str:
+    locked = Operation.objects.select_for_update().get(pk=operation.pk)
+    StepRun.objects.filter(pk=run.pk).update(state=StepState.SUCCEEDED, finished_at=timezone.now())
+    if locked.is_finished or locked.step != run.name:
+        return "skipped"  # stopped meanwhile (the reservation was released)
+    index = names.index(run.name)
+    if index + 1 < len(names):
+        Operation.objects.filter(pk=locked.pk).update(step=names[index + 1], attempt=0, error="",
+                                                      progress=round(100 * (index + 1) / len(names)))
+        _enqueue(locked, names[index + 1])
+        return "done"
+    _finish(locked)
+    return "done"
+
+
+@transaction.atomic
+def _step_failed(operation: Operation, run: StepRun, fault: NodeFault, attempt: int) -> str:
+    locked = Operation.objects.select_for_update().get(pk=operation.pk)
+    if locked.is_finished or locked.step != run.name:
+        StepRun.objects.filter(pk=run.pk).update(state=StepState.FAILED, error=str(fault), finished_at=timezone.now())
+        return "skipped"
+    limit = settings.MERIDIAN_CLEANING_ATTEMPTS if locked.kind == OperationKind.RELEASE else \
+        settings.MERIDIAN_STEP_ATTEMPTS
+    message = f"{run.name} (attempt {attempt} of {limit}) on {fault}"
+    if fault.transient and attempt < limit:
+        StepRun.objects.filter(pk=run.pk).update(state=StepState.FAILED, error=str(fault), finished_at=timezone.now())
+        Operation.objects.filter(pk=locked.pk).update(error=message)
+        _enqueue(locked, run.name, countdown=min(2.0 ** attempt, settings.MERIDIAN_STEP_BACKOFF_MAX_S))
+        return "retrying"
+    StepRun.objects.filter(pk=run.pk).update(state=StepState.GAVE_UP, error=str(fault), finished_at=timezone.now())
+    log.warning("Step failed for good: %s", message)
+    FAILURES[locked.kind](locked, fault, message)
+    return "failed"
+
+
+def _close(operation: Operation, state: str, error: str = "") -> None:
+    Operation.objects.filter(pk=operation.pk).update(
+        state=state, error=error[:2000], finished_at=timezone.now(),
+        **({"progress": 100} if state == OperationState.SUCCEEDED else {}))
+
+
+def _node_failed(node: Node, reason: str) -> None:
+    node.refresh_from_db(fields=["state"])
+    if node.state != N.FAULTY:
+        try:
+            node_transition(actor=None, node=node, target=N.FAULTY, reason=reason)
+        except Conflict:
+            log.warning("Could not mark %s faulty from %s: %s", node.hostname, node.state, reason)
+
+
+#
+# Outcomes, per kind of operation
+#
+
+
+def _finish(operation: Operation) -> None:
+    {OperationKind.PROVISION: _provisioned, OperationKind.RELEASE: _released,
+     OperationKind.VALIDATE: _validated}[operation.kind](operation)
+
+
+def _provisioned(operation: Operation) -> None:
+    reservation = operation.reservation
+    region = reservation.region.slug
+    for instance in reservation.instances.filter(state=InstanceState.PROVISIONING).select_related("node"):
+        address = instance.node.hostname if instance.kind == OfferingKind.BARE_METAL else \
+            f"{instance.name}.{instance.node.hostname}"
+        Instance.objects.filter(pk=instance.pk).update(state=InstanceState.ACTIVE, address=f"{address}.{region}.gpu",
+                                                       ssh_user="ubuntu")
+    _close(operation, OperationState.SUCCEEDED)
+    if _move_reservation(reservation, R.ACTIVE, only_from={R.PROVISIONING}, reason=""):
+        audit_record(actor=None, action="reservation.active", target=reservation, after={"state": R.ACTIVE})
+
+
+def _released(operation: Operation, *, outcome: str = OperationState.SUCCEEDED, error: str = "") -> None:
+    reservation = operation.reservation
+    instances = list(reservation.instances.filter(state=InstanceState.RELEASING))
+    Instance.objects.filter(pk__in=[i.pk for i in instances]).update(state=InstanceState.RELEASED)
+    if reservation.offering.kind == OfferingKind.BARE_METAL:
+        for node in Node.objects.filter(pk__in={i.node_id for i in instances}, state=N.RELEASING):
+            node_transition(actor=None, node=node, target=N.AVAILABLE, reason="Cleaned.")
+    elif reservation.offering.slots_per_gpu == 1:
+        _move_gpus({d["gpu_id"] for i in instances for d in i.devices}, GPUState.SCRUBBING, GPUState.AVAILABLE)
+    _close(operation, outcome, error)
+    if _move_reservation(reservation, R.RELEASED, only_from={R.RELEASING}, reason=""):
+        audit_record(actor=None, action="reservation.released", target=reservation, after={"state": R.RELEASED})
+
+
+def _validated(operation: Operation) -> None:
+    node = operation.node
+    target = N.IN_SERVICE if node.pool == NodePool.SHARED else N.AVAILABLE
+    node_transition(actor=None, node=node, target=target, reason="Validation passed.")
+    Node.objects.filter(pk=node.pk).update(health=Health.HEALTHY)
+    node.gpus.update(health=Health.HEALTHY)
+    _close(operation, OperationState.SUCCEEDED)
+
+
+def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> None:
+    """The node is faulty; the others are cleaned; the reservation is placed again or fails."""
+    reservation = Reservation.objects.select_for_update().select_related("offering").get(pk=operation.reservation_id)
+    _node_failed(fault.node, f"Provisioning failed: {fault.cause}")
+    _close(operation, OperationState.FAILED, message)
+    instances = list(reservation.instances.filter(state=InstanceState.PROVISIONING))
+    on_faulty = [i for i in instances if i.node_id == fault.node.pk]
+    Instance.objects.filter(pk__in=[i.pk for i in on_faulty]).update(state=InstanceState.FAILED)
+    _clean(reservation, [i for i in instances if i.node_id != fault.node.pk])
+    failures = reservation.provision_failures + 1
+    Reservation.objects.filter(pk=reservation.pk).update(provision_failures=failures)
+    if failures < settings.MERIDIAN_PROVISION_FAILURES:
+        _requeue(reservation, f"Provisioning failed on a node ({fault.cause}); placing the reservation again, "
+                              "keeping its place in the queue.")
+    else:
+        allocation_end(reservation=reservation, at=timezone.now())
+        _move_reservation(reservation, R.FAILED, only_from={R.PROVISIONING},
+                          reason=f"Provisioning failed on {failures} nodes; last: {fault.cause}")
+    audit_record(actor=None, action="reservation.provision_failed", target=reservation,
+                 after={"error": message[:500], "failures": failures})
+
+
+def _release_failed(operation: Operation, fault: NodeFault, message: str) -> None:
+    """
+    Cleaning failed for good on one node: that node goes faulty (never back to the pool) with
+    the reason, its instance is released; cleaning goes on for the others.
+    """
+    _node_failed(fault.node, f"Cleaning failed: {fault.cause}")
+    reservation = operation.reservation
+    Instance.objects.filter(reservation=reservation, node=fault.node, state=InstanceState.RELEASING).update(
+        state=InstanceState.RELEASED)
+    if reservation.offering.kind != OfferingKind.BARE_METAL:
+        gpu_ids = {d["gpu_id"] for i in reservation.instances.filter(node=fault.node) for d in i.devices}
+        _move_gpus(gpu_ids, GPUState.SCRUBBING, GPUState.QUARANTINED)
+    if reservation.instances.filter(state=InstanceState.RELEASING).exists():
+        Operation.objects.filter(pk=operation.pk).update(attempt=0, error=message)
+        _enqueue(operation, operation.step)
+        return
+    _released(operation, outcome=OperationState.FAILED, error=message)
+
+
+def _validation_failed(operation: Operation, fault: NodeFault, message: str) -> None:
+    _node_failed(operation.node, f"Validation failed: {fault.cause}")
+    _close(operation, OperationState.FAILED, message)
+
+
+FAILURES = {OperationKind.PROVISION: _provision_failed, OperationKind.RELEASE: _release_failed,
+            OperationKind.VALIDATE: _validation_failed}
+
+
+#
+# The periodic tick
+#
+
+
+def tick(*, now=None, limit: int = 200) -> dict:
+    """Start due reservations, release ended ones, validate waiting nodes, resume or fail stuck work."""
+    from .services import reservation_expire
+
+    now = now or timezone.now()
+    report = {"started": 0, "expired": 0, "releases": 0, "validations": 0, "resumed": 0, "failed_stuck": 0}
+    for reservation_id in Reservation.objects.filter(state=R.SCHEDULED, starts_at__lte=now).order_by(
+            "starts_at").values_list("pk", flat=True)[:limit]:
+        report["started"] += reservation_provision_start(reservation_id) is not None
+    for reservation in Reservation.objects.filter(state__in=[R.PROVISIONING, R.ACTIVE], ends_at__lte=now)[:limit]:
+        report["expired"] += reservation_expire(reservation=reservation)
+    cleaning = Operation.objects.filter(reservation=OuterRef("pk"), kind=OperationKind.RELEASE)
+    for reservation in (Reservation.objects.filter(state=R.RELEASING, released_at__lte=now)
+                        .exclude(Exists(cleaning)).select_related("offering")[:limit]):
+        with transaction.atomic():
+            release_start(reservation)
+        report["releases"] += 1
+    validating = Operation.objects.filter(node=OuterRef("pk"), kind=OperationKind.VALIDATE, state__in=UNFINISHED)
+    for node in Node.objects.filter(state=N.VALIDATING).exclude(Exists(validating))[:limit]:
+        node_validate(actor=None, node=node)
+        report["validations"] += 1
+    stuck_before = now - settings.MERIDIAN_STUCK_AFTER
+    for operation in Operation.objects.filter(state__in=UNFINISHED, updated_at__lt=stuck_before)[:limit]:
+        report["resumed" if _resume(operation) else "failed_stuck"] += 1
+    return report
+
+
+@transaction.atomic
+def _resume(operation: Operation) -> bool:
+    """A worker died with no redelivery: run the step again, or give up after the resume limit."""
+    locked = Operation.objects.select_for_update().select_related("reservation__offering", "node").get(
+        pk=operation.pk)
+    if locked.is_finished:
+        return True
+    if locked.resumed < settings.MERIDIAN_RESUME_LIMIT:
+        Operation.objects.filter(pk=locked.pk).update(resumed=locked.resumed + 1, updated_at=timezone.now())
+        _enqueue(locked, locked.step)
+        return True
+    node = locked.node or next((i.node for i in locked.reservation.instances.select_related("node")), None)
+    stuck_s = int(settings.MERIDIAN_STUCK_AFTER.total_seconds())
+    message = f"{locked.step} made no progress in {stuck_s} s, {locked.resumed} times; given up."
+    if node is None:
+        _close(locked, OperationState.FAILED, message)
+        return False
+    FAILURES[locked.kind](locked, NodeFault(node, message, transient=False), message)
+    return False

@@ -1,0 +1,281 @@
+"""
+The named steps of provisioning, release (cleaning) and node validation, per offering kind (in
+the spirit of Ironic's deploy and clean steps). Each step is idempotent: it reads what the
+hardware already has and acts only where that differs, so a retried step -- after a worker
+died between the driver call and the commit -- finds the work done and goes on.
+
+A step gets a Context and touches hardware only through ``ctx.drivers``; a driver error is
+raised as NodeFault naming the node, so the pipeline knows which node to retry or fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from cloud.choices import OfferingKind
+
+from .choices import OperationKind
+from .drivers import DriverError, Drivers, Target
+from .drivers.libvirt_vm import domain_xml
+from .drivers.pods import pod_manifest
+
+
+class NodeFault(Exception):
+    """A driver call for one node failed; ``cause`` says how, ``transient`` whether to retry."""
+
+    def __init__(self, node, cause: DriverError | str, *, transient: bool | None = None):
+        self.node = node
+        self.cause = str(cause)
+        self.transient = getattr(cause, "transient", False) if transient is None else transient
+        super().__init__(f"{node.hostname}: {self.cause}")
+
+
+@dataclass
+class Context:
+    operation: object
+    drivers: Drivers
+    reservation: object | None = None
+    instances: list = field(default_factory=list)  # the instances this operation works on
+    node: object | None = None  # a validation's node
+
+    def each(self, act: Callable) -> None:
+        """Run ``act(instance, target)`` for every instance; a driver error names its node."""
+        for instance in self.instances:
+            self.on(instance.node, lambda target, instance=instance: act(instance, target))
+
+    def on(self, node, act: Callable):
+        try:
+            return act(target_of(node))
+        except DriverError as exc:
+            raise NodeFault(node, exc) from exc
+
+
+def target_of(node) -> Target:
+    return Target(node_id=str(node.pk), hostname=node.hostname, bmc_address=node.bmc_address,
+                  bmc_username=node.bmc_username, bmc_password=node.bmc_password)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: Callable[[Context], None]
+
+
+#
+# Bare metal
+#
+
+
+def power_on_deploy(ctx: Context) -> None:
+    """Boot the deploy image from the BMC's virtual CD (the agent ramdisk writes the OS image)."""
+    url = settings.MERIDIAN_DEPLOY_IMAGE_URL
+    power = ctx.drivers.power
+
+    def boot(instance, target):
+        if power.media(target) != url:
+            power.insert_media(target, url)
+        if power.boot_device(target) != "cd":
+            power.set_boot_device(target, "cd")
+        if power.power_state(target) != "on":
+            power.set_power(target, True)
+    ctx.each(boot)
+
+
+def write_image(ctx: Context) -> None:
+    image, key = settings.MERIDIAN_OS_IMAGE, ctx.reservation.ssh_public_key
+    disks = ctx.drivers.image
+    ctx.each(lambda instance, target: None if disks.image(target) == image else disks.write_image(target, image, key))
+
+
+def boot_from_disk(ctx: Context) -> None:
+    """Eject the deploy image and boot the written OS."""
+    power = ctx.drivers.power
+
+    def switch(instance, target):
+        if power.media(target) is not None:
+            power.eject_media(target)
+        if power.boot_device(target) != "hdd":
+            power.set_boot_device(target, "hdd")
+    ctx.each(switch)
+
+
+def join_network(ctx: Context) -> None:
+    """Join the instances' ports to the reservation's IB-VPC partition: the VPC work fills this in."""
+
+
+def leave_network(ctx: Context) -> None:
+    """Take the instances' ports out of the VPC partition: the VPC work fills this in."""
+
+
+def verify(ctx: Context) -> None:
+    """
+    The node is what the catalogue says: every GPU present and healthy as the host sees it.
+    (Attestation -- signed evidence checked against reference values -- joins this step.)
+    """
+    host = ctx.drivers.host
+    nodes = {instance.node_id: instance.node for instance in ctx.instances}
+    if ctx.node is not None:
+        nodes = {ctx.node.pk: ctx.node}
+    for node in nodes.values():
+        seen = ctx.on(node, host.inventory)
+        expected = set(node.gpus.values_list("uuid", flat=True))
+        found = {gpu["uuid"] for gpu in seen}
+        if found != expected:
+            raise NodeFault(node, f"the host sees {len(found)} of its {len(expected)} GPUs "
+                                  f"(missing: {', '.join(sorted(expected - found)) or 'none'})", transient=False)
+        sick = [gpu["uuid"] for gpu in seen if not gpu["healthy"]]
+        if sick:
+            raise NodeFault(node, f"GPUs report unhealthy: {', '.join(sick)}", transient=False)
+
+
+def hand_over(ctx: Context) -> None:
+    """
+    Access goes to the tenant (recorded when the operation finishes). From here the tenant's
+    data is on these GPUs: a simulated host marks their memory used, so release must scrub it.
+    """
+    tenant_writes = getattr(ctx.drivers.host, "use", None)
+    if tenant_writes is not None:
+        ctx.each(lambda instance, target: tenant_writes(target, instance.devices))
+
+
+def power_off(ctx: Context) -> None:
+    power = ctx.drivers.power
+    ctx.each(lambda instance, target: power.set_power(target, False) if power.power_state(target) == "on" else None)
+
+
+def wipe(ctx: Context) -> None:
+    disks = ctx.drivers.image
+    ctx.each(lambda instance, target: disks.wipe(target) if disks.image(target) is not None else None)
+
+
+def scrub(ctx: Context) -> None:
+    """Clear the tenant's GPU memory and check it is clear (real: the reset command through the agent)."""
+    host = ctx.drivers.host
+
+    def clean(instance, target):
+        if not host.scrubbed(target, instance.devices):
+            host.scrub(target, instance.devices)
+        if not host.scrubbed(target, instance.devices):
+            raise DriverError("GPU memory still holds the previous tenant's data after the scrub.", transient=False)
+    ctx.each(clean)
+
+
+def reset_power(ctx: Context) -> None:
+    """Leave the node off, booting from the network next time (ready for the next deploy)."""
+    power = ctx.drivers.power
+    ctx.each(lambda instance, target: power.set_boot_device(target, "pxe")
+             if power.boot_device(target) != "pxe" else None)
+
+
+#
+# VMs
+#
+
+
+def define_domain(ctx: Context) -> None:
+    """A domain with the instance's GPUs passed through and its share of the host's CPUs and memory."""
+    vms = ctx.drivers.vm
+
+    def define(instance, target):
+        if vms.domain_state(target, instance.name) != "absent":
+            return
+        node, share = instance.node, len(instance.devices) / max(1, instance.node.gpus.count())
+        xml = domain_xml(name=instance.name, vcpus=max(2, int(node.cpu_cores * share)),
+                         memory_mib=max(8192, int(node.ram_gib * 1024 * share * 0.9)), devices=instance.devices,
+                         image=f"{settings.MERIDIAN_VM_IMAGE_DIR}/{instance.name}.qcow2")
+        vms.define(target, instance.name, xml)
+    ctx.each(define)
+
+
+def start_domain(ctx: Context) -> None:
+    vms = ctx.drivers.vm
+    ctx.each(lambda instance, target: vms.start(target, instance.name)
+             if vms.domain_state(target, instance.name) != "running" else None)
+
+
+def stop_domain(ctx: Context) -> None:
+    vms = ctx.drivers.vm
+    ctx.each(lambda instance, target: vms.stop(target, instance.name)
+             if vms.domain_state(target, instance.name) == "running" else None)
+
+
+def undefine_domain(ctx: Context) -> None:
+    vms = ctx.drivers.vm
+    ctx.each(lambda instance, target: vms.undefine(target, instance.name)
+             if vms.domain_state(target, instance.name) != "absent" else None)
+
+
+#
+# Containers
+#
+
+
+def apply_pod(ctx: Context) -> None:
+    pods = ctx.drivers.container
+    reservation = ctx.reservation
+    offering = reservation.offering
+
+    def apply(instance, target):
+        if pods.pod(target, instance.name) is not None:
+            return
+        slot = offering.slots_per_gpu > 1
+        manifest = pod_manifest(
+            name=instance.name, namespace=f"tenant-{reservation.tenant_id}", node_name=instance.node.hostname,
+            image=settings.MERIDIAN_CONTAINER_IMAGE, gpus=0 if slot else len(instance.devices),
+            devices=instance.devices,
+            memory_cap_mib=(instance.devices[0]["mem_hi"] - instance.devices[0]["mem_lo"]) if slot else None,
+            ssh_public_key=reservation.ssh_public_key,
+            labels={"meridian.cloud/reservation": str(reservation.pk),
+                    "meridian.cloud/tenant": str(reservation.tenant_id)},
+        )
+        pods.apply(target, manifest)
+    ctx.each(apply)
+
+
+def delete_pod(ctx: Context) -> None:
+    pods = ctx.drivers.container
+    ctx.each(lambda instance, target: pods.delete(target, instance.name)
+             if pods.pod(target, instance.name) is not None else None)
+
+
+#
+# Node validation (burn-in)
+#
+
+
+def check_bmc(ctx: Context) -> None:
+    """The BMC answers (power state read) -- out-of-band control works before the node is sold."""
+    ctx.on(ctx.node, ctx.drivers.power.power_state)
+
+
+def burn_in(ctx: Context) -> None:
+    """Exercise every GPU's memory and clear it (real: the agent's burn-in and reset)."""
+    host = ctx.drivers.host
+    devices = [{"index": index, "mem_lo": 0, "mem_hi": memory}
+               for index, memory in ctx.node.gpus.values_list("index", "memory_mib")]
+
+    def run(target):
+        if not host.scrubbed(target, devices):
+            host.scrub(target, devices)
+    ctx.on(ctx.node, run)
+
+
+B, V, C = OfferingKind.BARE_METAL, OfferingKind.VM, OfferingKind.CONTAINER
+P, R = OperationKind.PROVISION, OperationKind.RELEASE
+PIPELINES: dict[tuple[str, str | None], list[Step]] = {
+    (P, B): [Step("power_on_deploy", power_on_deploy), Step("write_image", write_image),
+             Step("boot_from_disk", boot_from_disk), Step("join_network", join_network), Step("verify", verify),
+             Step("hand_over", hand_over)],
+    (P, V): [Step("define_domain", define_domain), Step("start_domain", start_domain),
+             Step("join_network", join_network), Step("hand_over", hand_over)],
+    (P, C): [Step("apply_pod", apply_pod), Step("join_network", join_network), Step("hand_over", hand_over)],
+    (R, B): [Step("power_off", power_off), Step("wipe", wipe), Step("leave_network", leave_network),
+             Step("scrub", scrub), Step("verify", verify), Step("reset_power", reset_power)],
+    (R, V): [Step("stop_domain", stop_domain), Step("undefine_domain", undefine_domain),
+             Step("leave_network", leave_network), Step("scrub", scrub)],
+    (R, C): [Step("delete_pod", delete_pod), Step("leave_network", leave_network), Step("scrub", scrub)],
+    (OperationKind.VALIDATE, None): [Step("check_bmc", check_bmc), Step("verify", verify), Step("burn_in", burn_in)],
+}

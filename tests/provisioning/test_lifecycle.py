@@ -1,0 +1,113 @@
+"""
+Provisioning and release of each offering kind with simulated drivers: a scheduled reservation
+becomes active with reachable instances, and a released one comes back clean.
+"""
+
+import pytest
+
+from cloud.models import GPU, Node
+from provisioning.drivers.simulated import Simulated
+from provisioning.models import Instance, Operation, StepRun
+from tests.provisioning.factories import offering
+from tests.provisioning.pipeline import SSH_KEY, reservation
+from tests.world import small_fleet
+
+URL = "/api/v1/reservations/"
+
+
+@pytest.fixture
+def fleet(world):
+    from provisioning.models import Reservation
+
+    Reservation.objects.all().delete()  # the world's own queued work would compete
+    return small_fleet(4)
+
+
+def create(world, chosen, **amount):
+    client = world.client("t1_member")
+    response = client.post(URL, {"name": "job", "offering": chosen.slug, "regions": ["us-east-1"],
+                                 "duration_hours": 2, "ssh_public_key": SSH_KEY, **amount}, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["state"] == "scheduled", body
+    return body["id"]
+
+
+def release(world, pk):
+    response = world.client("t1_member").post(f"{URL}{pk}/release/")
+    assert response.status_code in (200, 202), response.json()
+
+
+def test_bare_metal_is_deployed_handed_over_and_cleaned(world, fleet, steps):
+    pk = create(world, offering("bare_metal", 8), nodes=1)
+    steps.run()
+    active = reservation(pk)
+    assert active.state == "active"
+    instance = Instance.objects.get(reservation=active)
+    node = instance.node
+    assert instance.state == "active" and instance.address.startswith(node.hostname) and instance.ssh_user
+    assert Node.objects.get(pk=node.pk).state == "allocated"
+    assert [s for _, s, _ in steps.ran] == ["power_on_deploy", "write_image", "boot_from_disk", "join_network",
+                                            "verify", "hand_over"]
+    operation = Operation.objects.get(reservation=active, kind="provision")
+    assert (operation.state, operation.progress) == ("succeeded", 100)
+    assert Simulated.calls("disk", node.hostname) == {"write_image": 1}
+
+    release(world, pk)
+    steps.run()
+    released = reservation(pk)
+    assert released.state == "released"
+    assert Node.objects.get(pk=node.pk).state == "available"
+    assert Instance.objects.get(pk=instance.pk).state == "released"
+    assert Simulated.calls("disk", node.hostname)["wipe"] == 1
+    assert Simulated.calls("host", node.hostname)["scrub"] == 1
+    cleaning = Operation.objects.get(reservation=released, kind="release")
+    assert cleaning.state == "succeeded"
+    assert list(StepRun.objects.filter(operation=cleaning).values_list("name", flat=True)) == [
+        "power_off", "wipe", "leave_network", "scrub", "verify", "reset_power"]
+
+
+def test_a_vm_gets_its_gpus_passed_through_and_gives_them_back(world, fleet, steps):
+    from tests.world import vm_offering
+
+    pk = create(world, vm_offering(2), gpus=2)
+    steps.run()
+    assert reservation(pk).state == "active"
+    instance = Instance.objects.get(reservation_id=pk)
+    gpu_ids = [d["gpu_id"] for d in instance.devices]
+    assert len(gpu_ids) == 2 and set(GPU.objects.filter(pk__in=gpu_ids).values_list("state", flat=True)) == {
+        "allocated"}
+    domain = Simulated.calls("hypervisor", instance.node.hostname)
+    assert domain == {"define": 1, "start": 1}
+    assert Node.objects.get(pk=instance.node_id).state == "in_service"  # a shared host stays in service
+
+    release(world, pk)
+    steps.run()
+    assert reservation(pk).state == "released"
+    assert set(GPU.objects.filter(pk__in=gpu_ids).values_list("state", flat=True)) == {"available"}
+    assert Simulated.calls("hypervisor", instance.node.hostname) == {"define": 1, "start": 1, "stop": 1,
+                                                                     "undefine": 1}
+
+
+def test_a_container_slot_carries_its_memory_cap(world, fleet, steps):
+    from provisioning.drivers.simulated import SimulatedContainers
+    from provisioning.steps import target_of
+
+    chosen = offering("container", 1, slots_per_gpu=8)
+    pk = create(world, chosen, slots=1)
+    steps.run()
+    assert reservation(pk).state == "active"
+    instance = Instance.objects.get(reservation_id=pk)
+    pod = SimulatedContainers().pod(target_of(instance.node), instance.name)
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu.shared": "1"}
+    device = instance.devices[0]
+    cap = pod["metadata"]["annotations"]["meridian.cloud/gpu-memory-cap-mib"]
+    assert cap == str(device["mem_hi"] - device["mem_lo"])
+    assert pod["spec"]["nodeName"] == instance.node.hostname
+    assert GPU.objects.get(pk=device["gpu_id"]).state == "available"  # a slot does not take the whole GPU
+
+    release(world, pk)
+    steps.run()
+    assert reservation(pk).state == "released"
+    assert SimulatedContainers().pod(target_of(instance.node), instance.name) is None
