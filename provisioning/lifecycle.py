@@ -87,7 +87,7 @@ def _move_reservation(reservation: Reservation, target: str, *, only_from, reaso
 
 
 @transaction.atomic
-def reservation_provision_start(reservation_id) -> Operation | None:
+def reservation_provision_start(reservation_id, *, now=None) -> Operation | None:
     """
     Begin provisioning a scheduled reservation whose window has opened: one instance per unit,
     its nodes (bare metal) or GPUs (whole GPUs on shared hosts) taken, the first step enqueued.
@@ -95,7 +95,7 @@ def reservation_provision_start(reservation_id) -> Operation | None:
     """
     reservation = (Reservation.objects.select_for_update(of=("self",)).select_related("offering", "region")
                    .filter(pk=reservation_id).first())
-    now = timezone.now()
+    now = now or timezone.now()
     if reservation is None or reservation.state != R.SCHEDULED or reservation.starts_at > now + timedelta(seconds=1):
         return None
     allocations = list(reservation.allocations.select_related("gpu", "node").order_by("node__hostname", "gpu__index",
@@ -226,7 +226,7 @@ def operation_run_step(operation_id, step: str) -> str:
     Run ``step`` of the operation if that is where it stands; returns what happened ("done",
     "skipped", "retrying", "failed"). Drivers are called outside any transaction.
     """
-    operation = (Operation.objects.select_related("reservation__offering", "reservation__region", "node")
+    operation = (Operation.objects.select_related("reservation__offering", "reservation__region", "node__region")
                  .filter(pk=operation_id).first())
     if operation is None or operation.is_finished or operation.step != step:
         return "skipped"  # done already: a redelivery, or a stopped operation
@@ -246,9 +246,11 @@ def operation_run_step(operation_id, step: str) -> str:
 
 def _context(operation: Operation) -> Context:
     reservation = operation.reservation
-    region = reservation.region.slug if reservation else operation.node.region.slug
     wanted = InstanceState.RELEASING if operation.kind == OperationKind.RELEASE else InstanceState.PROVISIONING
-    instances = list(reservation.instances.filter(state=wanted).select_related("node")) if reservation else []
+    instances = list(reservation.instances.filter(state=wanted).select_related("node__region")) if reservation else []
+    # The hardware's region picks the drivers (a re-queued reservation has no region of its own).
+    node = operation.node or (instances[0].node if instances else None)
+    region = node.region.slug if node else reservation.region.slug
     return Context(operation=operation, drivers=drivers_for(region), reservation=reservation, instances=instances,
                    node=operation.node)
 
@@ -413,7 +415,7 @@ def tick(*, now=None, limit: int = 200) -> dict:
     report = {"started": 0, "expired": 0, "releases": 0, "validations": 0, "resumed": 0, "failed_stuck": 0}
     for reservation_id in Reservation.objects.filter(state=R.SCHEDULED, starts_at__lte=now).order_by(
             "starts_at").values_list("pk", flat=True)[:limit]:
-        report["started"] += reservation_provision_start(reservation_id) is not None
+        report["started"] += reservation_provision_start(reservation_id, now=now) is not None
     for reservation in Reservation.objects.filter(state__in=[R.PROVISIONING, R.ACTIVE], ends_at__lte=now)[:limit]:
         report["expired"] += reservation_expire(reservation=reservation)
     cleaning = Operation.objects.filter(reservation=OuterRef("pk"), kind=OperationKind.RELEASE)
@@ -435,7 +437,7 @@ def tick(*, now=None, limit: int = 200) -> dict:
 @transaction.atomic
 def _resume(operation: Operation) -> bool:
     """A worker died with no redelivery: run the step again, or give up after the resume limit."""
-    locked = Operation.objects.select_for_update().select_related("reservation__offering", "node").get(
+    locked = Operation.objects.select_for_update(of=("self",)).select_related("reservation__offering", "node").get(
         pk=operation.pk)
     if locked.is_finished:
         return True

@@ -136,9 +136,11 @@ def hand_over(ctx: Context) -> None:
     Access goes to the tenant (recorded when the operation finishes). From here the tenant's
     data is on these GPUs: a simulated host marks their memory used, so release must scrub it.
     """
-    tenant_writes = getattr(ctx.drivers.host, "use", None)
+    host = ctx.drivers.host
+    tenant_writes = getattr(host, "use", None)
     if tenant_writes is not None:
-        ctx.each(lambda instance, target: tenant_writes(target, instance.devices))
+        ctx.each(lambda instance, target: tenant_writes(target, instance.devices)
+                 if host.scrubbed(target, instance.devices) else None)
 
 
 def power_off(ctx: Context) -> None:

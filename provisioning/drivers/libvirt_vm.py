@@ -6,22 +6,23 @@ against the system's libvirt); the XML builder needs nothing.
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 from django.conf import settings
 
 from .base import DriverError, Target, VMDriver
 
+PCI_BUS_ID = re.compile(r"^([0-9a-f]{4,8}):([0-9a-f]{2}):([01][0-9a-f])\.([0-7])$", re.IGNORECASE)
+
 
 def pci_address(bus_id: str) -> dict[str, str]:
-    """'00000000:18:00.0' or '0000:18:00.0' -> libvirt's domain/bus/slot/function attributes."""
-    try:
-        domain, bus, rest = bus_id.split(":")
-        slot, function = rest.split(".")
-        return {"domain": f"0x{int(domain, 16):04x}", "bus": f"0x{int(bus, 16):02x}",
-                "slot": f"0x{int(slot, 16):02x}", "function": f"0x{int(function, 16):x}"}
-    except ValueError as exc:
-        raise DriverError(f"'{bus_id}' is not a PCI bus id.", transient=False) from exc
+    """'00000000:18:00.0' (NVML) or '0000:18:00.0' -> libvirt's domain/bus/slot/function attributes."""
+    match = PCI_BUS_ID.match(bus_id) if isinstance(bus_id, str) else None
+    if not match:
+        raise DriverError(f"'{bus_id}' is not a PCI bus id (domain:bus:slot.function).", transient=False)
+    domain, bus, slot, function = (int(part, 16) for part in match.groups())
+    return {"domain": f"0x{domain:04x}", "bus": f"0x{bus:02x}", "slot": f"0x{slot:02x}", "function": f"0x{function:x}"}
 
 
 def domain_xml(*, name: str, vcpus: int, memory_mib: int, devices: list[dict], image: str,
@@ -89,7 +90,9 @@ class LibvirtVM(VMDriver):
         try:
             conn.defineXML(xml)
         except libvirt.libvirtError as exc:
-            transient = exc.get_error_code() not in (libvirt.VIR_ERR_XML_ERROR, libvirt.VIR_ERR_XML_DETAIL)
+            # A refused definition stays refused; only a lost connection is worth another try.
+            transient = exc.get_error_code() in (libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_RPC,
+                                                 libvirt.VIR_ERR_NO_CONNECT)
             raise DriverError(f"libvirt on {target.hostname} refused domain {name}: {exc}.",
                               transient=transient) from exc
         finally:

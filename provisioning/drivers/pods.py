@@ -14,10 +14,12 @@ def pod_manifest(*, name: str, namespace: str, node_name: str, image: str, gpus:
                  memory_cap_mib: int | None, ssh_public_key: str, labels: dict[str, str]) -> dict:
     """
     A pod pinned to the shared host, asking for its whole GPUs (``nvidia.com/gpu``); a slot of a
-    fractional offering asks for one GPU share and carries its memory cap, which the node's
-    isolation enforces (DESIGN.md, GPU memory isolation), in the pod's limits and annotations.
+    fractional offering asks for one GPU share (``nvidia.com/gpu.shared``) and carries its memory
+    cap in an annotation, which the node's isolation enforces (DESIGN.md, GPU memory isolation).
     """
-    limits = {"nvidia.com/gpu": str(max(gpus, 1))}
+    if gpus < 1 and not memory_cap_mib:
+        raise ValueError("A pod asks for at least one whole GPU or for a slot with its memory cap.")
+    limits = {"nvidia.com/gpu": str(gpus)}
     annotations = {"meridian.cloud/gpus": ",".join(d["gpu_id"] for d in devices)}
     if memory_cap_mib:
         limits = {"nvidia.com/gpu.shared": "1"}

@@ -14,17 +14,19 @@ from sushy import exceptions as sushy_errors
 
 from .base import DriverError, PowerDriver, Target
 
-BOOT_SOURCES = {"pxe": sushy.BootSource.PXE, "cd": sushy.BootSource.CD, "hdd": sushy.BootSource.HDD,
-                "none": sushy.BootSource.NONE}
+BOOT_SOURCES = {"pxe": sushy.BootSource.PXE, "cd": sushy.BootSource.CD, "hdd": sushy.BootSource.HDD}
 ON_STATES = {sushy.PowerState.ON, sushy.PowerState.POWERING_ON}
 
 
 class RedfishPower(PowerDriver):
     def _call(self, target: Target, what: str, action):
         try:
+            # Fail fast: the pipeline retries transient errors with its own backoff, so sushy's
+            # defaults (10 retries, no connect timeout) would only hold a worker for minutes.
             root = sushy.Sushy(target.bmc_address, username=target.bmc_username or None,
                                password=target.bmc_password or None,
-                               verify=settings.MERIDIAN_REDFISH_VERIFY_TLS)
+                               verify=settings.MERIDIAN_REDFISH_VERIFY_TLS, server_side_retries=1,
+                               server_side_retries_delay=1, connect_timeout=5, read_timeout=30)
             return action(self._system(root, target))
         except sushy_errors.AccessError as exc:
             raise DriverError(f"The BMC of {target.hostname} refused the credentials ({what}); "
@@ -39,6 +41,10 @@ class RedfishPower(PowerDriver):
             status = getattr(exc, "status_code", 0) or 0
             raise DriverError(f"The BMC of {target.hostname} answered {status} to {what}.",
                               transient=status >= 500 or status in (409, 429)) from exc
+        except sushy_errors.SushyError as exc:
+            # Anything else the BMC cannot do (an unsupported value, a missing action) will not
+            # change on a retry.
+            raise DriverError(f"The BMC of {target.hostname} could not {what}: {exc}.", transient=False) from exc
 
     @staticmethod
     def _system(root, target: Target):
@@ -72,6 +78,13 @@ class RedfishPower(PowerDriver):
         return self._call(target, "read boot device", lambda s: names.get(s.boot.target, "none"))
 
     def set_boot_device(self, target, device):
+        if device == "none":  # no override: the BIOS's own order
+            self._call(target, "clear the boot override", lambda s: s.set_system_boot_options(
+                enabled=sushy.BootSourceOverrideEnabled.DISABLED))
+            return
+        if device not in BOOT_SOURCES:
+            raise DriverError(f"'{device}' is not a boot device (one of {', '.join(BOOT_SOURCES)}, none).",
+                              transient=False)
         source = BOOT_SOURCES[device]
         self._call(target, f"boot from {device}", lambda s: s.set_system_boot_options(
             target=source, enabled=sushy.BootSourceOverrideEnabled.ONCE))

@@ -16,26 +16,35 @@ class Steps:
     def __init__(self):
         self.queue: deque = deque()
         self.ran: list[tuple[str, str, str]] = []  # (operation kind, step, outcome)
+        self.countdowns: list[float] = []  # of retries
 
     def enqueue(self, operation, step, countdown=0):
+        if countdown:
+            self.countdowns.append(countdown)
         self.queue.append(("step", str(getattr(operation, "pk", operation)), step))
 
     def when_due(self, reservations):
         for reservation in reservations:
             self.queue.append(("start", str(reservation.pk), None))
 
-    def run(self, limit: int = 500) -> list:
+    def run(self, limit: int = 500, *, redeliver: type[BaseException] | None = None) -> list:
+        """Run until nothing is left; a task that raises ``redeliver`` is delivered again (a lost worker)."""
         from provisioning.models import Operation
 
         for _ in range(limit):
             if not self.queue:
                 return self.ran
-            what, pk, step = self.queue.popleft()
-            if what == "start":
-                lifecycle.reservation_provision_start(pk)
-                continue
-            kind = Operation.objects.filter(pk=pk).values_list("kind", flat=True).first()
-            self.ran.append((kind, step, lifecycle.operation_run_step(pk, step)))
+            what, pk, step = task = self.queue.popleft()
+            try:
+                if what == "start":
+                    lifecycle.reservation_provision_start(pk)
+                    continue
+                kind = Operation.objects.filter(pk=pk).values_list("kind", flat=True).first()
+                self.ran.append((kind, step, lifecycle.operation_run_step(pk, step)))
+            except BaseException as exc:
+                if redeliver is None or not isinstance(exc, redeliver):
+                    raise
+                self.queue.appendleft(task)
         raise AssertionError(f"the lifecycle did not settle in {limit} tasks: {self.ran[-10:]}")
 
 
