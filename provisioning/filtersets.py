@@ -2,7 +2,7 @@
 
 import django_filters
 
-from .models import Operation, Reservation
+from .models import Instance, Operation, Reservation
 
 
 class ReservationFilterSet(django_filters.FilterSet):
@@ -22,3 +22,12 @@ class OperationFilterSet(django_filters.FilterSet):
     class Meta:
         model = Operation
         fields = ["reservation", "kind", "state"]
+
+
+class InstanceFilterSet(django_filters.FilterSet):
+    reservation = django_filters.UUIDFilter(field_name="reservation_id")
+    state = django_filters.MultipleChoiceFilter(choices=Instance._meta.get_field("state").choices)
+
+    class Meta:
+        model = Instance
+        fields = ["reservation", "state", "kind"]

@@ -320,10 +320,9 @@ def _provisioned(operation: Operation) -> None:
     reservation = operation.reservation
     region = reservation.region.slug
     for instance in reservation.instances.filter(state=InstanceState.PROVISIONING).select_related("node"):
-        address = instance.node.hostname if instance.kind == OfferingKind.BARE_METAL else \
-            f"{instance.name}.{instance.node.hostname}"
-        Instance.objects.filter(pk=instance.pk).update(state=InstanceState.ACTIVE, address=f"{address}.{region}.gpu",
-                                                       ssh_user="ubuntu")
+        # A VM's or container's name never says which host it shares with other tenants.
+        Instance.objects.filter(pk=instance.pk).update(
+            state=InstanceState.ACTIVE, address=f"{instance.name}.{region}.gpu", ssh_user="ubuntu")
     _close(operation, OperationState.SUCCEEDED)
     if _move_reservation(reservation, R.ACTIVE, only_from={R.PROVISIONING}, reason=""):
         audit_record(actor=None, action="reservation.active", target=reservation, after={"state": R.ACTIVE})

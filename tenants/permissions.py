@@ -31,6 +31,7 @@ POLICIES: dict[str, dict[str, str]] = {
     "audit-events": {"read": ADMIN, "write": NOBODY},
     "reservations": {"read": VIEWER, "write": MEMBER},
     "operations": {"read": VIEWER, "write": NOBODY},
+    "instances": {"read": VIEWER, "write": NOBODY},
     "regions": {"read": ANY, "write": PLATFORM_ADMIN},
     "gpu-models": {"read": ANY, "write": PLATFORM_ADMIN},
     "offerings": {"read": ANY, "write": PLATFORM_ADMIN},

@@ -20,11 +20,11 @@ from cloud.api.urls import router
 from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region, Switch
-from provisioning.models import Operation, Reservation
+from provisioning.models import Instance, Operation, Reservation
 from security.models import AuditEvent
 from tenants.choices import QuotaResource, TeamRole, TenantRole
 from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, secret_digest
-from tests.world import World, h100, make_user, unique, vm_offering
+from tests.world import World, fleet_node, h100, make_user, unique, vm_offering
 
 SMALL, LARGE = 2, 20
 
@@ -184,9 +184,18 @@ def make_operations(world, n):
         Operation.objects.create(tenant=world.t1.tenant, reservation=reservation, kind="place")
 
 
+def make_instances(world, n):
+    make_reservations(world, n)
+    node = fleet_node()
+    for i, reservation in enumerate(Reservation.objects.filter(tenant=world.t1.tenant).order_by("-submitted_at")[:n]):
+        Instance.objects.create(tenant=world.t1.tenant, reservation=reservation, node=node, index=0, kind="vm",
+                                state="active", name=f"vm-{i}-{secrets.token_hex(3)}")
+
+
 ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     Reservation: make_reservations,
     Operation: make_operations,
+    Instance: make_instances,
     Tenant: make_tenants,
     Team: make_teams,
     Membership: make_memberships,

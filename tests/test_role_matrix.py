@@ -19,7 +19,7 @@ import pytest
 
 from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region
 from provisioning.admission import Ask
-from provisioning.models import Operation, Reservation
+from provisioning.models import Instance, Operation, Reservation
 from provisioning.services import reservation_create
 from security.models import AuditEvent
 from tenants import services
@@ -186,6 +186,9 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("GET", "operations-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/operations/"),
     ("GET", "operations-detail"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/operations/{w.t1.objects[Operation].pk}/"),
+    ("GET", "instances-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/instances/"),
+    ("GET", "instances-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/instances/{w.t1.objects[Instance].pk}/"),
     ("GET", "regions-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/regions/"),
     ("POST", "regions-list"): Case(
         "401 403 403 403 403 403 403 201", lambda w: f"{V1}/regions/",
@@ -220,6 +223,10 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("POST", "nodes-maintenance"): Case(
         "401 403 403 403 403 403 403 200", available_node, lambda w: {"reason": "replace a fan"}),
     ("DELETE", "nodes-maintenance"): Case("401 403 403 403 403 403 403 200", node_in_maintenance),
+    ("POST", "nodes-validate"): Case(
+        "401 403 403 403 403 403 403 202", lambda w: available_node(w).replace("maintenance", "validate")),
+    ("GET", "nodes-steps"): Case(
+        "401 403 403 403 403 403 200 200", lambda w: available_node(w).replace("maintenance", "steps")),
     ("GET", "gpus-list"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/gpus/"),
     ("GET", "gpus-detail"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/gpus/{first(GPU)(w)}/"),
 }

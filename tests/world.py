@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Node, Offering
-from provisioning.models import Operation, Reservation
+from provisioning.models import Instance, Operation, Reservation
 from security.audit import audit_record
 from security.models import AuditEvent
 from tenants import services
@@ -43,12 +43,28 @@ def unique(prefix: str = "x") -> str:
     return f"{prefix}-{next(_counter)}"
 
 
+class Objects(dict):
+    """A tenant's fixture objects by model; a callable stands for one made on first use."""
+
+    def __getitem__(self, model):
+        value = super().__getitem__(model)
+        if callable(value):
+            value = self[model] = value()
+        return value
+
+    def values(self):
+        return [self[model] for model in self]
+
+    def items(self):
+        return [(model, self[model]) for model in self]
+
+
 @dataclass
 class TenantSide:
     tenant: Tenant
     team: Team
     owner: User
-    objects: dict[type, object] = field(default_factory=dict)
+    objects: Objects = field(default_factory=Objects)
 
 
 @dataclass
@@ -107,6 +123,16 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     )
     side.objects[Reservation] = reservation
     side.objects[Operation] = Operation.objects.create(tenant=tenant, reservation=reservation, kind="place")
+    side.objects[Instance] = lambda: Instance.objects.create(  # made on first use: it needs a fleet
+        tenant=tenant, reservation=reservation, node=fleet_node(), index=0, kind="vm", state="active",
+        name=unique("vm"), address="vm.world.gpu", ssh_user="ubuntu")
+
+
+def fleet_node() -> Node:
+    """A shared host of the test's fleet (a small one is built if the test has none)."""
+    if not Node.objects.filter(pool="shared").exists():
+        small_fleet(4)
+    return Node.objects.filter(pool="shared").order_by("hostname").first()
 
 
 def build_world() -> World:

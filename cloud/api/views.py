@@ -6,6 +6,8 @@ from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from provisioning.api.serializers import OperationSerializer, StepRunSerializer
+
 from .. import services
 from ..capacity import availability
 from ..choices import SwitchTier
@@ -125,6 +127,27 @@ class NodeViewSet(ReadMixin, PlatformViewSet):
         else:
             services.node_maintenance_end(actor=request.principal, node=node)
         return Response(self.get_serializer(self.get_object()).data)
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"])
+    def validate(self, request, pk=None):
+        """Run validation (burn-in): BMC, GPUs as the catalogue says, memory exercised -> available."""
+        from provisioning.lifecycle import node_validate
+
+        operation = node_validate(actor=request.principal, node=self.get_object())
+        return Response(OperationSerializer(operation).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=StepRunSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def steps(self, request, pk=None):
+        """The node's step history, newest first: validation, provisioning and cleaning, with every error."""
+        from provisioning.models import StepRun
+
+        node = self.get_object()
+        history = (StepRun.objects.filter(Q(node=node) | Q(operation__reservation__instances__node=node))
+                   .distinct().order_by("-id"))
+        page = self.paginate_queryset(history)
+        return self.get_paginated_response(StepRunSerializer(page, many=True).data)
 
 
 class GPUViewSet(ReadMixin, PlatformViewSet):

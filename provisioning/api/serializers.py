@@ -17,7 +17,7 @@ from tenants.models import Team
 
 from ..admission import Ask, best_offering_for_spec
 from ..choices import BillingTerm, EvictionPolicy
-from ..models import Operation, Reservation
+from ..models import Instance, Operation, Reservation, StepRun
 from ..priority import URGENCY_LEVELS
 
 MAX_REGIONS = 8
@@ -165,10 +165,36 @@ class ScoreSerializer(serializers.Serializer):
     estimated_start = serializers.DateTimeField(allow_null=True)
 
 
+class StepRunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = StepRun
+        fields = ["name", "attempt", "state", "error", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
 class OperationSerializer(serializers.ModelSerializer):
+    """An operation with its steps so far: every attempt, and the cause of every failed one."""
+
+    steps = StepRunSerializer(many=True, read_only=True)
+
     class Meta:
         model = Operation
-        fields = ["id", "reservation", "kind", "state", "step", "attempt", "progress", "error", "created_at",
-                  "updated_at"]
+        fields = ["id", "reservation", "kind", "state", "step", "attempt", "progress", "error", "steps",
+                  "created_at", "updated_at", "finished_at"]
         read_only_fields = fields
+
+
+class InstanceSerializer(serializers.ModelSerializer):
+    """What the tenant reaches: never the host a VM or container runs on (other tenants' neighbour)."""
+
+    gpus = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Instance
+        fields = ["id", "reservation", "index", "kind", "state", "name", "address", "ssh_user", "gpus",
+                  "created_at", "updated_at"]
+        read_only_fields = fields
+
+    def get_gpus(self, instance) -> int:
+        return len(instance.devices)
 

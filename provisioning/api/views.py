@@ -2,6 +2,7 @@
 
 from datetime import timedelta
 
+from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
@@ -11,8 +12,8 @@ from cloud.api.base import ReadMixin, TenantScopedViewSet
 from cloud.api.idempotency import HEADER, IdempotentCreateMixin
 
 from .. import services
-from ..filtersets import OperationFilterSet, ReservationFilterSet
-from ..models import Operation, Reservation
+from ..filtersets import InstanceFilterSet, OperationFilterSet, ReservationFilterSet
+from ..models import Instance, Operation, Reservation, StepRun
 from ..queue import score_report
 from . import serializers as s
 
@@ -82,8 +83,19 @@ class OperationViewSet(ReadMixin, TenantScopedViewSet):
     """Asynchronous changes of reservations, to poll for progress."""
 
     policy = "operations"
-    queryset = Operation.objects.all()
+    queryset = Operation.objects.prefetch_related(Prefetch("steps", queryset=StepRun.objects.order_by("id")))
     serializer_class = s.OperationSerializer
     filterset_class = OperationFilterSet
     ordering_fields = ["created_at", "updated_at"]
     ordering = ["-created_at"]
+
+
+class InstanceViewSet(ReadMixin, TenantScopedViewSet):
+    """The servers, VMs and containers of the tenant's reservations, with how to reach them."""
+
+    policy = "instances"
+    queryset = Instance.objects.all()
+    serializer_class = s.InstanceSerializer
+    filterset_class = InstanceFilterSet
+    ordering_fields = ["created_at", "index"]
+    ordering = ["-created_at", "index"]
