@@ -132,6 +132,17 @@ def test_run_command_serves_console_and_api_and_stops_cleanly(tmp_path):
         while api(f"reservations/{later['id']}/")["state"] != "scheduled":
             assert time.monotonic() < deadline, "the scheduler did not place the advance reservation"
             time.sleep(0.5)
+        # The worker provisions the first one, step by step, to an instance the tenant can reach.
+        deadline = time.monotonic() + 60
+        while (state := api(f"reservations/{now['id']}/")["state"]) != "active":
+            assert state in ("scheduled", "provisioning"), state
+            assert time.monotonic() < deadline, "the worker did not provision the reservation"
+            time.sleep(0.5)
+        instance = api(f"instances/?reservation={now['id']}")["results"][0]
+        assert instance["state"] == "active" and instance["address"] and instance["ssh_user"]
+        operation = api(f"operations/?reservation={now['id']}&kind=provision")["results"][0]
+        assert operation["state"] == "succeeded" and [s["name"] for s in operation["steps"]] == [
+            "define_domain", "start_domain", "join_network", "hand_over"]
     finally:
         os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
         try:
