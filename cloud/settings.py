@@ -399,8 +399,10 @@ MERIDIAN_STEP_BACKOFF_MAX_S = env.float("MERIDIAN_STEP_BACKOFF_MAX_SECONDS", def
 MERIDIAN_CLEANING_ATTEMPTS = env.int("MERIDIAN_CLEANING_ATTEMPTS", default=3)
 MERIDIAN_PROVISION_FAILURES = env.int("MERIDIAN_PROVISION_FAILURES", default=3)
 # An operation untouched this long lost its worker without a redelivery: the reaper resumes it
-# (up to MERIDIAN_RESUME_LIMIT times, then fails it with the reason).
-MERIDIAN_STUCK_AFTER = timedelta(seconds=env.int("MERIDIAN_STUCK_AFTER_SECONDS", default=300))
+# (up to MERIDIAN_RESUME_LIMIT times, then fails it with the reason). Longer than a task may run,
+# so a slow step still running is never started a second time beside itself.
+MERIDIAN_STUCK_AFTER = timedelta(seconds=max(env.int("MERIDIAN_STUCK_AFTER_SECONDS", default=0),
+                                             CELERY_TASK_TIME_LIMIT + 60))
 MERIDIAN_RESUME_LIMIT = env.int("MERIDIAN_RESUME_LIMIT", default=3)
 
 LOGGING = {

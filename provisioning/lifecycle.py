@@ -233,6 +233,17 @@ def operation_run_step(operation_id, step: str) -> str:
     steps = pipeline_of(operation)
     names = [s.name for s in steps]
     attempt = operation.attempt + 1
+    # A run still "running" here lost its worker (this is its redelivery or the reaper's resume).
+    StepRun.objects.filter(operation=operation, name=step, state=StepState.RUNNING).update(
+        state=StepState.FAILED, error="The worker was lost during this step; it ran again.",
+        finished_at=timezone.now())
+    if attempt > _attempt_limit(operation):
+        # Every delivery so far died with its worker (out of memory, a driver crash): stop here.
+        run = StepRun.objects.create(operation=operation, node=operation.node, name=step, attempt=attempt)
+        node = operation.node or next((i.node for i in _context(operation).instances), None)
+        if node is not None:
+            return _step_failed(operation, run, NodeFault(node, "the step's worker died on every attempt",
+                                                          transient=False), attempt)
     Operation.objects.filter(pk=operation.pk).update(state=OperationState.RUNNING, attempt=attempt,
                                                      updated_at=timezone.now())
     run = StepRun.objects.create(operation=operation, node=operation.node, name=step, attempt=attempt)
@@ -277,9 +288,8 @@ def _step_failed(operation: Operation, run: StepRun, fault: NodeFault, attempt: 
     if locked.is_finished or locked.step != run.name:
         StepRun.objects.filter(pk=run.pk).update(state=StepState.FAILED, error=str(fault), finished_at=timezone.now())
         return "skipped"
-    limit = settings.MERIDIAN_CLEANING_ATTEMPTS if locked.kind == OperationKind.RELEASE else \
-        settings.MERIDIAN_STEP_ATTEMPTS
-    message = f"{run.name} (attempt {attempt} of {limit}) on {fault}"
+    limit = _attempt_limit(locked)
+    message = f"{run.name} (attempt {min(attempt, limit)} of {limit}) on {fault}"
     if fault.transient and attempt < limit:
         StepRun.objects.filter(pk=run.pk).update(state=StepState.FAILED, error=str(fault), finished_at=timezone.now())
         Operation.objects.filter(pk=locked.pk).update(error=message)
@@ -289,6 +299,11 @@ def _step_failed(operation: Operation, run: StepRun, fault: NodeFault, attempt: 
     log.warning("Step failed for good: %s", message)
     FAILURES[locked.kind](locked, fault, message)
     return "failed"
+
+
+def _attempt_limit(operation: Operation) -> int:
+    return settings.MERIDIAN_CLEANING_ATTEMPTS if operation.kind == OperationKind.RELEASE else \
+        settings.MERIDIAN_STEP_ATTEMPTS
 
 
 def _close(operation: Operation, state: str, error: str = "") -> None:

@@ -261,3 +261,18 @@ def test_cancelling_while_provisioning_stops_it_and_cleans_up(world, fleet, step
     node = Instance.objects.filter(reservation_id=pk).first().node
     assert Node.objects.get(pk=node.pk).state == "available"
     assert Simulated.calls("bmc", node.hostname)["set_power"] == 2
+
+
+def test_a_step_whose_worker_dies_every_time_is_failed_not_redelivered_forever(world, fleet, steps):
+    """Each delivery counts as an attempt even when the worker dies; past the limit it fails for good."""
+    pk = create(world)
+    start_then_lose_the_first_step(steps)
+    operation = Operation.objects.get(reservation_id=pk, kind="provision")
+    Operation.objects.filter(pk=operation.pk).update(attempt=5)  # five deliveries died with their worker
+    StepRun.objects.create(operation=operation, name=operation.step, attempt=5)  # the last one, still "running"
+    assert lifecycle.operation_run_step(operation.pk, operation.step) == "failed"
+    steps.run()
+    assert reservation(pk).state == "queued"
+    runs = list(StepRun.objects.filter(operation=operation).values_list("attempt", "state", "error"))
+    assert runs[0][:2] == (5, "failed") and "worker was lost" in runs[0][2]
+    assert runs[1][:2] == (6, "gave_up") and "died on every attempt" in runs[1][2]

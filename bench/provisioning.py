@@ -1,0 +1,229 @@
+"""
+Provisioning throughput through real Celery workers on RabbitMQ, with zero-latency simulated
+drivers: BENCH_RESERVATIONS (300) scheduled 1-GPU VMs taken from ``scheduled`` to ``active``
+(a start task, then one task per step: define_domain, start_domain, join_network, hand_over),
+with 1 and with 2 worker processes (prefork, one pool process each; BENCH_WORKERS="1,2").
+Reservations per second from the first start sent to the last one active, and each one's time
+from its start to ``active`` (p50, p99). Attestation is not yet in the chain.
+
+Then, in-process and without a broker, the control plane's own cost per reservation: tasks
+(hops), database queries and milliseconds, start to active and release to released.
+
+Target (issue 4): at least 50 reservations per second with 2 workers.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/meridian .venv/bin/python bench/provisioning.py
+
+It prints readable lines and one final ``RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import deque
+from datetime import timedelta
+from pathlib import Path
+
+from common import REPO, drop_database, percentile, setup_django
+
+DB = "meridian_bench_provisioning"
+BROKER = os.environ.get("BENCH_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+RESERVATIONS = int(os.environ.get("BENCH_RESERVATIONS", "300"))
+WORKERS = [int(n) for n in os.environ.get("BENCH_WORKERS", "1,2").split(",")]
+IN_PROCESS = int(os.environ.get("BENCH_IN_PROCESS", "50"))
+TARGET_PER_S = 50.0
+QUEUE = f"meridian-bench-{uuid.uuid4().hex[:8]}"
+
+# The bench process sends to the workers' queue on RabbitMQ: set before Django reads its settings.
+os.environ["CELERY_BROKER_URL"] = BROKER
+os.environ["MERIDIAN_CELERY_QUEUE"] = QUEUE
+
+
+def seed():
+    from cloud.catalogue import load_gpu_catalogue
+    from cloud.fleet import FleetSpec, build_fleet
+    from cloud.models import GPUModel, Offering
+    from tenants.choices import QuotaResource, TenantRole
+    from tenants.models import Membership, Quota, Tenant, User
+    from tenants.scoping import Principal
+
+    load_gpu_catalogue(GPUModel)
+    build_fleet(FleetSpec(regions=1, nodes_per_fabric=256, shared_ratio=0.25))
+    tenant = Tenant.objects.create(name="Bench", slug="bench")
+    user = User.objects.create_user("bench@example.com")
+    Membership.objects.create(tenant=tenant, user=user, role=TenantRole.OWNER)
+    Quota.objects.create(tenant=tenant, resource=QuotaResource.GPUS, limit=100_000)
+    h100 = GPUModel.objects.get(slug="h100-80gb-sxm")
+    offering, _ = Offering.objects.get_or_create(slug="bench-vm-h100x1", defaults={
+        "name": "VM 1x H100", "kind": "vm", "gpu_model": h100, "gpus_per_unit": 1, "price_per_gpu_hour": "2.49"})
+    return Principal(user=user, tenant=tenant, role=TenantRole.OWNER), offering
+
+
+def reset():
+    """Give everything back: no reservations, every node and GPU as the fleet builder left it."""
+    from cloud.models import GPU
+    from provisioning.models import Reservation, SimulatedDevice
+
+    Reservation.objects.all().delete()
+    SimulatedDevice.objects.all().delete()
+    GPU.objects.update(state="available")
+
+
+def schedule(principal, offering, n: int) -> list[str]:
+    """``n`` 1-GPU VMs placed at once (the fast path); nothing is sent to the workers yet."""
+    from cloud.models import Region
+    from provisioning import lifecycle
+    from provisioning.admission import Ask
+    from provisioning.services import reservation_create
+
+    region = Region.objects.get(slug="us-east-1")
+    held, lifecycle.provision_when_due = lifecycle.provision_when_due, lambda reservations: None
+    try:
+        made = [reservation_create(actor=principal, ask=Ask(name=f"b{i}", offering=offering, units=1,
+                                                            regions=(region,), duration=timedelta(hours=2)))
+                for i in range(n)]
+    finally:
+        lifecycle.provision_when_due = held
+    assert all(r.state == "scheduled" for r in made), {r.state for r in made}
+    return [str(r.pk) for r in made]
+
+
+def start_workers(count: int, env: dict) -> list[subprocess.Popen]:
+    """Workers logging to files (a pipe nobody reads would fill and stop them), once they say they are ready."""
+    workers, logs = [], []
+    for i in range(count):
+        log = Path(tempfile.mkdtemp(prefix="meridian-bench-worker-")) / "worker.log"
+        logs.append(log)
+        workers.append(subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "cloud", "worker", "--queues", QUEUE, "--concurrency", "1",
+             "--pool", "prefork", "--without-mingle", "--without-gossip", "--without-heartbeat",
+             "--loglevel", "INFO", "--hostname", f"{QUEUE}-{i}@%h", "--logfile", str(log)],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + 60
+    while not all(log.exists() and "ready." in log.read_text() for log in logs):
+        if time.monotonic() > deadline or any(worker.poll() is not None for worker in workers):
+            raise RuntimeError("a worker did not start: " + " | ".join(log.read_text()[-500:] for log in logs
+                                                                        if log.exists()))
+        time.sleep(0.1)
+    return workers
+
+
+def through_workers(principal, offering, workers: int) -> dict:
+    from django.db.models import F
+
+    from provisioning.models import Operation, Reservation
+    from provisioning.tasks import reservation_start
+
+    reset()
+    ids = schedule(principal, offering, RESERVATIONS)
+    env = {**os.environ, "MERIDIAN_SIMULATION": json.dumps({"seed": 0})}
+    started = start_workers(workers, env)
+    try:
+        sent = time.time()
+        began = time.perf_counter()
+        for pk in ids:
+            reservation_start.delay(pk)
+        deadline = time.monotonic() + 600
+        while (active := Reservation.objects.filter(state="active").count()) < len(ids):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {active} of {len(ids)} active after 600 s")
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - began
+    finally:
+        for worker in started:
+            worker.terminate()
+        for worker in started:
+            worker.wait(timeout=30)
+    done = Operation.objects.filter(kind="provision", state="succeeded").annotate(
+        took=F("finished_at") - F("created_at")).values_list("finished_at", flat=True)
+    to_active = [(finished.timestamp() - sent) * 1000 for finished in done]
+    return {"workers": workers, "reservations": len(ids), "seconds": round(elapsed, 2),
+            "per_s": round(len(ids) / elapsed, 1), "to_active_ms_p50": round(percentile(to_active, 50), 1),
+            "to_active_ms_p99": round(percentile(to_active, 99), 1)}
+
+
+def in_process(principal, offering) -> dict:
+    """Start to active and release to released without a broker: tasks, queries and time per reservation."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from provisioning import lifecycle
+    from provisioning.models import Reservation
+    from provisioning.services import reservation_release
+
+    reset()
+    ids = schedule(principal, offering, IN_PROCESS)
+    tasks: deque = deque()
+    lifecycle._enqueue = lambda operation, step, countdown=0: tasks.append(
+        (str(getattr(operation, "pk", operation)), step))
+    lifecycle.provision_when_due = lambda reservations: None
+
+    def drain() -> int:
+        hops = 0
+        while tasks:
+            hops += 1
+            lifecycle.operation_run_step(*tasks.popleft())
+        return hops
+
+    figures = {}
+    with CaptureQueriesContext(connection) as queries:
+        began = time.perf_counter()
+        hops = 0
+        for pk in ids:
+            hops += 1
+            lifecycle.reservation_provision_start(pk)
+            hops += drain()
+        elapsed = time.perf_counter() - began
+    assert Reservation.objects.filter(pk__in=ids, state="active").count() == len(ids)
+    figures["provision"] = {"tasks": round(hops / len(ids), 1), "queries": round(len(queries) / len(ids), 1),
+                            "ms": round(elapsed * 1000 / len(ids), 2)}
+    with CaptureQueriesContext(connection) as queries:
+        began = time.perf_counter()
+        hops = 0
+        for reservation in Reservation.objects.filter(pk__in=ids).select_related("offering"):
+            reservation_release(actor=principal, reservation=reservation)
+            hops += 1 + drain()
+        elapsed = time.perf_counter() - began
+    assert Reservation.objects.filter(pk__in=ids, state="released").count() == len(ids)
+    figures["release"] = {"tasks": round(hops / len(ids), 1), "queries": round(len(queries) / len(ids), 1),
+                          "ms": round(elapsed * 1000 / len(ids), 2)}
+    return figures
+
+
+def main() -> None:
+    setup_django(DB)
+    from kombu import Connection
+
+    principal, offering = seed()
+    print(f"fleet seeded; {RESERVATIONS} 1-GPU VMs per run, queue {QUEUE} on RabbitMQ")
+    runs = []
+    try:
+        for workers in WORKERS:
+            run = through_workers(principal, offering, workers)
+            runs.append(run)
+            print(f"  {workers} worker(s): {run}")
+        overhead = in_process(principal, offering)
+        print(f"  control plane per reservation (in-process, no broker): {overhead}")
+    finally:
+        with Connection(BROKER) as conn:
+            conn.default_channel.queue_delete(QUEUE)
+        drop_database(DB)
+    best = max((r["per_s"] for r in runs if r["workers"] == 2), default=0.0)
+    result = {"bench": "provisioning", "commit": commit(), "cpus": os.cpu_count(), "runs": runs,
+              "per_reservation": overhead, "target_per_s_with_2_workers": TARGET_PER_S,
+              "per_s_with_2_workers": best, "target_ok": best >= TARGET_PER_S}
+    print("RESULT " + json.dumps(result))
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+if __name__ == "__main__":
+    main()
