@@ -233,10 +233,11 @@ def operation_run_step(operation_id, step: str) -> str:
     steps = pipeline_of(operation)
     names = [s.name for s in steps]
     attempt = operation.attempt + 1
-    # A run still "running" here lost its worker (this is its redelivery or the reaper's resume).
-    StepRun.objects.filter(operation=operation, name=step, state=StepState.RUNNING).update(
-        state=StepState.FAILED, error="The worker was lost during this step; it ran again.",
-        finished_at=timezone.now())
+    if operation.attempt:
+        # A run still "running" here lost its worker (this is its redelivery or the reaper's resume).
+        StepRun.objects.filter(operation=operation, name=step, state=StepState.RUNNING).update(
+            state=StepState.FAILED, error="The worker was lost during this step; it ran again.",
+            finished_at=timezone.now())
     if attempt > _attempt_limit(operation):
         # Every delivery so far died with its worker (out of memory, a driver crash): stop here.
         run = StepRun.objects.create(operation=operation, node=operation.node, name=step, attempt=attempt)

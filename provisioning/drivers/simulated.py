@@ -38,22 +38,32 @@ class Simulated:
         return row or {}
 
     def _act(self, target: Target, action: str, change) -> None:
-        """Count the call, maybe fail it as configured, then apply ``change(state)`` and store it."""
+        """
+        Count the call, maybe fail it as configured, then apply ``change(state)`` and store it.
+        With a latency the count is stored first, as real hardware has begun when a worker dies
+        mid-call; without one, count and change are one write.
+        """
         key = self._key(target)
-        with transaction.atomic():
-            row, _ = SimulatedDevice.objects.select_for_update().get_or_create(key=key)
-            calls = dict(row.calls)
-            calls[action] = calls.get(action, 0) + 1
-            SimulatedDevice.objects.filter(key=key).update(calls=calls)
-        latency = _knob("latency_s", action)
-        if latency:
-            time.sleep(latency)
         seed = settings.MERIDIAN_SIMULATION.get("seed", 0)
-        roll = random.Random(f"{seed}|{key}|{action}|{calls[action]}").random()  # noqa: S311 -- fault injection
+        latency = _knob("latency_s", action)
+        with transaction.atomic():
+            row = SimulatedDevice.objects.select_for_update().filter(key=key).first() or \
+                SimulatedDevice.objects.create(key=key)
+            calls = {**row.calls, action: row.calls.get(action, 0) + 1}
+            roll = random.Random(f"{seed}|{key}|{action}|{calls[action]}").random()  # noqa: S311 -- fault injection
+            fails = roll < max(_knob("broken_rate", action), _knob("failure_rate", action))
+            if latency or fails:
+                SimulatedDevice.objects.filter(key=key).update(calls=calls)
+            else:
+                state = dict(row.state)
+                change(state)
+                SimulatedDevice.objects.filter(key=key).update(calls=calls, state=state)
+                return
         if roll < _knob("broken_rate", action):
             raise DriverError(f"Simulated hardware fault on {target.hostname}: {action} failed.", transient=False)
-        if roll < _knob("failure_rate", action):
+        if fails:
             raise DriverError(f"Simulated transient error on {target.hostname}: {action} timed out.")
+        time.sleep(latency)
         with transaction.atomic():
             row = SimulatedDevice.objects.select_for_update().get(key=key)
             state = dict(row.state)
