@@ -253,6 +253,15 @@ def operation_run_step(operation_id, step: str) -> str:
         steps[names.index(step)].run(context)
     except NodeFault as fault:
         return _step_failed(operation, run, fault, attempt)
+    except Exception as exc:
+        # A bug or an unexpected answer: retried like a transient error, then failed for good,
+        # never left running until the reaper finds it.
+        log.exception("Step %s of operation %s raised", step, operation.pk)
+        node = operation.node or next((i.node for i in context.instances), None)
+        if node is None:
+            raise
+        return _step_failed(operation, run, NodeFault(node, f"unexpected error: {type(exc).__name__}: {exc}",
+                                                      transient=True), attempt)
     return _step_succeeded(operation, run, names)
 
 

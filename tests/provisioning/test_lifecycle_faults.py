@@ -276,3 +276,21 @@ def test_a_step_whose_worker_dies_every_time_is_failed_not_redelivered_forever(w
     runs = list(StepRun.objects.filter(operation=operation).values_list("attempt", "state", "error"))
     assert runs[0][:2] == (5, "failed") and "worker was lost" in runs[0][2]
     assert runs[1][:2] == (6, "gave_up") and "died on every attempt" in runs[1][2]
+
+
+def test_an_unexpected_error_in_a_step_is_retried_then_fails_cleanly(world, fleet, steps, monkeypatch):
+    """A bug in a step is not left running for the reaper: it retries like a transient error, then fails."""
+    from provisioning import steps as step_module
+
+    def broken(ctx):
+        raise ValueError("unexpected answer from the BMC")
+
+    pipeline = step_module.PIPELINES[("provision", "bare_metal")]
+    monkeypatch.setitem(step_module.PIPELINES, ("provision", "bare_metal"),
+                        [step_module.Step(pipeline[0].name, broken), *pipeline[1:]])
+    pk = create(world)
+    steps.run()
+    runs = list(StepRun.objects.filter(name="power_on_deploy").values_list("state", "error"))
+    assert [state for state, _ in runs] == ["failed"] * 4 + ["gave_up"]
+    assert all("unexpected error: ValueError" in error for _, error in runs)
+    assert reservation(pk).state == "queued"
