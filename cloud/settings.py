@@ -404,6 +404,12 @@ MERIDIAN_PROVISION_FAILURES = env.int("MERIDIAN_PROVISION_FAILURES", default=3)
 MERIDIAN_STUCK_AFTER = timedelta(seconds=max(env.int("MERIDIAN_STUCK_AFTER_SECONDS", default=0),
                                              CELERY_TASK_TIME_LIMIT + 60))
 MERIDIAN_RESUME_LIMIT = env.int("MERIDIAN_RESUME_LIMIT", default=3)
+# Node agents: seconds between their turns (heartbeat, then commands); an agent silent for three
+# turns cannot answer a step that needs it.
+MERIDIAN_AGENT_INTERVAL = env.float("MERIDIAN_AGENT_INTERVAL_SECONDS", default=10.0)
+# How many times a step asks again for an answer it is waiting on (an agent's scrub) before that
+# counts as a failed attempt.
+MERIDIAN_STEP_WAITS = env.int("MERIDIAN_STEP_WAITS", default=30)
 
 LOGGING = {
     "version": 1,

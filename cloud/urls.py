@@ -17,6 +17,7 @@ urlpatterns = [
     path("invitations/<str:secret>/", views.invitation_open, name="invitation-open"),
     path("health/", views.health, name="health"),
     path("api/v1/", include("cloud.api.urls")),
+    path("api/agent/v1/", include("provisioning.node_api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("admin/", admin.site.urls),

@@ -62,6 +62,7 @@ class InstanceState(models.TextChoices):
 
 class StepState(models.TextChoices):
     RUNNING = "running", "Running"
+    WAITING = "waiting", "Waiting for the hardware to answer"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed (will retry)"
     GAVE_UP = "gave_up", "Failed for good"

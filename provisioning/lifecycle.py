@@ -298,6 +298,12 @@ def _step_failed(operation: Operation, run: StepRun, fault: NodeFault, attempt: 
     if locked.is_finished or locked.step != run.name:
         StepRun.objects.filter(pk=run.pk).update(state=StepState.FAILED, error=str(fault), finished_at=timezone.now())
         return "skipped"
+    if fault.wait_s is not None and _waits(locked, run.name) < settings.MERIDIAN_STEP_WAITS:
+        # Asked, not failed (an agent has the work): look again soon, without spending an attempt.
+        StepRun.objects.filter(pk=run.pk).update(state=StepState.WAITING, error=str(fault), finished_at=timezone.now())
+        Operation.objects.filter(pk=locked.pk).update(attempt=attempt - 1)
+        _enqueue(locked, run.name, countdown=fault.wait_s)
+        return "waiting"
     limit = _attempt_limit(locked)
     message = f"{run.name} (attempt {min(attempt, limit)} of {limit}) on {fault}"
     if fault.transient and attempt < limit:
@@ -309,6 +315,10 @@ def _step_failed(operation: Operation, run: StepRun, fault: NodeFault, attempt: 
     log.warning("Step failed for good: %s", message)
     FAILURES[locked.kind](locked, fault, message)
     return "failed"
+
+
+def _waits(operation: Operation, step: str) -> int:
+    return StepRun.objects.filter(operation=operation, name=step, state=StepState.WAITING).count()
 
 
 def _attempt_limit(operation: Operation) -> int:

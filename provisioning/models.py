@@ -14,6 +14,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
+from security.crypto import EncryptedTextField
 from tenants.scoping import TeamOwnedModel, TenantOwnedModel, TenantScopedQuerySet
 
 from .choices import (
@@ -265,3 +266,78 @@ class IdempotencyKey(models.Model):
 
 __all__ = ["Allocation", "IdempotencyKey", "Operation", "Reservation", "BillingTerm", "EvictionPolicy",
            "OperationKind", "OperationState", "ReservationState"]
+
+
+class NodeCredential(models.Model):
+    """
+    The key a node's agent signs its requests with (HMAC-SHA256, provisioning.agent.signing).
+    The secret is kept encrypted (the server must know it to check signatures) and shown once.
+    """
+
+    node = models.OneToOneField("cloud.Node", on_delete=models.CASCADE, related_name="agent_credential")
+    key_id = models.CharField(max_length=32, unique=True)
+    secret = EncryptedTextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.key_id} ({self.node_id})"
+
+
+class AgentNonce(models.Model):
+    """Nonces seen while their time is fresh: a replayed request meets its own nonce here."""
+
+    id = models.BigAutoField(primary_key=True)
+    node = models.ForeignKey("cloud.Node", on_delete=models.CASCADE, related_name="+")
+    nonce = models.CharField(max_length=64)
+    seen_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "nonce"], name="agent_nonce_once_per_node")]
+
+    def __str__(self):
+        return self.nonce
+
+
+class AgentState(models.Model):
+    """What a node's agent said last: when, which version, and its GPUs as NVML sees them."""
+
+    node = models.OneToOneField("cloud.Node", on_delete=models.CASCADE, primary_key=True, related_name="agent_state")
+    last_seen_at = models.DateTimeField()
+    agent_version = models.CharField(max_length=32, blank=True)
+    gpus = models.JSONField(default=list)
+
+    def __str__(self):
+        return f"{self.node_id} seen {self.last_seen_at:%Y-%m-%d %H:%M:%S}"
+
+
+class AgentCommand(models.Model):
+    """Work for one node's agent, pulled on its next turn: scrub these GPUs, report inventory."""
+
+    class Kind(models.TextChoices):
+        SCRUB = "scrub", "Scrub GPU memory"
+        INVENTORY = "inventory", "Report inventory"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent to the agent"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    node = models.ForeignKey("cloud.Node", on_delete=models.CASCADE, related_name="agent_commands")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    reference = models.CharField(max_length=100, blank=True, help_text="What asked for it (an operation).")
+    payload = models.JSONField(default=dict)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.PENDING)
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["node", "state"], name="agent_command_queue_idx")]
+
+    def __str__(self):
+        return f"{self.kind} {self.state} on {self.node_id}"

@@ -30,6 +30,7 @@ class NodeFault(Exception):
         self.node = node
         self.cause = str(cause)
         self.transient = getattr(cause, "transient", False) if transient is None else transient
+        self.wait_s = getattr(cause, "wait_s", None)  # NotYet: not a failure, ask again then
         super().__init__(f"{node.hostname}: {self.cause}")
 
 
@@ -157,10 +158,13 @@ def scrub(ctx: Context) -> None:
     """Clear the tenant's GPU memory and check it is clear (real: the reset command through the agent)."""
     host = ctx.drivers.host
 
+    reference = f"{ctx.operation.pk}:{{}}"
+
     def clean(instance, target):
-        if not host.scrubbed(target, instance.devices):
-            host.scrub(target, instance.devices)
-        if not host.scrubbed(target, instance.devices):
+        asked = reference.format(instance.pk)
+        if not host.scrubbed(target, instance.devices, asked):
+            host.scrub(target, instance.devices, asked)
+        if not host.scrubbed(target, instance.devices, asked):
             raise DriverError("GPU memory still holds the previous tenant's data after the scrub.", transient=False)
     ctx.each(clean)
 

@@ -11,18 +11,18 @@ from importlib import import_module
 
 from django.conf import settings
 
-from .base import ContainerDriver, DriverError, HostDriver, ImageDriver, PowerDriver, Target, VMDriver
+from .base import ContainerDriver, DriverError, HostDriver, ImageDriver, NotYet, PowerDriver, Target, VMDriver
 
 IMPLEMENTATIONS = {
     "power": {"simulated": "simulated.SimulatedPower", "redfish": "redfish.RedfishPower"},
     "image": {"simulated": "simulated.SimulatedImage"},
     "vm": {"simulated": "simulated.SimulatedVM", "libvirt": "libvirt_vm.LibvirtVM"},
     "container": {"simulated": "simulated.SimulatedContainers"},
-    "host": {"simulated": "simulated.SimulatedHost"},
+    "host": {"simulated": "simulated.SimulatedHost", "agent": "agent_host.AgentHost"},
 }
 
-__all__ = ["ContainerDriver", "DriverError", "Drivers", "HostDriver", "ImageDriver", "PowerDriver", "Target",
-           "VMDriver", "drivers_for"]
+__all__ = ["ContainerDriver", "DriverError", "Drivers", "HostDriver", "ImageDriver", "NotYet", "PowerDriver",
+           "Target", "VMDriver", "drivers_for"]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,14 @@ class DriverError(Exception):
         self.transient = transient
 
 
+class NotYet(DriverError):
+    """The hardware (a node agent) has the work but has not answered yet: ask again in ``wait_s``."""
+
+    def __init__(self, message: str, *, wait_s: float):
+        super().__init__(message, transient=True)
+        self.wait_s = wait_s
+
+
 @dataclass(frozen=True)
 class Target:
     """What a driver needs to know of a node: never the Django model (drivers stay plain)."""
@@ -122,7 +130,9 @@ class HostDriver(ABC):
         """[{"index", "uuid", "healthy"}] for every GPU the host sees."""
 
     @abstractmethod
-    def scrub(self, target: Target, devices: list[dict]) -> None: ...
+    def scrub(self, target: Target, devices: list[dict], reference: str = "") -> None:
+        """Clear the tenant's memory on these GPUs (or slots); ``reference`` names who asked (an operation)."""
 
     @abstractmethod
-    def scrubbed(self, target: Target, devices: list[dict]) -> bool: ...
+    def scrubbed(self, target: Target, devices: list[dict], reference: str = "") -> bool:
+        """True when the memory is clear; NotYet while an agent is still at it."""

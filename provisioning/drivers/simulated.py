@@ -173,11 +173,11 @@ class SimulatedHost(Simulated, HostDriver):
                 for index, uuid in GPU.objects.filter(node_id=target.node_id).order_by("index")
                 .values_list("index", "uuid") if index not in missing]
 
-    def scrub(self, target, devices):
+    def scrub(self, target, devices, reference=""):
         marks = [_slot(d) for d in devices]
         self._act(target, "scrub", lambda s: s.update(dirty=[m for m in s.get("dirty", []) if m not in marks]))
 
-    def scrubbed(self, target, devices):
+    def scrubbed(self, target, devices, reference=""):
         dirty = self._state(target).get("dirty", [])
         return not any(_slot(d) in dirty for d in devices)
 

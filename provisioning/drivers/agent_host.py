@@ -1,0 +1,53 @@
+"""
+A GPU host as its node agent reports it: inventory from the last heartbeat, scrubs as commands
+the agent pulls and answers (DESIGN.md: the agent pulls, the control plane never calls in).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from .base import DriverError, HostDriver, NotYet, Target
+
+
+class AgentHost(HostDriver):
+    def _state(self, target: Target):
+        from ..models import AgentState
+
+        state = AgentState.objects.filter(node_id=target.node_id).first()
+        silent_for = timedelta(seconds=3 * settings.MERIDIAN_AGENT_INTERVAL)
+        if state is None or state.last_seen_at < timezone.now() - silent_for:
+            seen = f"last seen {state.last_seen_at:%H:%M:%S}" if state else "never seen"
+            raise DriverError(f"The node agent of {target.hostname} is silent ({seen}); check it runs and "
+                              "reaches the control plane.")
+        return state
+
+    def inventory(self, target):
+        return [{"index": g.get("index"), "uuid": g["uuid"], "healthy": bool(g.get("healthy", True))}
+                for g in self._state(target).gpus]
+
+    def scrub(self, target, devices, reference=""):
+        from ..models import AgentCommand
+        from ..node_agents import command_enqueue
+
+        self._state(target)
+        command_enqueue(node_id=target.node_id, kind=AgentCommand.Kind.SCRUB, reference=reference,
+                        payload={"devices": [{k: d[k] for k in ("index", "mem_lo", "mem_hi")} for d in devices]})
+
+    def scrubbed(self, target, devices, reference=""):
+        from ..models import AgentCommand
+
+        command = AgentCommand.objects.filter(node_id=target.node_id, kind=AgentCommand.Kind.SCRUB,
+                                              reference=reference).first()
+        if command is None:
+            return False
+        if command.state == AgentCommand.State.DONE:
+            return True
+        if command.state == AgentCommand.State.FAILED:
+            detail = (command.result or {}).get("detail", "no detail")
+            raise DriverError(f"The agent of {target.hostname} could not scrub: {detail}.", transient=False)
+        raise NotYet(f"Waiting for the agent of {target.hostname} to scrub.",
+                     wait_s=max(1.0, settings.MERIDIAN_AGENT_INTERVAL / 2))

@@ -1,0 +1,117 @@
+"""
+The control plane's side of the node agents: per-node keys, the check of every signed request
+(key, freshness, signature, nonce), heartbeats, and the commands an agent pulls and answers.
+A node speaks only for itself: its key names the node, and a heartbeat that names a GPU of
+another node is refused.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from rest_framework.exceptions import NotFound
+
+from cloud.errors import DomainError, Forbidden
+from cloud.models import Node
+from security.audit import audit_record
+
+from .agent.signing import HEADER_KEY, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIME, MAX_SKEW_S, valid
+from .models import AgentCommand, AgentNonce, AgentState, NodeCredential
+
+
+class AgentAuthFailed(DomainError):
+    status_code = 401
+    default_code = "node_auth_failed"
+
+
+class Replayed(DomainError):
+    status_code = 409
+    default_code = "replayed"
+    default_detail = "This request was seen before (its nonce is spent); sign a new one."
+
+
+@transaction.atomic
+def credential_issue(*, actor, node: Node) -> tuple[NodeCredential, str]:
+    """A new key for ``node``'s agent (the old one stops working); the secret is returned once."""
+    secret = secrets.token_urlsafe(32)
+    NodeCredential.objects.filter(node=node).delete()
+    credential = NodeCredential.objects.create(node=node, key_id=f"nk_{secrets.token_hex(8)}", secret=secret)
+    audit_record(actor=actor, action="node.agent_key_issue", target=node, tenant_id=None,
+                 after={"key_id": credential.key_id})
+    return credential, secret
+
+
+def authenticate(*, method: str, path: str, headers, body: bytes, now=None) -> Node:
+    """The node whose key signed this request; refuses unknown keys, stale times, bad signatures, replays."""
+    now = now or timezone.now()
+    key_id, timestamp, nonce, given = (headers.get(h, "") for h in (HEADER_KEY, HEADER_TIME, HEADER_NONCE,
+                                                                    HEADER_SIGNATURE))
+    if not (key_id and timestamp and nonce and given):
+        raise AgentAuthFailed(f"Sign the request: {HEADER_KEY}, {HEADER_TIME}, {HEADER_NONCE} and "
+                              f"{HEADER_SIGNATURE} are required.", code="node_auth_required")
+    credential = NodeCredential.objects.select_related("node").filter(key_id=key_id, revoked_at=None).first()
+    if credential is None:
+        raise AgentAuthFailed("Unknown or revoked node key; issue a new one for this node.", code="node_key_invalid")
+    try:
+        skew = abs(now.timestamp() - int(timestamp))
+    except ValueError:
+        raise AgentAuthFailed(f"{HEADER_TIME} must be a Unix time in seconds.", code="stale") from None
+    if skew > MAX_SKEW_S:
+        raise AgentAuthFailed(f"The request's time is {int(skew)} s away from ours (at most {MAX_SKEW_S}); "
+                              "check the node's clock.", code="stale")
+    if len(nonce) > 64 or not valid(credential.secret, method, path, timestamp, nonce, body, given):
+        raise AgentAuthFailed("The signature does not match the request.", code="signature_invalid")
+    try:
+        with transaction.atomic():
+            AgentNonce.objects.create(node=credential.node, nonce=nonce, seen_at=now)
+    except IntegrityError:
+        raise Replayed() from None
+    return credential.node
+
+
+def heartbeat(*, node: Node, agent_version: str, gpus: list[dict]) -> AgentState:
+    """Record what the agent sees; a GPU that is not this node's is refused (403), nothing stored."""
+    known = set(node.gpus.values_list("uuid", flat=True))
+    foreign = sorted({str(g.get("uuid")) for g in gpus} - known)
+    if foreign:
+        raise Forbidden(f"This node has no GPU {', '.join(foreign[:3])}; an agent speaks only for its own GPUs.",
+                        code="foreign_gpu")
+    state, _ = AgentState.objects.update_or_create(node=node, defaults={
+        "last_seen_at": timezone.now(), "agent_version": agent_version[:32], "gpus": gpus})
+    return state
+
+
+@transaction.atomic
+def commands_take(*, node: Node) -> list[AgentCommand]:
+    """The node's waiting commands (and ones sent but never answered), marked sent."""
+    waiting = list(AgentCommand.objects.select_for_update(skip_locked=True).filter(
+        node=node, state__in=[AgentCommand.State.PENDING, AgentCommand.State.SENT]).order_by("created_at")[:20])
+    AgentCommand.objects.filter(pk__in=[c.pk for c in waiting]).update(state=AgentCommand.State.SENT,
+                                                                      sent_at=timezone.now())
+    return waiting
+
+
+def command_answer(*, node: Node, command_id, ok: bool, result: dict) -> AgentCommand:
+    """The agent's answer to one of its own commands (another node's is a 404)."""
+    command = AgentCommand.objects.filter(node=node, pk=command_id).first()
+    if command is None:
+        raise NotFound("No such command for this node.")
+    AgentCommand.objects.filter(pk=command.pk).update(
+        state=AgentCommand.State.DONE if ok else AgentCommand.State.FAILED, result=result, done_at=timezone.now())
+    command.refresh_from_db()
+    return command
+
+
+def command_enqueue(*, node_id, kind: str, reference: str, payload: dict) -> AgentCommand:
+    """Ask the node's agent for something, once per reference (a retried step finds its own command)."""
+    command, _ = AgentCommand.objects.get_or_create(node_id=node_id, kind=kind, reference=reference,
+                                                    defaults={"payload": payload})
+    return command
+
+
+def prune_nonces(*, older_than: timedelta = timedelta(seconds=4 * MAX_SKEW_S)) -> int:
+    """Nonces older than any fresh request can be are forgotten (their request would be stale)."""
+    return AgentNonce.objects.filter(seen_at__lt=timezone.now() - older_than).delete()[0]

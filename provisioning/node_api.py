@@ -1,0 +1,68 @@
+"""
+The node API the agents call (``/api/agent/v1/``): plain JSON views, each request signed with the
+node's key (provisioning.node_agents.authenticate). Not part of the tenant API: no user, no
+tenant, no session -- a node, speaking for itself only.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from django.conf import settings
+from django.http import JsonResponse
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_http_methods
+from rest_framework.exceptions import APIException
+
+from cloud.middleware import error_body
+
+from . import node_agents
+
+
+def _signed(handler):
+    """Authenticate the node, parse the JSON body, and answer errors in the API's one shape."""
+
+    @csrf_exempt
+    def view(request, **kwargs):
+        try:
+            node = node_agents.authenticate(method=request.method, path=request.path, headers=request.headers,
+                                            body=request.body)
+            payload = json.loads(request.body) if request.body else {}
+            if not isinstance(payload, dict):
+                raise ValueError("the body must be a JSON object")
+            return JsonResponse(handler(node, payload, **kwargs))
+        except APIException as exc:
+            code = exc.get_codes() if isinstance(exc.get_codes(), str) else "invalid"
+            return JsonResponse(error_body("client_error", code, str(exc.detail)), status=exc.status_code)
+        except (ValueError, KeyError, TypeError) as exc:
+            return JsonResponse(error_body("validation_error", "invalid", f"Bad request body: {exc}."), status=400)
+
+    return view
+
+
+def heartbeat(node, payload):
+    gpus = payload["gpus"]
+    if not isinstance(gpus, list) or not all(isinstance(g, dict) and isinstance(g.get("uuid"), str) for g in gpus):
+        raise ValueError("gpus must be a list of objects with a uuid")
+    node_agents.heartbeat(node=node, agent_version=str(payload.get("agent_version", "")), gpus=gpus)
+    return {"ok": True, "interval_s": settings.MERIDIAN_AGENT_INTERVAL}
+
+
+def commands(node, payload):
+    return {"commands": [{"id": str(c.pk), "kind": c.kind, "payload": c.payload}
+                         for c in node_agents.commands_take(node=node)]}
+
+
+def result(node, payload, command_id: uuid.UUID):
+    command = node_agents.command_answer(node=node, command_id=command_id, ok=bool(payload["ok"]), result=payload)
+    return {"state": command.state}
+
+
+urlpatterns = [
+    path("heartbeat/", require_http_methods(["POST"])(_signed(heartbeat)), name="agent-heartbeat"),
+    path("commands/", require_http_methods(["GET"])(_signed(commands)), name="agent-commands"),
+    path("commands/<uuid:command_id>/result/", require_http_methods(["POST"])(_signed(result)),
+         name="agent-command-result"),
+]

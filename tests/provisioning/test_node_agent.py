@@ -1,0 +1,151 @@
+"""
+The node agent and the node API: a real agent (urllib, signed requests) against a live server,
+every refusal of the API (unsigned, unknown key, stale, altered, replayed, another node's GPU or
+command), and the pipeline's scrub going through the agent.
+"""
+
+import json
+import time
+
+import pytest
+from django.test import Client
+
+from cloud.models import Node
+from provisioning import node_agents
+from provisioning.agent.agent import Agent, ControlPlane, ControlPlaneError
+from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
+from provisioning.agent.signing import signed_headers
+from provisioning.models import AgentCommand, AgentNonce, AgentState, Instance, Reservation
+from tests.provisioning.pipeline import reservation
+from tests.world import small_fleet, vm_offering
+
+API = "/api/agent/v1"
+
+
+@pytest.fixture
+def fleet(world):
+    Reservation.objects.all().delete()
+    return small_fleet(4)
+
+
+def shared_host() -> Node:
+    return Node.objects.filter(pool="shared").order_by("hostname").first()
+
+
+def nvml_of(node: Node) -> SimulatedNVML:
+    return SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=m)
+                          for i, u, m in node.gpus.order_by("index").values_list("index", "uuid", "memory_mib")])
+
+
+def send(client: Client, key_id, secret, method, path, payload=None, *, now=None, headers=None):
+    body = b"" if payload is None else json.dumps(payload).encode()
+    signed = headers or signed_headers(key_id, secret, method, f"{API}{path}", body, now=now)
+    return client.generic(method, f"{API}{path}", body, content_type="application/json",
+                          headers=signed)
+
+
+def heartbeat_body(node):
+    return {"agent_version": "1", "gpus": nvml_of(node).inventory()}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_agent_heartbeats_pulls_a_scrub_and_answers(world, fleet, live_server):
+    node = shared_host()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    nvml = nvml_of(node)
+    nvml.gpus[2].used.add((0, 1024))
+    agent = Agent(ControlPlane(live_server.url, credential.key_id, secret), nvml)
+    assert agent.run_once() == 0
+    state = AgentState.objects.get(node=node)
+    assert [g["uuid"] for g in state.gpus] == list(node.gpus.order_by("index").values_list("uuid", flat=True))
+    command = node_agents.command_enqueue(node_id=node.pk, kind="scrub", reference="op-1",
+                                          payload={"devices": [{"index": 2, "mem_lo": 0, "mem_hi": 81920}]})
+    assert agent.run_once() == 1
+    command.refresh_from_db()
+    assert command.state == "done" and command.result["ok"] is True
+    assert not nvml.gpus[2].used
+    wrong = Agent(ControlPlane(live_server.url, credential.key_id, "not-the-secret"), nvml)
+    with pytest.raises(ControlPlaneError, match="401"):
+        wrong.run_once()
+
+
+def test_unsigned_unknown_and_stale_requests_are_refused(world, fleet):
+    client, node = Client(), shared_host()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    unsigned = client.post(f"{API}/heartbeat/", heartbeat_body(node), content_type="application/json")
+    assert unsigned.status_code == 401 and unsigned.json()["errors"][0]["code"] == "node_auth_required"
+    unknown = send(client, "nk_nobody", secret, "POST", "/heartbeat/", heartbeat_body(node))
+    assert unknown.status_code == 401 and unknown.json()["errors"][0]["code"] == "node_key_invalid"
+    stale = send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node), now=time.time() - 600)
+    assert stale.status_code == 401 and stale.json()["errors"][0]["code"] == "stale"
+    assert not AgentState.objects.exists()
+
+
+def test_an_altered_or_replayed_request_is_refused(world, fleet):
+    client, node = Client(), shared_host()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    body = heartbeat_body(node)
+    headers = signed_headers(credential.key_id, secret, "POST", f"{API}/heartbeat/", json.dumps(body).encode())
+    altered = dict(body, agent_version="2")
+    refused = send(client, None, None, "POST", "/heartbeat/", altered, headers=headers)
+    assert refused.status_code == 401 and refused.json()["errors"][0]["code"] == "signature_invalid"
+    assert send(client, None, None, "POST", "/heartbeat/", body, headers=headers).status_code == 200
+    replayed = send(client, None, None, "POST", "/heartbeat/", body, headers=headers)
+    assert replayed.status_code == 409 and replayed.json()["errors"][0]["code"] == "replayed"
+    assert AgentNonce.objects.filter(node=node).count() == 1  # spent by the good request, not the altered one
+
+
+def test_a_node_speaks_only_for_its_own_gpus_and_commands(world, fleet):
+    client = Client()
+    node, other = Node.objects.filter(pool="shared").order_by("hostname")[:2] if \
+        Node.objects.filter(pool="shared").count() > 1 else (shared_host(), Node.objects.exclude(
+            pk=shared_host().pk).first())
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    body = heartbeat_body(node)
+    body["gpus"].append({"index": 9, "uuid": other.gpus.first().uuid})
+    foreign = send(client, credential.key_id, secret, "POST", "/heartbeat/", body)
+    assert foreign.status_code == 403 and foreign.json()["errors"][0]["code"] == "foreign_gpu"
+    assert not AgentState.objects.exists()
+    theirs = node_agents.command_enqueue(node_id=other.pk, kind="inventory", reference="x", payload={})
+    answer = send(client, credential.key_id, secret, "POST", f"/commands/{theirs.pk}/result/", {"ok": True})
+    assert answer.status_code == 404
+    assert AgentCommand.objects.get(pk=theirs.pk).state == "pending"
+    pulled = send(client, credential.key_id, secret, "GET", "/commands/")
+    assert pulled.json() == {"commands": []}
+    bad = send(client, credential.key_id, secret, "POST", "/heartbeat/", {"gpus": "all of them"})
+    assert bad.status_code == 400
+
+
+def test_release_scrubs_through_the_agent_and_waits_for_its_answer(world, fleet, steps, settings):
+    settings.MERIDIAN_DRIVERS = {"default": {"host": "agent"}}
+    response = world.client("t1_member").post("/api/v1/reservations/", {
+        "name": "vm", "offering": vm_offering(1).slug, "gpus": 1, "regions": ["us-east-1"], "duration_hours": 1},
+        format="json")
+    pk = response.json()["id"]
+    steps.run()
+    assert reservation(pk).state == "active"
+    instance = Instance.objects.get(reservation_id=pk)
+    node_agents.heartbeat(node=instance.node, agent_version="1", gpus=nvml_of(instance.node).inventory())
+    world.client("t1_member").post(f"/api/v1/reservations/{pk}/release/")
+    waiting = steps.run(limit=12, settle=False)
+    assert ("release", "scrub", "waiting") in waiting and reservation(pk).state == "releasing"
+    command = AgentCommand.objects.get(node=instance.node, kind="scrub")
+    assert command.payload["devices"][0]["index"] == instance.devices[0]["index"]
+    node_agents.command_answer(node=instance.node, command_id=command.pk, ok=True, result={"ok": True})
+    steps.run()
+    assert reservation(pk).state == "released"
+    assert AgentCommand.objects.filter(kind="scrub").count() == 1  # asked once, however often it looked
+
+
+def test_a_silent_agent_fails_the_step_that_needs_it(world, fleet, steps, settings):
+    settings.MERIDIAN_DRIVERS = {"default": {"host": "agent"}}
+    response = world.client("t1_member").post("/api/v1/reservations/", {
+        "name": "vm", "offering": vm_offering(1).slug, "gpus": 1, "regions": ["us-east-1"], "duration_hours": 1},
+        format="json")
+    pk = response.json()["id"]
+    steps.run()
+    world.client("t1_member").post(f"/api/v1/reservations/{pk}/release/")
+    steps.run()
+    assert reservation(pk).state == "released"
+    node = Instance.objects.get(reservation_id=pk).node
+    assert Node.objects.get(pk=node.pk).state == "faulty" and "silent" in Node.objects.get(pk=node.pk).state_reason
