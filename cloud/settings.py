@@ -380,7 +380,9 @@ MERIDIAN_SCHEDULER_RECORD_REFRESH = env.float("MERIDIAN_SCHEDULER_RECORD_REFRESH
 # Provisioning (DESIGN.md, Workers, the node agent and drivers). Drivers per region: "default"
 # and region slugs, each {kind: implementation}; kinds power (simulated|redfish), image, vm
 # (simulated|libvirt), container, host.
-MERIDIAN_DRIVERS = env.json("MERIDIAN_DRIVERS", default={"default": {}})
+# The embedded default runs simulated node agents (manage.py run_agents), so GPU hosts answer
+# through them, as real hosts would.
+MERIDIAN_DRIVERS = env.json("MERIDIAN_DRIVERS", default={"default": {"host": "agent"} if EMBEDDED else {}})
 # Simulated hardware: seed, and per action (or "default") latency_s, failure_rate (transient)
 # and broken_rate (for good); e.g. {"seed": 7, "failure_rate": {"write_image": 0.2}}.
 MERIDIAN_SIMULATION = {"seed": 0, "latency_s": {}, "failure_rate": {}, "broken_rate": {},

@@ -143,6 +143,13 @@ def test_run_command_serves_console_and_api_and_stops_cleanly(tmp_path):
         operation = api(f"operations/?reservation={now['id']}&kind=provision")["results"][0]
         assert operation["state"] == "succeeded" and [s["name"] for s in operation["steps"]] == [
             "define_domain", "start_domain", "join_network", "hand_over"]
+        # Released, it is cleaned: the GPU scrub goes through the node's (simulated) agent.
+        api(f"reservations/{now['id']}/release/", {})
+        deadline = time.monotonic() + 90
+        while (state := api(f"reservations/{now['id']}/")["state"]) != "released":
+            assert state == "releasing", state
+            assert time.monotonic() < deadline, "the release did not finish (is the node agent answering?)"
+            time.sleep(0.5)
     finally:
         os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
         try:

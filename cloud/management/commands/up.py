@@ -56,6 +56,8 @@ class Command(BaseCommand):
                              "--loglevel", "INFO"]),
             Child("beat", [str(venv_bin / "celery"), "-A", "cloud", "beat", "--loglevel", "INFO"]),
             Child("scheduler", [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "run_scheduler"]),
+            Child("agents", [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "run_agents",
+                             "--url", base_url]),
         ]
         code = 0
         with Supervisor(children, env=env) as supervisor:  # stops every child however this block ends
