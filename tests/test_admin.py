@@ -3,6 +3,7 @@
 from django.test import Client
 
 from cloud.models import Node
+from provisioning.models import Instance
 from tests.world import small_fleet
 
 
@@ -27,3 +28,23 @@ def test_tenant_owners_and_approvers_are_sent_to_the_admin_login(world):
         response = client.get("/admin/")
         assert response.status_code == 302, persona
         assert "/admin/login/" in response["Location"]
+
+
+def test_lifecycle_pages_show_steps_but_never_a_node_key(world):
+    """Operations with their steps, instances, agents' keys (without the secret) are browsable, read-only."""
+    from provisioning.models import StepRun
+    from provisioning.node_agents import credential_issue
+
+    node = small_fleet(4)[0]
+    operation = world.t1.objects[Instance].reservation.operations.first()
+    StepRun.objects.create(operation=operation, name="write_image", attempt=1, state="failed", error="BMC timeout")
+    credential, secret = credential_issue(actor=None, node=node)
+    client = Client()
+    client.force_login(world.users["platform_admin"])
+    page = client.get(f"/admin/provisioning/operation/{operation.pk}/change/")
+    assert page.status_code == 200 and b"BMC timeout" in page.content
+    for path in ("instance", "agentcommand", "agentstate", "nodecredential", "reservation"):
+        assert client.get(f"/admin/provisioning/{path}/").status_code == 200
+    key_page = client.get(f"/admin/provisioning/nodecredential/{credential.pk}/change/")
+    assert key_page.status_code == 200 and secret.encode() not in key_page.content
+    assert client.post(f"/admin/provisioning/operation/{operation.pk}/delete/").status_code == 403

@@ -1,0 +1,56 @@
+"""Read-only admin pages of the lifecycle: writes go through services, secrets never show."""
+
+from django.contrib import admin
+
+from cloud.admin import ReadOnlyAdmin
+
+from .models import AgentCommand, AgentState, Instance, NodeCredential, Operation, Reservation, StepRun
+
+
+class StepRunInline(admin.TabularInline):
+    model = StepRun
+    fields = ["name", "attempt", "state", "error", "started_at", "finished_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Reservation)
+class ReservationAdmin(ReadOnlyAdmin):
+    list_display = ["name", "tenant", "offering", "units", "state", "score", "starts_at", "ends_at"]
+    list_filter = ["state", "billing_term"]
+    search_fields = ["name", "id"]
+    exclude = ["ssh_public_key"]
+
+
+@admin.register(Operation)
+class OperationAdmin(ReadOnlyAdmin):
+    list_display = ["kind", "state", "step", "attempt", "progress", "reservation", "node", "updated_at"]
+    list_filter = ["kind", "state"]
+    inlines = [StepRunInline]
+
+
+@admin.register(Instance)
+class InstanceAdmin(ReadOnlyAdmin):
+    list_display = ["name", "kind", "state", "node", "address", "reservation"]
+    list_filter = ["kind", "state"]
+
+
+@admin.register(AgentState)
+class AgentStateAdmin(ReadOnlyAdmin):
+    list_display = ["node", "last_seen_at", "agent_version"]
+
+
+@admin.register(AgentCommand)
+class AgentCommandAdmin(ReadOnlyAdmin):
+    list_display = ["kind", "state", "node", "reference", "created_at", "done_at"]
+    list_filter = ["kind", "state"]
+
+
+@admin.register(NodeCredential)
+class NodeCredentialAdmin(ReadOnlyAdmin):
+    list_display = ["key_id", "node", "created_at", "revoked_at"]
+    exclude = ["secret"]
