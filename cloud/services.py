@@ -12,7 +12,7 @@ from security.audit import audit_record, snapshot
 
 from .choices import NodeState
 from .errors import Conflict
-from .models import GPUModel, Node, Offering, Region
+from .models import GPU, GPUModel, Node, Offering, Region
 from .transitions import NODE_RETURNABLE, NODE_TRANSITIONS, compare_and_set
 
 #
@@ -95,6 +95,21 @@ def node_transition(
     node.refresh_from_db(fields=["state", "state_reason", "state_changed_at", "previous_state"])
     audit_record(actor=actor, action="node.transition", target=node, before={"state": previous},
                  after={"state": target, "reason": reason[:500]})
+    return node
+
+
+@transaction.atomic
+def node_enrol(*, actor, gpus: list[dict], gpu_model, **fields) -> Node:
+    """
+    Enrol a node and its GPUs (state ``enrolled``); validation (burn-in) follows before it is
+    sold. The BMC password is stored encrypted and never audited.
+    """
+    node = Node.objects.create(state=NodeState.ENROLLED, state_changed_at=timezone.now(), **fields)
+    GPU.objects.bulk_create([GPU(node=node, model=gpu_model, memory_mib=gpu_model.memory_gib * 1024, **gpu)
+                             for gpu in gpus])
+    audit_record(actor=actor, action="node.enrol", target=node, tenant_id=None,
+                 after={"hostname": node.hostname, "region": node.region.slug, "pool": node.pool,
+                        "gpus": len(gpus), "gpu_model": gpu_model.slug})
     return node
 
 

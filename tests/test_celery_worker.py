@@ -51,7 +51,7 @@ def test_worker_on_rabbitmq_runs_the_invitation_expiry_task(world):
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        producer = Celery(broker=BROKER)
+        producer = Celery(broker=BROKER, set_as_current=False)  # the project's tasks keep their own app
         producer.send_task("tenants.invitation_expire", queue=queue)
         deadline = time.monotonic() + 60
         while Invitation.objects.filter(pk=stale.pk).exists():

@@ -11,6 +11,7 @@ platform_admin. The object a detail route acts on belongs to tenant t1.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -89,6 +90,17 @@ def scheduled_reservation(w: World):
     reservation = reservation_create(actor=owner, ask=ask)
     assert reservation.state == "scheduled"
     return reservation
+
+
+def node_enrolment(w: World) -> dict:
+    small_fleet(4)
+    leaf = Node.objects.order_by("hostname").first().leaf
+    return {"hostname": unique("enrolled-node"), "region": "us-east-1", "fabric": leaf.fabric.slug, "leaf": leaf.name,
+            "pool": "bare_metal", "bmc_address": "https://enrolled-bmc.oob.internal/redfish/v1",
+            "bmc_username": "meridian", "bmc_password": "s3cret-bmc", "cpu_cores": 112, "ram_gib": 2048,
+            "nvme_tb": "30.72", "gpu_model": "h100-80gb-sxm",
+            "gpus": [{"index": i, "uuid": f"GPU-{uuid.uuid4()}", "serial": f"SN{uuid.uuid4().hex[:10]}",
+                      "pci_bus_id": f"00000000:{0x18 + i:02x}:00.0"} for i in range(8)]}
 
 
 def node_in_maintenance(w: World) -> str:
@@ -223,6 +235,7 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("POST", "nodes-maintenance"): Case(
         "401 403 403 403 403 403 403 200", available_node, lambda w: {"reason": "replace a fan"}),
     ("DELETE", "nodes-maintenance"): Case("401 403 403 403 403 403 403 200", node_in_maintenance),
+    ("POST", "nodes-list"): Case("401 403 403 403 403 403 403 201", lambda w: f"{V1}/nodes/", node_enrolment),
     ("POST", "nodes-validate"): Case(
         "401 403 403 403 403 403 403 202", lambda w: available_node(w).replace("maintenance", "validate")),
     ("GET", "nodes-steps"): Case(

@@ -192,6 +192,7 @@ def published(queue):
     saved_conf = {key: app.conf[key] for key in keys}
     saved_pool, saved_amqp = app._pool, app.__dict__.pop("amqp", None)
     app._pool = None
+    app.set_current()  # shared tasks send through the current app: make sure it is the project's
     app.conf.update(broker_url=BROKER, broker_transport_options={"confirm_publish": True}, task_default_queue=queue)
     connection = app.connection_for_write()
     assert connection.transport.driver_type == "amqp", connection.as_uri()

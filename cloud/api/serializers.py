@@ -1,11 +1,14 @@
 """Serializers of the inventory and catalogue API. Node BMC credentials are never serialized."""
 
+from decimal import Decimal
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from ..choices import NodePool, SwitchTier
 from ..models import GPU, Fabric, GPUModel, Node, Offering, Region
 from .base import SLUG_PATTERN as SLUG
-from .base import StrictModelSerializer, StrictSerializer
+from .base import StrictIntegerField, StrictModelSerializer, StrictSerializer
 
 
 class RegionSerializer(StrictModelSerializer):
@@ -82,6 +85,57 @@ class NodeSerializer(StrictModelSerializer):
                   "ram_gib", "nvme_tb", "state", "state_reason", "state_changed_at", "health", "gpu_count",
                   "created_at"]
         read_only_fields = fields
+
+
+HOSTNAME = r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*$"
+PCI_BUS_ID = r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[01][0-9a-fA-F]\.[0-7]$"
+
+
+class GPUEnrolSerializer(StrictSerializer):
+    index = StrictIntegerField(min_value=0, max_value=15)
+    uuid = serializers.RegexField(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", max_length=64)
+    serial = serializers.RegexField(r"^[A-Za-z0-9-]{1,64}$", max_length=64)
+    pci_bus_id = serializers.RegexField(PCI_BUS_ID, max_length=32)
+
+
+class NodeEnrolSerializer(StrictSerializer):
+    """A new node and its GPUs as the vendor's inventory lists them; validation starts at once."""
+
+    hostname = serializers.RegexField(HOSTNAME, max_length=253)
+    region = serializers.SlugRelatedField(slug_field="slug", queryset=Region.objects.all())
+    fabric = serializers.RegexField(SLUG, max_length=50)
+    leaf = serializers.CharField(max_length=100)
+    pool = serializers.ChoiceField(choices=NodePool.choices)
+    is_spare = serializers.BooleanField(default=False)
+    bmc_address = serializers.URLField(max_length=255)
+    bmc_username = serializers.CharField(max_length=64, allow_blank=True, default="")
+    bmc_password = serializers.CharField(max_length=256, allow_blank=True, default="", write_only=True,
+                                         trim_whitespace=False)
+    cpu_cores = StrictIntegerField(min_value=1, max_value=4096)
+    ram_gib = StrictIntegerField(min_value=1, max_value=1_048_576)
+    nvme_tb = serializers.DecimalField(max_digits=6, decimal_places=2, min_value=Decimal("0"))
+    gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GPUModel.objects.all())
+    gpus = GPUEnrolSerializer(many=True, allow_empty=False, max_length=16)
+
+    def validate(self, attrs):
+        fabric = Fabric.objects.filter(region=attrs["region"], slug=attrs["fabric"]).first()
+        if fabric is None:
+            raise serializers.ValidationError({"fabric": f"Region {attrs['region'].slug} has no fabric "
+                                                         f"'{attrs['fabric']}'."})
+        leaf = fabric.switches.filter(name=attrs["leaf"], tier=SwitchTier.LEAF).first()
+        if leaf is None:
+            raise serializers.ValidationError({"leaf": f"Fabric {fabric.slug} has no leaf switch '{attrs['leaf']}'."})
+        attrs["fabric"], attrs["leaf"] = fabric, leaf
+        for field in ("index", "uuid", "serial", "pci_bus_id"):
+            values = [gpu[field] for gpu in attrs["gpus"]]
+            if len(set(values)) != len(values):
+                raise serializers.ValidationError({"gpus": f"Two GPUs have the same {field}."})
+        if Node.objects.filter(hostname=attrs["hostname"]).exists():
+            raise serializers.ValidationError({"hostname": "A node with this hostname is enrolled already."})
+        taken = GPU.objects.filter(uuid__in=[g["uuid"] for g in attrs["gpus"]]).values_list("uuid", flat=True)
+        if taken:
+            raise serializers.ValidationError({"gpus": f"GPU {taken[0]} is enrolled in another node."})
+        return attrs
 
 
 class NodeMaintenanceSerializer(StrictSerializer):

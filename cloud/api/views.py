@@ -1,5 +1,6 @@
 """Inventory and catalogue API. Tenants read the catalogue with aggregate availability; staff the rest."""
 
+from django.db import transaction
 from django.db.models import Count, Q
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -105,7 +106,7 @@ class FabricViewSet(ReadMixin, PlatformViewSet):
 
 
 class NodeViewSet(ReadMixin, PlatformViewSet):
-    """The fleet (staff). Maintenance holds and releases a node through the transition table."""
+    """The fleet (staff): enrol, validate, hold for maintenance, and each node's step history."""
 
     policy = "nodes"
     queryset = Node.objects.select_related("region", "leaf").defer("bmc_password").annotate(gpu_count=Count("gpus"))
@@ -113,6 +114,18 @@ class NodeViewSet(ReadMixin, PlatformViewSet):
     filterset_class = NodeFilterSet
     ordering_fields = ["hostname", "state", "state_changed_at", "created_at"]
     ordering = ["hostname"]
+
+    @extend_schema(request=s.NodeEnrolSerializer, responses={201: s.NodeSerializer})
+    def create(self, request, *args, **kwargs):
+        """Enrol a node with its GPUs; its validation (burn-in) starts at once, then it is sold."""
+        from provisioning.lifecycle import node_validate
+
+        data = s.NodeEnrolSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        with transaction.atomic():
+            node = services.node_enrol(actor=request.principal, **data.validated_data)
+            node_validate(actor=None, node=node)  # the system's next move, audited as such
+        return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.NodeMaintenanceSerializer, responses=s.NodeSerializer, methods=["POST"])
     @extend_schema(request=None, responses=s.NodeSerializer, methods=["DELETE"])
