@@ -294,3 +294,30 @@ def test_an_unexpected_error_in_a_step_is_retried_then_fails_cleanly(world, flee
     assert [state for state, _ in runs] == ["failed"] * 4 + ["gave_up"]
     assert all("unexpected error: ValueError" in error for _, error in runs)
     assert reservation(pk).state == "queued"
+
+
+BARE_METAL_STEPS = ["power_on_deploy", "write_image", "boot_from_disk", "join_network", "verify", "hand_over"]
+
+
+@pytest.mark.parametrize("failing", BARE_METAL_STEPS)
+def test_a_failure_for_good_at_any_bare_metal_step_re_places_and_leaves_nothing_behind(
+        world, fleet, steps, monkeypatch, failing):
+    """Whichever step fails for good: the node is faulty, the reservation queued again, nothing stuck or held."""
+    from provisioning import steps as step_module
+    from provisioning.steps import NodeFault
+
+    def broken(ctx):
+        raise NodeFault(ctx.instances[0].node, f"{failing} failed for good", transient=False)
+
+    pipeline = step_module.PIPELINES[("provision", "bare_metal")]
+    monkeypatch.setitem(step_module.PIPELINES, ("provision", "bare_metal"),
+                        [step_module.Step(s.name, broken if s.name == failing else s.run) for s in pipeline])
+    pk = create(world)
+    steps.run()
+    queued = reservation(pk)
+    assert queued.state == "queued" and queued.provision_failures == 1
+    node = Instance.objects.get(reservation_id=pk).node
+    assert Node.objects.get(pk=node.pk).state == "faulty"
+    assert not Allocation.objects.filter(reservation_id=pk, ends_at__gt=timezone.now()).exists()
+    assert not Operation.objects.filter(reservation_id=pk, state__in=["pending", "running"]).exists()
+    assert Operation.objects.get(reservation_id=pk, kind="provision").state == "failed"
