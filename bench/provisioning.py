@@ -2,7 +2,8 @@
 Provisioning throughput through real Celery workers on RabbitMQ, with zero-latency simulated
 drivers: BENCH_RESERVATIONS (300) scheduled 1-GPU VMs taken from ``scheduled`` to ``active``
 (a start task, then one task per step: define_domain, start_domain, join_network, hand_over),
-with 1 and with 2 worker processes (prefork, one pool process each; BENCH_WORKERS="1,2").
+with 1 and with 2 worker processes (prefork, BENCH_CONCURRENCY pool processes each, 1 by default;
+BENCH_WORKERS="1,2").
 Reservations per second from the first start sent to the last one active, and each one's time
 from its start to ``active`` (p50, p99). Attestation is not yet in the chain.
 
@@ -35,6 +36,7 @@ DB = "meridian_bench_provisioning"
 BROKER = os.environ.get("BENCH_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 RESERVATIONS = int(os.environ.get("BENCH_RESERVATIONS", "300"))
 WORKERS = [int(n) for n in os.environ.get("BENCH_WORKERS", "1,2").split(",")]
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "1"))  # pool processes per worker
 IN_PROCESS = int(os.environ.get("BENCH_IN_PROCESS", "50"))
 TARGET_PER_S = 50.0
 QUEUE = f"meridian-bench-{uuid.uuid4().hex[:8]}"
@@ -100,8 +102,9 @@ def start_workers(count: int, env: dict) -> list[subprocess.Popen]:
         log = Path(tempfile.mkdtemp(prefix="meridian-bench-worker-")) / "worker.log"
         logs.append(log)
         workers.append(subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "cloud", "worker", "--queues", QUEUE, "--concurrency", "1",
-             "--pool", "prefork", "--without-mingle", "--without-gossip", "--without-heartbeat",
+            [sys.executable, "-m", "celery", "-A", "cloud", "worker", "--queues", QUEUE,
+             "--concurrency", str(CONCURRENCY), "--pool", "prefork", "--without-mingle", "--without-gossip",
+             "--without-heartbeat",
              "--loglevel", "INFO", "--hostname", f"{QUEUE}-{i}@%h", "--logfile", str(log)],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + 60
@@ -142,7 +145,7 @@ def through_workers(principal, offering, workers: int) -> dict:
     done = Operation.objects.filter(kind="provision", state="succeeded").annotate(
         took=F("finished_at") - F("created_at")).values_list("finished_at", flat=True)
     to_active = [(finished.timestamp() - sent) * 1000 for finished in done]
-    return {"workers": workers, "reservations": len(ids), "seconds": round(elapsed, 2),
+    return {"workers": workers, "pool_per_worker": CONCURRENCY, "reservations": len(ids), "seconds": round(elapsed, 2),
             "per_s": round(len(ids) / elapsed, 1), "to_active_ms_p50": round(percentile(to_active, 50), 1),
             "to_active_ms_p99": round(percentile(to_active, 99), 1)}
 

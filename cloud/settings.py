@@ -337,6 +337,7 @@ CELERY_BEAT_SCHEDULE = {
     # Start reservations whose window opened, release those whose window ended, resume or fail
     # operations stuck past their deadline.
     "provisioning.lifecycle_tick": {"task": "provisioning.lifecycle_tick", "schedule": 5.0},
+    "provisioning.agent_nonce_prune": {"task": "provisioning.agent_nonce_prune", "schedule": 60.0},
 }
 
 #

@@ -43,3 +43,11 @@ def lifecycle_tick() -> dict:
     from .lifecycle import tick
 
     return tick()
+
+
+@shared_task(name="provisioning.agent_nonce_prune")
+def agent_nonce_prune() -> int:
+    """Forget the agents' nonces once their requests would be stale anyway (the table stays small)."""
+    from .node_agents import prune_nonces
+
+    return prune_nonces()

@@ -149,3 +149,17 @@ def test_a_silent_agent_fails_the_step_that_needs_it(world, fleet, steps, settin
     assert reservation(pk).state == "released"
     node = Instance.objects.get(reservation_id=pk).node
     assert Node.objects.get(pk=node.pk).state == "faulty" and "silent" in Node.objects.get(pk=node.pk).state_reason
+
+
+def test_spent_nonces_are_forgotten_once_their_requests_would_be_stale(world, fleet):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from provisioning.tasks import agent_nonce_prune
+
+    node = shared_host()
+    AgentNonce.objects.create(node=node, nonce="old", seen_at=timezone.now() - timedelta(minutes=10))
+    AgentNonce.objects.create(node=node, nonce="fresh", seen_at=timezone.now())
+    assert agent_nonce_prune() == 1
+    assert list(AgentNonce.objects.values_list("nonce", flat=True)) == ["fresh"]
