@@ -15,6 +15,7 @@ from datetime import datetime
 
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from cloud.choices import NodeState
 from cloud.errors import Conflict
@@ -147,7 +148,8 @@ def allocation_extend(*, reservation: Reservation, new_end: datetime) -> None:
     Move the end of ``reservation``'s allocations to ``new_end`` on the same GPUs, or raise
     CapacityTaken when another allocation holds that memory in the extra time.
     """
-    rows = list(Allocation.objects.filter(reservation=reservation))
+    # Only what it holds now: allocations ended earlier (a previous attempt) stay as history.
+    rows = list(Allocation.objects.filter(reservation=reservation, ends_at__gt=timezone.now()))
     if not rows:
         raise CapacityTaken("The reservation holds no capacity to extend.")
     if connection.vendor != "postgresql":

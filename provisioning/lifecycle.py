@@ -33,7 +33,7 @@ from security.audit import audit_record
 from .allocations import allocation_end
 from .choices import InstanceState, OperationKind, OperationState, StepState
 from .choices import ReservationState as R
-from .drivers import drivers_for
+from .drivers import NotYet, drivers_for
 from .models import Instance, Operation, Reservation, StepRun
 from .steps import PIPELINES, Context, NodeFault
 
@@ -98,38 +98,56 @@ def reservation_provision_start(reservation_id, *, now=None) -> Operation | None
     now = now or timezone.now()
     if reservation is None or reservation.state != R.SCHEDULED or reservation.starts_at > now + timedelta(seconds=1):
         return None
-    allocations = list(reservation.allocations.select_related("gpu", "node").order_by("node__hostname", "gpu__index",
-                                                                                      "mem_lo"))
+    # Only what it holds now: an earlier attempt's allocations stay as history, ended.
+    allocations = list(reservation.allocations.filter(ends_at__gt=now).select_related("gpu", "node")
+                       .order_by("node__hostname", "gpu__index", "mem_lo"))
     offering = reservation.offering
     nodes = {a.node_id: a.node for a in allocations}
+    lost = [node for node in nodes.values() if node.state in LOST_NODE_STATES]
+    if lost:
+        _requeue(reservation, f"Node {lost[0].hostname} became {lost[0].state} before the start; "
+                              "placing the reservation again.")
+        return None
+    if _previous_tenant_still_there(allocations):
+        return None  # the memory is still being scrubbed after its previous tenant: the tick tries again
     if offering.kind == OfferingKind.BARE_METAL:
-        lost = [node for node in nodes.values() if node.state in LOST_NODE_STATES]
-        if lost:
-            _requeue(reservation, f"Node {lost[0].hostname} became {lost[0].state} before the start; "
-                                  "placing the reservation again.")
-            return None
         if any(node.state != N.AVAILABLE for node in nodes.values()):
             return None  # the previous tenant's cleaning is still running: the tick tries again
         for node in nodes.values():
             node_transition(actor=None, node=node, target=N.ALLOCATED, reason=f"Reservation {reservation.pk}.")
     elif offering.slots_per_gpu == 1:
         gpu_ids = {a.gpu_id for a in allocations}
-        if GPU.objects.filter(pk__in=gpu_ids).exclude(state=GPUState.AVAILABLE).exists():
+        states = dict(GPU.objects.select_for_update().filter(pk__in=gpu_ids).values_list("pk", "state"))
+        if GPUState.QUARANTINED in states.values():
+            _requeue(reservation, "A GPU was quarantined before the start; placing the reservation again.")
+            return None
+        if set(states.values()) != {GPUState.AVAILABLE}:
             return None  # a GPU is still being scrubbed after its previous tenant
         _move_gpus(gpu_ids, GPUState.AVAILABLE, GPUState.ALLOCATED)
-    _create_instances(reservation, allocations)
     if not _move_reservation(reservation, R.PROVISIONING, only_from={R.SCHEDULED}, reason="Provisioning."):
         raise Conflict("The reservation moved on while provisioning started.", code="invalid_transition")
     steps = PIPELINES[(OperationKind.PROVISION, offering.kind)]
     operation = Operation.objects.create(tenant_id=reservation.tenant_id, reservation=reservation,
                                          kind=OperationKind.PROVISION, step=steps[0].name)
+    _create_instances(reservation, allocations, operation)
     audit_record(actor=None, action="reservation.provision", target=reservation,
                  after={"state": R.PROVISIONING, "operation": str(operation.pk)})
     _enqueue(operation, steps[0].name)
     return operation
 
 
-def _create_instances(reservation: Reservation, allocations: list) -> list[Instance]:
+def _previous_tenant_still_there(allocations: list) -> bool:
+    """Some of this memory belongs to an instance still being cleaned (a slot's scrub has no other gate)."""
+    held = {(a.gpu_id, a.mem_lo, a.mem_hi) for a in allocations}
+    for devices in Instance.objects.filter(state=InstanceState.RELEASING, node_id__in={a.node_id for a in allocations}
+                                           ).values_list("devices", flat=True):
+        for d in devices:
+            if any(str(gpu) == d["gpu_id"] and lo < d["mem_hi"] and d["mem_lo"] < hi for gpu, lo, hi in held):
+                return True
+    return False
+
+
+def _create_instances(reservation: Reservation, allocations: list, operation: Operation) -> list[Instance]:
     """One instance per unit: a bare-metal node, a VM's GPUs on one host, or a container's GPUs or slot."""
     offering = reservation.offering
     units: list[tuple] = []
@@ -141,13 +159,14 @@ def _create_instances(reservation: Reservation, allocations: list) -> list[Insta
             1 if offering.slots_per_gpu > 1 else offering.gpus_per_unit)
         units += [(held[0].node, held[i:i + per_unit]) for i in range(0, len(held), per_unit)]
     # Serial numbers go on after earlier attempts' instances (a re-placed reservation keeps them).
-    first = (reservation.instances.order_by("-index").values_list("index", flat=True).first() or -1) + 1
+    last = reservation.instances.order_by("-index").values_list("index", flat=True).first()
+    first = 0 if last is None else last + 1
     def name(node, index):  # a server is its node; a VM or pod is named for the host's hypervisor or kubelet
         return node.hostname if offering.kind == OfferingKind.BARE_METAL else f"r{reservation.pk.hex[:12]}-{index}"
 
     instances = [
         Instance(tenant_id=reservation.tenant_id, team_id=reservation.team_id, reservation=reservation, node=node,
-                 index=first + i, kind=offering.kind, name=name(node, first + i),
+                 provisioned_by=operation, index=first + i, kind=offering.kind, name=name(node, first + i),
                  devices=[{"gpu_id": str(a.gpu_id), "index": a.gpu.index, "pci_bus_id": a.gpu.pci_bus_id,
                            "mem_lo": a.mem_lo, "mem_hi": a.mem_hi} for a in held])
         for i, (node, held) in enumerate(units)
@@ -181,15 +200,16 @@ def release_start(reservation: Reservation) -> Operation:
 
 def _clean(reservation: Reservation, instances: list[Instance]) -> Operation:
     offering = reservation.offering
-    Instance.objects.filter(pk__in=[i.pk for i in instances]).update(state=InstanceState.RELEASING)
+    steps = PIPELINES[(OperationKind.RELEASE, offering.kind)]
+    operation = Operation.objects.create(tenant_id=reservation.tenant_id, reservation=reservation,
+                                         kind=OperationKind.RELEASE, step=steps[0].name)
+    Instance.objects.filter(pk__in=[i.pk for i in instances]).update(state=InstanceState.RELEASING,
+                                                                     released_by=operation)
     if offering.kind == OfferingKind.BARE_METAL:
         for node in Node.objects.filter(pk__in={i.node_id for i in instances}, state=N.ALLOCATED):
             node_transition(actor=None, node=node, target=N.RELEASING, reason=f"Cleaning after {reservation.pk}.")
     elif offering.slots_per_gpu == 1:
         _move_gpus({d["gpu_id"] for i in instances for d in i.devices}, GPUState.ALLOCATED, GPUState.SCRUBBING)
-    steps = PIPELINES[(OperationKind.RELEASE, offering.kind)]
-    operation = Operation.objects.create(tenant_id=reservation.tenant_id, reservation=reservation,
-                                         kind=OperationKind.RELEASE, step=steps[0].name)
     if instances:
         _enqueue(operation, steps[0].name)
     else:
@@ -250,6 +270,8 @@ def operation_run_step(operation_id, step: str) -> str:
     run = StepRun.objects.create(operation=operation, node=operation.node, name=step, attempt=attempt)
     context = _context(operation)
     try:
+        if operation.kind == OperationKind.RELEASE:
+            _wait_for_provisioning(context)
         steps[names.index(step)].run(context)
     except NodeFault as fault:
         return _step_failed(operation, run, fault, attempt)
@@ -265,10 +287,29 @@ def operation_run_step(operation_id, step: str) -> str:
     return _step_succeeded(operation, run, names)
 
 
+def _wait_for_provisioning(context: Context) -> None:
+    """
+    Cleaning waits while a provisioning step is still inside a driver call for this reservation
+    (its worker does not know it was stopped): otherwise that call could land after the wipe.
+    """
+    since = timezone.now() - timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT)
+    busy = StepRun.objects.filter(operation__reservation=context.reservation, operation__kind=OperationKind.PROVISION,
+                                  state=StepState.RUNNING, started_at__gt=since).exists()
+    if busy and context.instances:
+        raise NodeFault(context.instances[0].node, NotYet("A provisioning step is still running on this hardware; "
+                                                          "cleaning waits for it.", wait_s=2.0))
+
+
+def _instances_of(operation: Operation):
+    """The instances this operation works on: its own, still in the state it moves them from."""
+    if operation.kind == OperationKind.RELEASE:
+        return Instance.objects.filter(released_by=operation, state=InstanceState.RELEASING)
+    return Instance.objects.filter(provisioned_by=operation, state=InstanceState.PROVISIONING)
+
+
 def _context(operation: Operation) -> Context:
     reservation = operation.reservation
-    wanted = InstanceState.RELEASING if operation.kind == OperationKind.RELEASE else InstanceState.PROVISIONING
-    instances = list(reservation.instances.filter(state=wanted).select_related("node__region")) if reservation else []
+    instances = list(_instances_of(operation).select_related("node__region")) if reservation else []
     # The hardware's region picks the drivers (a re-queued reservation has no region of its own).
     node = operation.node or (instances[0].node if instances else None)
     region = node.region.slug if node else reservation.region.slug
@@ -354,7 +395,7 @@ def _finish(operation: Operation) -> None:
 def _provisioned(operation: Operation) -> None:
     reservation = operation.reservation
     region = reservation.region.slug
-    for instance in reservation.instances.filter(state=InstanceState.PROVISIONING).select_related("node"):
+    for instance in _instances_of(operation).select_related("node"):
         # A VM's or container's name never says which host it shares with other tenants.
         Instance.objects.filter(pk=instance.pk).update(
             state=InstanceState.ACTIVE, address=f"{instance.name}.{region}.gpu", ssh_user="ubuntu")
@@ -365,7 +406,7 @@ def _provisioned(operation: Operation) -> None:
 
 def _released(operation: Operation, *, outcome: str = OperationState.SUCCEEDED, error: str = "") -> None:
     reservation = operation.reservation
-    instances = list(reservation.instances.filter(state=InstanceState.RELEASING))
+    instances = list(_instances_of(operation))
     Instance.objects.filter(pk__in=[i.pk for i in instances]).update(state=InstanceState.RELEASED)
     if reservation.offering.kind == OfferingKind.BARE_METAL:
         for node in Node.objects.filter(pk__in={i.node_id for i in instances}, state=N.RELEASING):
@@ -373,6 +414,9 @@ def _released(operation: Operation, *, outcome: str = OperationState.SUCCEEDED, 
     elif reservation.offering.slots_per_gpu == 1:
         _move_gpus({d["gpu_id"] for i in instances for d in i.devices}, GPUState.SCRUBBING, GPUState.AVAILABLE)
     _close(operation, outcome, error)
+    if reservation.instances.filter(state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE,
+                                               InstanceState.RELEASING]).exists():
+        return  # another attempt's instances are still live or being cleaned: that operation finishes it
     if _move_reservation(reservation, R.RELEASED, only_from={R.RELEASING}, reason=""):
         audit_record(actor=None, action="reservation.released", target=reservation, after={"state": R.RELEASED})
 
@@ -383,6 +427,9 @@ def _validated(operation: Operation) -> None:
     node_transition(actor=None, node=node, target=target, reason="Validation passed.")
     Node.objects.filter(pk=node.pk).update(health=Health.HEALTHY)
     node.gpus.update(health=Health.HEALTHY)
+    # Burnt in and verified: GPUs held out after a failed scrub or provisioning are clean again.
+    _move_gpus(node.gpus.filter(state=GPUState.QUARANTINED).values_list("pk", flat=True), GPUState.QUARANTINED,
+               GPUState.AVAILABLE)
     _close(operation, OperationState.SUCCEEDED)
 
 
@@ -391,9 +438,12 @@ def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> N
     reservation = Reservation.objects.select_for_update().select_related("offering").get(pk=operation.reservation_id)
     _node_failed(fault.node, f"Provisioning failed: {fault.cause}")
     _close(operation, OperationState.FAILED, message)
-    instances = list(reservation.instances.filter(state=InstanceState.PROVISIONING))
+    instances = list(_instances_of(operation))
     on_faulty = [i for i in instances if i.node_id == fault.node.pk]
     Instance.objects.filter(pk__in=[i.pk for i in on_faulty]).update(state=InstanceState.FAILED)
+    if reservation.offering.kind != OfferingKind.BARE_METAL and reservation.offering.slots_per_gpu == 1:
+        # Never scrubbed, maybe half set up: held out until the node is repaired and validated.
+        _move_gpus({d["gpu_id"] for i in on_faulty for d in i.devices}, GPUState.ALLOCATED, GPUState.QUARANTINED)
     _clean(reservation, [i for i in instances if i.node_id != fault.node.pk])
     failures = reservation.provision_failures + 1
     Reservation.objects.filter(pk=reservation.pk).update(provision_failures=failures)
@@ -415,12 +465,11 @@ def _release_failed(operation: Operation, fault: NodeFault, message: str) -> Non
     """
     _node_failed(fault.node, f"Cleaning failed: {fault.cause}")
     reservation = operation.reservation
-    Instance.objects.filter(reservation=reservation, node=fault.node, state=InstanceState.RELEASING).update(
-        state=InstanceState.RELEASED)
+    on_node = list(_instances_of(operation).filter(node=fault.node))
+    Instance.objects.filter(pk__in=[i.pk for i in on_node]).update(state=InstanceState.RELEASED)
     if reservation.offering.kind != OfferingKind.BARE_METAL:
-        gpu_ids = {d["gpu_id"] for i in reservation.instances.filter(node=fault.node) for d in i.devices}
-        _move_gpus(gpu_ids, GPUState.SCRUBBING, GPUState.QUARANTINED)
-    if reservation.instances.filter(state=InstanceState.RELEASING).exists():
+        _move_gpus({d["gpu_id"] for i in on_node for d in i.devices}, GPUState.SCRUBBING, GPUState.QUARANTINED)
+    if _instances_of(operation).exists():
         Operation.objects.filter(pk=operation.pk).update(attempt=0, error=message)
         _enqueue(operation, operation.step)
         return
@@ -446,25 +495,41 @@ def tick(*, now=None, limit: int = 200) -> dict:
     from .services import reservation_expire
 
     now = now or timezone.now()
-    report = {"started": 0, "expired": 0, "releases": 0, "validations": 0, "resumed": 0, "failed_stuck": 0}
-    for reservation_id in Reservation.objects.filter(state=R.SCHEDULED, starts_at__lte=now).order_by(
-            "starts_at").values_list("pk", flat=True)[:limit]:
-        report["started"] += reservation_provision_start(reservation_id, now=now) is not None
-    for reservation in Reservation.objects.filter(state__in=[R.PROVISIONING, R.ACTIVE], ends_at__lte=now)[:limit]:
-        report["expired"] += reservation_expire(reservation=reservation)
+    report = {"started": 0, "expired": 0, "releases": 0, "validations": 0, "resumed": 0, "failed_stuck": 0,
+              "errors": 0}
+
+    def each(items, act, counter):
+        # One bad item is logged and skipped: it must not stop the rest of the tick.
+        for item in items:
+            try:
+                with transaction.atomic():
+                    outcome = act(item)
+            except Exception:
+                log.exception("lifecycle tick: %s failed on %s", counter, item)
+                report["errors"] += 1
+                continue
+            if isinstance(outcome, str):
+                report[outcome] += 1
+            elif outcome:
+                report[counter] += 1
+
+    each(Reservation.objects.filter(state=R.SCHEDULED, starts_at__lte=now, ends_at__gt=now).order_by("starts_at")
+         .values_list("pk", flat=True)[:limit],
+         lambda pk: reservation_provision_start(pk, now=now) is not None, "started")
+    each(Reservation.objects.filter(state__in=[R.SCHEDULED, R.PROVISIONING, R.ACTIVE], ends_at__lte=now)[:limit],
+         lambda reservation: reservation_expire(reservation=reservation), "expired")
+    live = Instance.objects.filter(reservation=OuterRef("pk"),
+                                   state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE])
     cleaning = Operation.objects.filter(reservation=OuterRef("pk"), kind=OperationKind.RELEASE)
-    for reservation in (Reservation.objects.filter(state=R.RELEASING, released_at__lte=now)
-                        .exclude(Exists(cleaning)).select_related("offering")[:limit]):
-        with transaction.atomic():
-            release_start(reservation)
-        report["releases"] += 1
+    each(Reservation.objects.filter(state=R.RELEASING, released_at__lte=now)
+         .filter(Exists(live) | ~Exists(cleaning)).select_related("offering")[:limit],
+         release_start, "releases")
     validating = Operation.objects.filter(node=OuterRef("pk"), kind=OperationKind.VALIDATE, state__in=UNFINISHED)
-    for node in Node.objects.filter(state=N.VALIDATING).exclude(Exists(validating))[:limit]:
-        node_validate(actor=None, node=node)
-        report["validations"] += 1
+    each(Node.objects.filter(state=N.VALIDATING).exclude(Exists(validating))[:limit],
+         lambda node: node_validate(actor=None, node=node), "validations")
     stuck_before = now - settings.MERIDIAN_STUCK_AFTER
-    for operation in Operation.objects.filter(state__in=UNFINISHED, updated_at__lt=stuck_before)[:limit]:
-        report["resumed" if _resume(operation) else "failed_stuck"] += 1
+    each(Operation.objects.filter(state__in=UNFINISHED, updated_at__lt=stuck_before)[:limit],
+         lambda operation: "resumed" if _resume(operation) else "failed_stuck", "resumed")
     return report
 
 
@@ -479,7 +544,7 @@ def _resume(operation: Operation) -> bool:
         Operation.objects.filter(pk=locked.pk).update(resumed=locked.resumed + 1, updated_at=timezone.now())
         _enqueue(locked, locked.step)
         return True
-    node = locked.node or next((i.node for i in locked.reservation.instances.select_related("node")), None)
+    node = locked.node or next((i.node for i in _context(locked).instances), None)
     stuck_s = int(settings.MERIDIAN_STUCK_AFTER.total_seconds())
     message = f"{locked.step} made no progress in {stuck_s} s, {locked.resumed} times; given up."
     if node is None:

@@ -200,6 +200,12 @@ class Instance(TeamOwnedModel):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="instances")
     node = models.ForeignKey("cloud.Node", on_delete=models.PROTECT, related_name="instances")
+    # The operations that provision and clean up this instance: each works on its own instances
+    # only (a re-placed reservation can have one attempt cleaning while the next one runs).
+    provisioned_by = models.ForeignKey(Operation, null=True, blank=True, on_delete=models.SET_NULL,
+                                       related_name="provisioned_instances")
+    released_by = models.ForeignKey(Operation, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="released_instances")
     index = models.PositiveSmallIntegerField(help_text="Which unit of the reservation.")
     kind = models.CharField(max_length=16)
     state = models.CharField(max_length=16, choices=InstanceState.choices, default=InstanceState.PROVISIONING)
@@ -338,6 +344,7 @@ class AgentCommand(models.Model):
     class Meta:
         ordering = ["created_at"]
         indexes = [models.Index(fields=["node", "state"], name="agent_command_queue_idx")]
+        constraints = [models.UniqueConstraint(fields=["node", "kind", "reference"], name="agent_command_once")]
 
     def __str__(self):
         return f"{self.kind} {self.state} on {self.node_id}"

@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from rest_framework.exceptions import NotFound
 
-from cloud.errors import DomainError, Forbidden
+from cloud.errors import Conflict, DomainError, Forbidden
 from cloud.models import Node
 from security.audit import audit_record
 
@@ -99,6 +99,9 @@ def command_answer(*, node: Node, command_id, ok: bool, result: dict) -> AgentCo
     command = AgentCommand.objects.filter(node=node, pk=command_id).first()
     if command is None:
         raise NotFound("No such command for this node.")
+    if command.state != AgentCommand.State.SENT:
+        raise Conflict(f"The command is '{command.state}': only a command sent to the agent takes an answer.",
+                       code="invalid_transition", current_state=command.state)
     AgentCommand.objects.filter(pk=command.pk).update(
         state=AgentCommand.State.DONE if ok else AgentCommand.State.FAILED, result=result, done_at=timezone.now())
     command.refresh_from_db()

@@ -294,8 +294,19 @@ def reservation_release(*, actor, reservation: Reservation) -> Reservation:
 
 @transaction.atomic
 def reservation_expire(*, reservation: Reservation) -> bool:
-    """The window ended: release what is provisioning or running (the system's act, audited). False if it moved on."""
+    """
+    The window ended: release what is provisioning or running, or expire what never started
+    (its capacity was never taken up). The system's act, audited. False if it moved on.
+    """
     now = timezone.now()
+    if reservation.state == R.SCHEDULED:
+        try:
+            _move(reservation, R.EXPIRED, only_from={R.SCHEDULED}, reason="The window ended before it could start.")
+        except Conflict:
+            return False
+        allocation_end(reservation=reservation, at=now)
+        audit_record(actor=None, action="reservation.expire", target=reservation, after=_snap(reservation))
+        return True
     try:
         _move(reservation, R.RELEASING, only_from={R.PROVISIONING, R.ACTIVE}, reason="The reservation's window ended.",
               released_at=now)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from cloud.choices import OfferingKind
+from cloud.choices import NodePool, OfferingKind
 
 from .choices import OperationKind
 from .drivers import DriverError, Drivers, Target
@@ -86,9 +86,14 @@ def power_on_deploy(ctx: Context) -> None:
 
 
 def write_image(ctx: Context) -> None:
+    """The OS image with the tenant's key, marked with this instance: a disk written for anyone else is rewritten."""
     image, key = settings.MERIDIAN_OS_IMAGE, ctx.reservation.ssh_public_key
     disks = ctx.drivers.image
-    ctx.each(lambda instance, target: None if disks.image(target) == image else disks.write_image(target, image, key))
+
+    def write(instance, target):
+        if disks.deployed_for(target) != str(instance.pk):
+            disks.write_image(target, image, key, str(instance.pk))
+    ctx.each(write)
 
 
 def boot_from_disk(ctx: Context) -> None:
@@ -257,15 +262,33 @@ def check_bmc(ctx: Context) -> None:
     ctx.on(ctx.node, ctx.drivers.power.power_state)
 
 
+def clear_node(ctx: Context) -> None:
+    """A bare-metal node comes back from repair with whatever was on its disk: power it off and wipe it."""
+    node = ctx.node
+    if node.pool != NodePool.BARE_METAL:
+        return  # a shared host's own disk is the host's system, not a tenant's
+    power, disks = ctx.drivers.power, ctx.drivers.image
+
+    def clear(target):
+        if power.power_state(target) == "on":
+            power.set_power(target, False)
+        if disks.image(target) is not None:
+            disks.wipe(target)
+    ctx.on(node, clear)
+
+
 def burn_in(ctx: Context) -> None:
-    """Exercise every GPU's memory and clear it (real: the agent's burn-in and reset)."""
+    """Exercise every GPU's memory and clear it (real: the agent's burn-in and reset), and check it is clear."""
     host = ctx.drivers.host
     devices = [{"index": index, "mem_lo": 0, "mem_hi": memory}
                for index, memory in ctx.node.gpus.values_list("index", "memory_mib")]
+    reference = str(ctx.operation.pk)
 
     def run(target):
-        if not host.scrubbed(target, devices):
-            host.scrub(target, devices)
+        if not host.scrubbed(target, devices, reference):
+            host.scrub(target, devices, reference)
+        if not host.scrubbed(target, devices, reference):
+            raise DriverError("GPU memory is not clear after the burn-in.", transient=False)
     ctx.on(ctx.node, run)
 
 
@@ -283,5 +306,6 @@ PIPELINES: dict[tuple[str, str | None], list[Step]] = {
     (R, V): [Step("stop_domain", stop_domain), Step("undefine_domain", undefine_domain),
              Step("leave_network", leave_network), Step("scrub", scrub)],
     (R, C): [Step("delete_pod", delete_pod), Step("leave_network", leave_network), Step("scrub", scrub)],
-    (OperationKind.VALIDATE, None): [Step("check_bmc", check_bmc), Step("verify", verify), Step("burn_in", burn_in)],
+    (OperationKind.VALIDATE, None): [Step("check_bmc", check_bmc), Step("clear_node", clear_node),
+                                     Step("verify", verify), Step("burn_in", burn_in)],
 }

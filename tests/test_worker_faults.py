@@ -343,7 +343,8 @@ def test_a_worker_killed_while_writing_the_image_is_redelivered_and_provisions_o
     # test waited for that count before the kill) and died before its change, so the disk had no
     # image when the step ran again and wrote it: two calls, one write. Nothing else was repeated.
     disk = SimulatedDevice.objects.get(key=f"disk:{hostname}")
-    assert disk.state == {"image": settings.MERIDIAN_OS_IMAGE, "ssh_key": SSH_KEY}
+    instance = Instance.objects.get(reservation_id=pk)
+    assert disk.state == {"image": settings.MERIDIAN_OS_IMAGE, "ssh_key": SSH_KEY, "marker": str(instance.pk)}
     assert Simulated.calls("disk", hostname) == {"write_image": 2}
     assert Simulated.calls("bmc", hostname) == {"insert_media": 1, "set_boot_device": 2, "set_power": 1,
                                                 "eject_media": 1}

@@ -79,7 +79,11 @@ class ImageDriver(ABC):
         """The image written on the node's disk, None when blank."""
 
     @abstractmethod
-    def write_image(self, target: Target, image: str, ssh_public_key: str) -> None: ...
+    def deployed_for(self, target: Target) -> str | None:
+        """Whose deployment the disk holds (the marker written with the image), None when blank."""
+
+    @abstractmethod
+    def write_image(self, target: Target, image: str, ssh_public_key: str, marker: str) -> None: ...
 
     @abstractmethod
     def wipe(self, target: Target) -> None: ...

@@ -108,11 +108,14 @@ class SimulatedImage(Simulated, ImageDriver):
     def image(self, target):
         return self._state(target).get("image")
 
-    def write_image(self, target, image, ssh_public_key):
-        self._act(target, "write_image", lambda s: s.update(image=image, ssh_key=ssh_public_key))
+    def deployed_for(self, target):
+        return self._state(target).get("marker")
+
+    def write_image(self, target, image, ssh_public_key, marker):
+        self._act(target, "write_image", lambda s: s.update(image=image, ssh_key=ssh_public_key, marker=marker))
 
     def wipe(self, target):
-        self._act(target, "wipe", lambda s: s.update(image=None, ssh_key=None))
+        self._act(target, "wipe", lambda s: s.update(image=None, ssh_key=None, marker=None))
 
 
 class SimulatedVM(Simulated, VMDriver):

@@ -384,7 +384,7 @@ def test_simulated_failure_is_transient_counted_and_changes_nothing(settings):
     _simulate(settings, failure_rate={"write_image": 1.0})
     node = Target(node_id="1", hostname="sim-node-1")
     with pytest.raises(DriverError) as raised:
-        SimulatedImage().write_image(node, "ubuntu-24.04", "ssh-ed25519 AAAA")
+        SimulatedImage().write_image(node, "ubuntu-24.04", "ssh-ed25519 AAAA", "instance-1")
     assert raised.value.transient is True
     assert SimulatedImage().image(node) is None
     assert SimulatedDevice.objects.get(key="disk:sim-node-1").state == {}
@@ -395,7 +395,8 @@ def test_simulated_failure_is_transient_counted_and_changes_nothing(settings):
 def test_simulated_broken_hardware_fails_for_good(settings):
     _simulate(settings, broken_rate={"write_image": 1.0})
     with pytest.raises(DriverError) as raised:
-        SimulatedImage().write_image(Target(node_id="1", hostname="sim-node-1"), "ubuntu-24.04", "ssh-ed25519 AAAA")
+        SimulatedImage().write_image(Target(node_id="1", hostname="sim-node-1"), "ubuntu-24.04", "ssh-ed25519 AAAA",
+                                     "instance-1")
     assert raised.value.transient is False
 
 
@@ -404,7 +405,7 @@ def _outcomes(hostname: str, calls: int = 20) -> str:
     disks, node, seen = SimulatedImage(), Target(node_id="1", hostname=hostname), []
     for _ in range(calls):
         try:
-            disks.write_image(node, "ubuntu-24.04", "ssh-ed25519 AAAA")
+            disks.write_image(node, "ubuntu-24.04", "ssh-ed25519 AAAA", "instance-1")
             seen.append(".")
         except DriverError:
             seen.append("x")

@@ -10,6 +10,7 @@ import time
 import pytest
 from django.test import Client
 
+from cloud.errors import Conflict
 from cloud.models import Node
 from provisioning import node_agents
 from provisioning.agent.agent import Agent, ControlPlane, ControlPlaneError
@@ -131,6 +132,9 @@ def test_release_scrubs_through_the_agent_and_waits_for_its_answer(world, fleet,
     assert ("release", "scrub", "waiting") in waiting and reservation(pk).state == "releasing"
     command = AgentCommand.objects.get(node=instance.node, kind="scrub")
     assert command.payload["devices"][0]["index"] == instance.devices[0]["index"]
+    with pytest.raises(Conflict):  # an answer to a command the agent never pulled is refused
+        node_agents.command_answer(node=instance.node, command_id=command.pk, ok=True, result={"ok": True})
+    assert [c.pk for c in node_agents.commands_take(node=instance.node)] == [command.pk]
     node_agents.command_answer(node=instance.node, command_id=command.pk, ok=True, result={"ok": True})
     steps.run()
     assert reservation(pk).state == "released"
