@@ -35,7 +35,7 @@ from .plan_types import Placement
 from .planner import Planner
 from .priority import ScoreInputs, Weights, score
 from .snapshot import load_snapshot, pool_of, request_for
-from .team_record import team_inputs
+from .team_record import team_inputs, team_inputs_recent
 from .transitions import RESERVATION_TRANSITIONS
 
 AUDITED = ["state", "units", "gpus", "regions", "starts_at", "ends_at", "billing_term", "score"]
@@ -65,12 +65,20 @@ def _snap(reservation: Reservation) -> dict:
 #
 
 
-def reservation_rescore(reservation: Reservation, *, now: datetime | None = None) -> float:
-    """Recompute and store the reservation's score and its breakdown (not audited: derived data)."""
+def reservation_rescore(reservation: Reservation, *, now: datetime | None = None, recent: bool = False) -> float:
+    """
+    Recompute and store the reservation's score and its breakdown (not audited: derived data).
+    ``recent``: the team's record may be a few seconds old (MERIDIAN_SCHEDULER_RECORD_REFRESH).
+    """
     now = now or timezone.now()
     w = weights()
-    record = team_inputs(tenant=reservation.tenant_id, team=reservation.team_id,
-                         gpu_model_id=reservation.gpu_model_id, now=now, weights=w)
+    if recent:
+        record = team_inputs_recent(tenant=reservation.tenant_id, team=reservation.team_id,
+                                    gpu_model_id=reservation.gpu_model_id, now=now, weights=w,
+                                    max_age_s=settings.MERIDIAN_SCHEDULER_RECORD_REFRESH)
+    else:
+        record = team_inputs(tenant=reservation.tenant_id, team=reservation.team_id,
+                             gpu_model_id=reservation.gpu_model_id, now=now, weights=w)
     breakdown = score(ScoreInputs(
         urgency=reservation.urgency, fulfilment_rate=record.fulfilment_rate, current_load=record.current_load,
         waited_s=max(0.0, (now - reservation.submitted_at).total_seconds()), high_priority=record.high_priority,
@@ -109,7 +117,7 @@ def reservation_create(*, actor, ask: admission.Ask, team=None) -> Reservation:
         billing_term=ask.billing_term, spot_max_price=ask.spot_max_price, eviction_policy=ask.eviction_policy,
         urgency=ask.urgency, ssh_public_key=ask.ssh_public_key,
     )
-    reservation_rescore(reservation, now=now)
+    reservation_rescore(reservation, now=now, recent=True)
     placed = _fast_path(reservation, now)
     if not placed:
         _move(reservation, R.QUEUED, reason="Waiting for the scheduler.")

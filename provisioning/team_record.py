@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import reduce
 
+from django.core.cache import cache
 from django.db.models import Count, Q, Sum
 
 from tenants.choices import QuotaResource
@@ -44,6 +45,21 @@ def team_inputs(*, tenant, team, gpu_model_id, now: datetime, weights: Weights) 
     """The record of ``team`` (or of the tenant's team-less work) for one GPU model; ids or objects."""
     key = (getattr(tenant, "pk", tenant), getattr(team, "pk", team), gpu_model_id)
     return team_inputs_many([key], now=now, weights=weights)[key]
+
+
+def team_inputs_recent(*, tenant, team, gpu_model_id, now: datetime, weights: Weights,
+                       max_age_s: float) -> TeamInputs:
+    """
+    ``team_inputs`` as read at most ``max_age_s`` ago by any process (the shared cache): a create
+    scores with it, as the scheduler loop does, instead of reading the team's history each time.
+    """
+    key = f"meridian:team-record:{tenant}:{team}:{gpu_model_id}"
+    record = cache.get(key) if max_age_s > 0 else None
+    if record is None:
+        record = team_inputs(tenant=tenant, team=team, gpu_model_id=gpu_model_id, now=now, weights=weights)
+        if max_age_s > 0:
+            cache.set(key, record, max_age_s)
+    return record
 
 
 def team_inputs_many(keys, *, now: datetime, weights: Weights) -> dict[tuple, TeamInputs]:

@@ -167,3 +167,19 @@ def test_the_loop_rereads_team_records_only_after_the_refresh(world):
         records.refresh_s = 0
         records.get({a, b}, now, None)
         assert read.call_count == 3 and read.call_args.args[0] == {a, b}
+
+
+def test_creates_score_with_a_team_record_at_most_a_few_seconds_old(world):
+    from django.core.cache import cache
+
+    from provisioning import team_record
+
+    cache.clear()
+    owner = {"tenant": world.t1.tenant.pk, "team": None, "gpu_model_id": vm_offering().gpu_model_id,
+             "now": timezone.now(), "weights": None}
+    with mock.patch.object(team_record, "team_inputs", return_value="record") as read:
+        assert team_record.team_inputs_recent(**owner, max_age_s=60) == "record"
+        assert team_record.team_inputs_recent(**owner, max_age_s=60) == "record"
+        assert read.call_count == 1  # the second create reused it
+        team_record.team_inputs_recent(**owner, max_age_s=0)
+        assert read.call_count == 2  # no reuse when the refresh is 0
