@@ -155,10 +155,17 @@ def _fast_path(reservation: Reservation, now: datetime) -> bool:
         return False  # queued work of higher priority wants this capacity: the scheduler decides
     request = request_for(reservation, now)
     # Only the request's pool: five times less to load than the whole region (the fast path is
-    # on every create). The headroom is then a share of that pool's GPUs of the model.
-    snapshot = load_snapshot(now=now, until=request.end, regions=request.regions,
-                             gpu_model_ids=request.gpu_model_ids, pool=pool_of(request.kind))
-    placement = Planner(snapshot, headroom=settings.MERIDIAN_HEADROOM).place(request)
+    # on every create). The headroom is then a share of that pool's GPUs of the model. On-demand
+    # whole-GPU work may use the headroom, so it first looks only at GPUs free for its window (a
+    # fraction of the rows on a busy fleet); only when none fit does it load the pool with what
+    # holds it, to consider evicting spot work. Fractional slots need the shared GPUs to pack onto.
+    placement = None
+    where = {"now": now, "until": request.end, "regions": request.regions, "gpu_model_ids": request.gpu_model_ids,
+             "pool": pool_of(request.kind)}
+    if request.on_demand and request.slots_per_gpu == 1:
+        placement = Planner(load_snapshot(**where, free_only=True), headroom=settings.MERIDIAN_HEADROOM).place(request)
+    if placement is None:
+        placement = Planner(load_snapshot(**where), headroom=settings.MERIDIAN_HEADROOM).place(request)
     if placement is None:
         return False
     try:

@@ -11,6 +11,7 @@ from collections import defaultdict
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models import Exists, OuterRef
 
 from cloud.capacity import SELLABLE_HEALTH
 from cloud.choices import GPUState, NodePool, OfferingKind
@@ -24,8 +25,13 @@ from .plan_types import Busy, GPUCapacity, NodeCapacity, Request, Snapshot
 UNUSABLE_GPU_STATES = [GPUState.QUARANTINED]
 
 
-def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids=None, pool=None) -> Snapshot:
-    """Capacity of the sellable fleet (optionally narrowed), with every allocation overlapping [now, until)."""
+def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids=None, pool=None,
+                  free_only: bool = False) -> Snapshot:
+    """
+    Capacity of the sellable fleet (optionally narrowed), with every allocation overlapping
+    [now, until). ``free_only``: only GPUs with nothing in that window (what a whole-GPU request
+    can use without evicting anyone) -- a fraction of the rows when the fleet is busy.
+    """
     nodes = Node.objects.filter(is_spare=False, state__in=ALLOCATABLE_NODE_STATES, health__in=SELLABLE_HEALTH)
     if regions is not None:
         nodes = nodes.filter(region__slug__in=list(regions))
@@ -36,7 +42,11 @@ def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids
         gpus = gpus.filter(model_id__in=list(gpu_model_ids))
 
     busy = defaultdict(list)
-    allocations = Allocation.objects.filter(gpu__in=gpus, ends_at__gt=now, starts_at__lt=until).values_list(
+    in_window = Allocation.objects.filter(ends_at__gt=now, starts_at__lt=until)
+    if free_only:
+        gpus = gpus.exclude(Exists(in_window.filter(gpu=OuterRef("pk"))))
+        in_window = in_window.none()
+    allocations = in_window.filter(gpu__in=gpus).values_list(
         "gpu_id", "reservation_id", "starts_at", "ends_at", "mem_lo", "mem_hi", "reservation__billing_term",
         "reservation__score",
     )
