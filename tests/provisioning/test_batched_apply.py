@@ -183,3 +183,21 @@ def test_creates_score_with_a_team_record_at_most_a_few_seconds_old(world):
         assert read.call_count == 1  # the second create reused it
         team_record.team_inputs_recent(**owner, max_age_s=0)
         assert read.call_count == 2  # no reuse when the refresh is 0
+
+
+def test_the_fast_path_reads_only_free_gpus_when_they_are_enough(world, fleet):
+    """On-demand whole-GPU work is placed from the free GPUs alone; the pool with its holders is not read."""
+    from provisioning import services
+
+    calls = []
+    real = services.load_snapshot
+
+    def spy(**kwargs):
+        calls.append(kwargs.get("free_only", False))
+        return real(**kwargs)
+
+    with mock.patch.object(services, "load_snapshot", spy):
+        response = world.client("t1_member").post(URL, {"name": "now", "offering": vm_offering(1).slug, "gpus": 1,
+                                                        "regions": ["us-east-1"], "duration_hours": 1}, format="json")
+    assert response.json()["state"] == "scheduled"
+    assert calls == [True]
