@@ -11,7 +11,7 @@ from collections import defaultdict
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef
+from django.db.models import Count, Exists, OuterRef
 
 from cloud.capacity import SELLABLE_HEALTH
 from cloud.choices import GPUState, NodePool, OfferingKind
@@ -26,25 +26,19 @@ UNUSABLE_GPU_STATES = [GPUState.QUARANTINED]
 
 
 def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids=None, pool=None,
-                  free_only: bool = False) -> Snapshot:
+                  free_only: bool = False, node_ids=None) -> Snapshot:
     """
     Capacity of the sellable fleet (optionally narrowed), with every allocation overlapping
     [now, until). ``free_only``: only GPUs with nothing in that window (what a whole-GPU request
-    can use without evicting anyone) -- a fraction of the rows when the fleet is busy.
+    can use without evicting anyone); ``node_ids``: only these nodes (see ``free_candidates``).
     """
-    nodes = Node.objects.filter(is_spare=False, state__in=ALLOCATABLE_NODE_STATES, health__in=SELLABLE_HEALTH)
-    if regions is not None:
-        nodes = nodes.filter(region__slug__in=list(regions))
-    if pool is not None:
-        nodes = nodes.filter(pool=pool)
-    gpus = GPU.objects.filter(node__in=nodes, health__in=SELLABLE_HEALTH).exclude(state__in=UNUSABLE_GPU_STATES)
-    if gpu_model_ids is not None:
-        gpus = gpus.filter(model_id__in=list(gpu_model_ids))
-
+    nodes, gpus = _sellable(now=now, until=until, regions=regions, gpu_model_ids=gpu_model_ids, pool=pool,
+                            free_only=free_only)
+    if node_ids is not None:
+        nodes, gpus = nodes.filter(pk__in=list(node_ids)), gpus.filter(node_id__in=list(node_ids))
     busy = defaultdict(list)
     in_window = Allocation.objects.filter(ends_at__gt=now, starts_at__lt=until)
     if free_only:
-        gpus = gpus.exclude(Exists(in_window.filter(gpu=OuterRef("pk"))))
         in_window = in_window.none()
     allocations = in_window.filter(gpu__in=gpus).values_list(
         "gpu_id", "reservation_id", "starts_at", "ends_at", "mem_lo", "mem_hi", "reservation__billing_term",
@@ -68,6 +62,46 @@ def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids
             "id", "region__slug", "fabric_id", "leaf_id", "leaf__pod", "pool")
     ]
     return Snapshot(now=now, nodes=capacity)
+
+
+def _sellable(*, now, until, regions, gpu_model_ids, pool, free_only):
+    """The nodes that may take work and their usable GPUs (only those free in the window, if asked)."""
+    nodes = Node.objects.filter(is_spare=False, state__in=ALLOCATABLE_NODE_STATES, health__in=SELLABLE_HEALTH)
+    if regions is not None:
+        nodes = nodes.filter(region__slug__in=list(regions))
+    if pool is not None:
+        nodes = nodes.filter(pool=pool)
+    gpus = GPU.objects.filter(node__in=nodes, health__in=SELLABLE_HEALTH).exclude(state__in=UNUSABLE_GPU_STATES)
+    if gpu_model_ids is not None:
+        gpus = gpus.filter(model_id__in=list(gpu_model_ids))
+    if free_only:
+        in_window = Allocation.objects.filter(ends_at__gt=now, starts_at__lt=until, gpu=OuterRef("pk"))
+        gpus = gpus.exclude(Exists(in_window))
+    return nodes, gpus
+
+
+def free_candidates(request: Request, *, now: datetime, spare: int = 4) -> list | None:
+    """
+    The few nodes an on-demand whole-GPU request would be placed on, from one aggregate query of
+    free GPUs per node (no row per GPU): the best-fitting hosts for VMs and containers, or for
+    bare metal the whole-free nodes of the leaf the planner prefers (the one with the fewest free
+    nodes that holds the gang). None when that does not settle it (the caller reads the pool).
+    """
+    _, gpus = _sellable(now=now, until=request.end, regions=request.regions, gpu_model_ids=request.gpu_model_ids,
+                        pool=pool_of(request.kind), free_only=True)
+    per_node = gpus.values("node_id", "node__leaf_id").annotate(free=Count("pk"))
+    g = request.gpus_per_unit
+    if request.kind != OfferingKind.BARE_METAL:
+        chosen, units = [], 0
+        for row in per_node.filter(free__gte=g).order_by("free", "node_id")[:request.units + spare]:
+            chosen.append(row["node_id"])
+            units += row["free"] // g
+        return chosen if units >= request.units else None
+    by_leaf = defaultdict(list)
+    for row in per_node.filter(free=g):  # nodes whose sellable GPUs are all free: what the planner calls whole
+        by_leaf[row["node__leaf_id"]].append(row["node_id"])
+    holding = sorted((len(free), str(leaf), free) for leaf, free in by_leaf.items() if len(free) >= request.units)
+    return [node for _, _, free in holding[:2] for node in free] or None
 
 
 def pool_of(kind: str) -> str:

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from cloud.db import update_rows
-from cloud.models import GPU, Region
+from cloud.models import GPU, Node, Region
 from provisioning import scheduler
 from provisioning.admission import quota_suspects
 from provisioning.allocations import Binding, CapacityTaken, allocation_bind, allocation_bind_many
@@ -201,3 +201,27 @@ def test_the_fast_path_reads_only_free_gpus_when_they_are_enough(world, fleet):
                                                         "regions": ["us-east-1"], "duration_hours": 1}, format="json")
     assert response.json()["state"] == "scheduled"
     assert calls == [True]
+
+
+def test_free_candidates_are_the_best_fitting_hosts_and_a_whole_free_leaf(world, fleet):
+    from provisioning.allocations import allocation_bind
+    from provisioning.snapshot import free_candidates, request_for
+    from tests.provisioning.factories import make_reservation, offering
+
+    now = timezone.now()
+    host = GPU.objects.filter(node__pool="shared").order_by("node__hostname").first().node
+    taken = list(host.gpus.order_by("index")[:6])
+    with transaction.atomic():
+        allocation_bind(reservation=make_reservation(world, state="scheduled"),
+                        assignments=[Assignment(g.node_id, g.pk, 0, g.memory_mib) for g in taken],
+                        starts_at=now, ends_at=now + timedelta(hours=3))
+    vm = make_reservation(world, offering=vm_offering(2), state="queued")
+    vm.score = 0.5
+    assert free_candidates(request_for(vm, now), now=now)[0] == host.pk  # 2 free: the best fit
+    too_big = make_reservation(world, offering=vm_offering(8), units=50, state="queued")
+    assert free_candidates(request_for(too_big, now), now=now) is None
+
+    bare = make_reservation(world, offering=offering("bare_metal", 8), units=1, state="queued")
+    nodes = free_candidates(request_for(bare, now), now=now)
+    assert nodes and all(Node.objects.get(pk=n).pool == "bare_metal" for n in nodes)
+    assert not Node.objects.filter(pk__in=nodes, is_spare=True).exists()
