@@ -167,3 +167,19 @@ def test_spent_nonces_are_forgotten_once_their_requests_would_be_stale(world, fl
     AgentNonce.objects.create(node=node, nonce="fresh", seen_at=timezone.now())
     assert agent_nonce_prune() == 1
     assert list(AgentNonce.objects.values_list("nonce", flat=True)) == ["fresh"]
+
+
+def test_the_agent_runs_from_its_command_line_without_django(tmp_path):
+    """``python -m provisioning.agent`` imports nothing of Django (it is installed alone on hosts)."""
+    import subprocess
+    import sys
+
+    secret = tmp_path / "node.key"
+    secret.write_text("s3cret")
+    code = ("import sys, provisioning.agent.__main__ as m; "
+            "assert not any(name.startswith('django') for name in sys.modules), 'django imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    usage = subprocess.run([sys.executable, "-m", "provisioning.agent", "--help"], capture_output=True, text=True,
+                           timeout=60)
+    assert usage.returncode == 0 and "--key-id" in usage.stdout

@@ -1,0 +1,40 @@
+"""
+``python -m provisioning.agent``: run one node's agent. The NVML backend is the simulated one for
+now (``--gpus`` of them); the real pynvml backend comes with the GPU isolation work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import uuid
+from pathlib import Path
+
+from .agent import Agent, ControlPlane
+from .nvml import SimulatedGPU, SimulatedNVML
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m provisioning.agent", description=__doc__)
+    parser.add_argument("--url", required=True, help="The control plane, e.g. https://meridian.example")
+    parser.add_argument("--key-id", required=True, help="This node's key id (nk_...), from enrolment.")
+    parser.add_argument("--secret-file", required=True, type=Path, help="A file holding this node's secret.")
+    parser.add_argument("--interval", type=float, default=10.0, help="Seconds between turns (10).")
+    parser.add_argument("--gpus", type=int, default=8, help="Simulated GPUs (the simulated NVML backend).")
+    parser.add_argument("--gpu-uuid", action="append", default=[],
+                        help="UUIDs of the simulated GPUs, in index order (as enrolled).")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    uuids = args.gpu_uuid or [f"GPU-{uuid.uuid4()}" for _ in range(args.gpus)]
+    nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=81920) for i, u in enumerate(uuids)])
+    secret = args.secret_file.read_text().strip()
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    Agent(ControlPlane(args.url, args.key_id, secret), nvml).run(interval=args.interval, stop=stopping.is_set)
+
+
+if __name__ == "__main__":
+    main()
