@@ -317,9 +317,19 @@ def _context(operation: Operation) -> Context:
                    node=operation.node)
 
 
+def _lock(operation: Operation) -> Operation:
+    """
+    Lock the reservation, then the operation: the order services take them in (a cancel moves the
+    reservation, then stops its operations), so the two never wait on each other in a deadlock.
+    """
+    if operation.reservation_id:
+        Reservation.objects.select_for_update().filter(pk=operation.reservation_id).values_list("pk").first()
+    return Operation.objects.select_for_update().get(pk=operation.pk)
+
+
 @transaction.atomic
 def _step_succeeded(operation: Operation, run: StepRun, names: list[str]) -> str:
-    locked = Operation.objects.select_for_update().get(pk=operation.pk)
+    locked = _lock(operation)
     StepRun.objects.filter(pk=run.pk).update(state=StepState.SUCCEEDED, finished_at=timezone.now())
     if locked.is_finished or locked.step != run.name:
         return "skipped"  # stopped meanwhile (the reservation was released)
@@ -335,7 +345,7 @@ def _step_succeeded(operation: Operation, run: StepRun, names: list[str]) -> str
 
 @transaction.atomic
 def _step_failed(operation: Operation, run: StepRun, fault: NodeFault, attempt: int) -> str:
-    locked = Operation.objects.select_for_update().get(pk=operation.pk)
+    locked = _lock(operation)
     if locked.is_finished or locked.step != run.name:
         StepRun.objects.filter(pk=run.pk).update(state=StepState.FAILED, error=str(fault), finished_at=timezone.now())
         return "skipped"
@@ -536,8 +546,8 @@ def tick(*, now=None, limit: int = 200) -> dict:
 @transaction.atomic
 def _resume(operation: Operation) -> bool:
     """A worker died with no redelivery: run the step again, or give up after the resume limit."""
-    locked = Operation.objects.select_for_update(of=("self",)).select_related("reservation__offering", "node").get(
-        pk=operation.pk)
+    _lock(operation)
+    locked = Operation.objects.select_related("reservation__offering", "node").get(pk=operation.pk)
     if locked.is_finished:
         return True
     if locked.resumed < settings.MERIDIAN_RESUME_LIMIT:

@@ -159,3 +159,21 @@ def test_work_whose_window_ended_before_it_started_expires(world, fleet, steps):
                                              ends_at=timezone.now() - timedelta(hours=1))
     assert lifecycle.tick()["expired"] == 1
     assert reservation(pk).state == "expired"
+
+
+def test_a_step_locks_the_reservation_before_its_operation_as_services_do(world, fleet, steps):
+    """Cancel takes reservation then operation; a finishing step takes them in the same order (no deadlock)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    pk = create(world)
+    what, reservation_id, _ = steps.queue.popleft()
+    lifecycle.reservation_provision_start(reservation_id)
+    _, operation_id, step = steps.queue.popleft()
+    with CaptureQueriesContext(connection) as queries:
+        lifecycle.operation_run_step(operation_id, step)
+    locks = [q["sql"] for q in queries.captured_queries if q["sql"].endswith("FOR UPDATE")]
+    tables = [sql.split(" FROM ")[1].split()[0].strip('"') for sql in locks]
+    assert [t for t in tables if t in ("provisioning_reservation", "provisioning_operation")][:2] == [
+        "provisioning_reservation", "provisioning_operation"], tables
+    assert reservation(pk).state == "provisioning"
