@@ -104,9 +104,14 @@ def node_enrol(*, actor, gpus: list[dict], gpu_model, **fields) -> Node:
     Enrol a node and its GPUs (state ``enrolled``); validation (burn-in) follows before it is
     sold. The BMC password is stored encrypted and never audited.
     """
-    node = Node.objects.create(state=NodeState.ENROLLED, state_changed_at=timezone.now(), **fields)
-    GPU.objects.bulk_create([GPU(node=node, model=gpu_model, memory_mib=gpu_model.memory_gib * 1024, **gpu)
-                             for gpu in gpus])
+    try:
+        with transaction.atomic():
+            node = Node.objects.create(state=NodeState.ENROLLED, state_changed_at=timezone.now(), **fields)
+            GPU.objects.bulk_create([GPU(node=node, model=gpu_model, memory_mib=gpu_model.memory_gib * 1024, **gpu)
+                                     for gpu in gpus])
+    except IntegrityError as exc:
+        # Two enrolments of one node (or GPU) at once: the database's unique rules decide.
+        raise Conflict("This node or one of its GPUs is enrolled already.", code="already_enrolled") from exc
     audit_record(actor=actor, action="node.enrol", target=node, tenant_id=None,
                  after={"hostname": node.hostname, "region": node.region.slug, "pool": node.pool,
                         "gpus": len(gpus), "gpu_model": gpu_model.slug})

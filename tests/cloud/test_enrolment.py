@@ -90,3 +90,20 @@ def test_a_hostname_or_gpu_enrolled_twice_is_refused(world, leaf):
     assert again.status_code == 400 and again.json()["errors"][0]["attr"] == "hostname"
     stolen = client.post(URL, body(leaf, hostname="gpu-new-0002", gpus=first["gpus"]), format="json")
     assert stolen.status_code == 400 and stolen.json()["errors"][0]["attr"] == "gpus"
+
+
+def test_two_enrolments_of_one_node_at_once_are_a_409_not_a_500(world, leaf):
+    """The serializer's check can race; the database decides, and the loser gets a clean 409."""
+    from cloud.errors import Conflict
+    from cloud.models import GPUModel, Region
+    from cloud.services import node_enrol
+
+    fields = body(leaf)
+    gpus = fields.pop("gpus")
+    fields.update(region=Region.objects.get(slug="us-east-1"), fabric=leaf.fabric, leaf=leaf,
+                  gpu_model=GPUModel.objects.get(slug=fields.pop("gpu_model")))
+    node_enrol(actor=None, gpus=gpus, **fields)
+    nodes = Node.objects.count()
+    with pytest.raises(Conflict) as raised:
+        node_enrol(actor=None, gpus=gpus, **fields)
+    assert raised.value.get_codes() == "already_enrolled" and Node.objects.count() == nodes
