@@ -36,8 +36,14 @@ def _signed(handler):
         except APIException as exc:
             code = exc.get_codes() if isinstance(exc.get_codes(), str) else "invalid"
             return JsonResponse(error_body("client_error", code, str(exc.detail)), status=exc.status_code)
-        except (ValueError, KeyError, TypeError) as exc:
+        except KeyError as exc:
+            return JsonResponse(error_body("validation_error", "required", f"The body needs the field {exc}."),
+                                status=400)
+        except ValueError as exc:  # JSON that does not parse, or a field of the wrong shape (our messages)
             return JsonResponse(error_body("validation_error", "invalid", f"Bad request body: {exc}."), status=400)
+        except TypeError:
+            return JsonResponse(error_body("validation_error", "invalid", "A field of the body has the wrong type."),
+                                status=400)
 
     return view
 

@@ -183,3 +183,12 @@ def test_the_agent_runs_from_its_command_line_without_django(tmp_path):
     usage = subprocess.run([sys.executable, "-m", "provisioning.agent", "--help"], capture_output=True, text=True,
                            timeout=60)
     assert usage.returncode == 0 and "--key-id" in usage.stdout
+
+
+def test_a_heartbeat_without_gpus_says_which_field_is_missing(world, fleet):
+    client, node = Client(), shared_host()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    response = send(client, credential.key_id, secret, "POST", "/heartbeat/", {"agent_version": "1"})
+    assert response.status_code == 400
+    error = response.json()["errors"][0]
+    assert error["code"] == "required" and "gpus" in error["detail"]
