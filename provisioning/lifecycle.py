@@ -161,6 +161,7 @@ def _create_instances(reservation: Reservation, allocations: list, operation: Op
     # Serial numbers go on after earlier attempts' instances (a re-placed reservation keeps them).
     last = reservation.instances.order_by("-index").values_list("index", flat=True).first()
     first = 0 if last is None else last + 1
+
     def name(node, index):  # a server is its node; a VM or pod is named for the host's hypervisor or kubelet
         return node.hostname if offering.kind == OfferingKind.BARE_METAL else f"r{reservation.pk.hex[:12]}-{index}"
 

@@ -23,12 +23,13 @@ def main(argv=None) -> None:
     parser.add_argument("--secret-file", required=True, type=Path, help="A file holding this node's secret.")
     parser.add_argument("--interval", type=float, default=10.0, help="Seconds between turns (10).")
     parser.add_argument("--gpus", type=int, default=8, help="Simulated GPUs (the simulated NVML backend).")
+    parser.add_argument("--memory-mib", type=int, default=81920, help="Memory of each simulated GPU (81920).")
     parser.add_argument("--gpu-uuid", action="append", default=[],
                         help="UUIDs of the simulated GPUs, in index order (as enrolled).")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     uuids = args.gpu_uuid or [f"GPU-{uuid.uuid4()}" for _ in range(args.gpus)]
-    nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=81920) for i, u in enumerate(uuids)])
+    nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=args.memory_mib) for i, u in enumerate(uuids)])
     secret = args.secret_file.read_text().strip()
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
