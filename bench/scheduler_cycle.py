@@ -143,12 +143,13 @@ def analyze() -> None:
 
 
 def reset() -> None:
-    """Remove every reservation, allocation and operation (the fleet and the tenants stay)."""
+    """Remove every reservation and what hangs off it (the fleet and the tenants stay)."""
     from django.db import connection
 
-    from provisioning.models import Allocation, Operation, Reservation
+    from provisioning.models import Allocation, Instance, Operation, Reservation, StepRun
 
-    tables = ", ".join(connection.ops.quote_name(m._meta.db_table) for m in (Allocation, Operation, Reservation))
+    tables = ", ".join(connection.ops.quote_name(m._meta.db_table)
+                       for m in (StepRun, Instance, Allocation, Operation, Reservation))
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {tables}")
 
@@ -328,7 +329,7 @@ TIMED = [
     ("provisioning.services", "reservation_evict"),
     ("provisioning.services", "allocation_bind_many"),
     ("provisioning.services", "allocation_bind"),
-    ("provisioning.scheduler", "unallocatable"),
+    ("provisioning.scheduler", "nodes_held_back"),
     ("provisioning.services", "_move"),
     ("provisioning.services", "audit_record_many"),
     ("provisioning.services", "audit_record"),

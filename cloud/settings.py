@@ -374,6 +374,9 @@ MERIDIAN_SCHEDULER_INTERVAL = env.float("MERIDIAN_SCHEDULER_INTERVAL_SECONDS", d
 # How many of the ranked queue one cycle tries to place (Slurm's default_queue_depth): the whole
 # queue is ranked every cycle, but planning stops here so a cycle stays short; the rest waits.
 MERIDIAN_SCHEDULER_QUEUE_DEPTH = env.int("MERIDIAN_SCHEDULER_QUEUE_DEPTH", default=1000)
+# How many placements one cycle commits at most: a cycle on an empty fleet would otherwise
+# commit a thousand at once and not see a cancellation or an urgent arrival for seconds.
+MERIDIAN_SCHEDULER_MAX_PLACEMENTS = env.int("MERIDIAN_SCHEDULER_MAX_PLACEMENTS", default=400)
 # How long the scheduler loop reuses the teams' records (fulfilment, load, usage) between
 # cycles, like Slurm's PriorityCalcPeriod; the age term and urgency are fresh every cycle.
 MERIDIAN_SCHEDULER_RECORD_REFRESH = env.float("MERIDIAN_SCHEDULER_RECORD_REFRESH_SECONDS", default=5.0)

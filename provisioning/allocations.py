@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from cloud.choices import NodeState
 from cloud.errors import Conflict
-from cloud.models import GPU
+from cloud.models import GPU, Node
 
 from .models import Allocation, Reservation
 from .plan_types import Assignment
@@ -47,6 +47,16 @@ def unallocatable(gpu_ids) -> set:
     gpu_ids = set(gpu_ids)
     fine = GPU.objects.filter(pk__in=gpu_ids, node__is_spare=False, node__state__in=ALLOCATABLE_NODE_STATES)
     return gpu_ids - set(fine.values_list("pk", flat=True))
+
+
+def nodes_held_back(node_ids) -> set:
+    """
+    Those of ``node_ids`` that may not take allocations now (a spare, or a node held back): the
+    scheduler's check, once a cycle, of nodes its snapshot found fine.
+    """
+    node_ids = set(node_ids)
+    fine = Node.objects.filter(pk__in=node_ids, is_spare=False, state__in=ALLOCATABLE_NODE_STATES)
+    return node_ids - set(fine.values_list("pk", flat=True))
 
 
 def _check_allocatable(gpu_ids: list) -> None:
@@ -88,10 +98,11 @@ class Binding:
     ends_at: datetime
 
 
-def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> list[Allocation]:
+def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> int:
     """
-    ``allocation_bind`` for many reservations in one INSERT, all or nothing: one clash anywhere
-    raises CapacityTaken for the lot (the scheduler then binds that batch one by one).
+    ``allocation_bind`` for many reservations in one statement, all or nothing: one clash
+    anywhere raises CapacityTaken for the lot (the scheduler then binds that batch one by one).
+    Returns how many allocations were made.
     """
     if not connection.in_atomic_block:
         raise RuntimeError("allocation_bind must run inside the transaction that schedules the reservation.")
@@ -101,14 +112,12 @@ def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> l
         for b in bindings:
             _check_no_overlap_sqlite(b.assignments, b.starts_at, b.ends_at)
         _check_disjoint(bindings)
-    rows = [
-        Allocation(reservation=b.reservation, gpu_id=a.gpu_id, node_id=a.node_id, mem_lo=a.mem_lo, mem_hi=a.mem_hi,
-                   starts_at=b.starts_at, ends_at=b.ends_at)
-        for b in bindings for a in b.assignments
-    ]
+    rows = [(b.reservation.pk, a.gpu_id, a.node_id, a.mem_lo, a.mem_hi, b.starts_at, b.ends_at)
+            for b in bindings for a in b.assignments]
     try:
         with transaction.atomic():
-            return Allocation.objects.bulk_create(rows)
+            _insert(rows)
+        return len(rows)
     except IntegrityError as exc:
         raise CapacityTaken() from exc
     except OperationalError as exc:
@@ -118,6 +127,24 @@ def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> l
         if getattr(exc.__cause__, "sqlstate", None) == DEADLOCK_DETECTED:
             raise CapacityTaken() from exc
         raise
+
+
+INSERTED_COLUMNS = ("reservation_id", "gpu_id", "node_id", "mem_lo", "mem_hi", "starts_at", "ends_at")
+
+
+def _insert(rows: list[tuple]) -> None:
+    """
+    Rows of INSERTED_COLUMNS into the allocation table: PostgreSQL takes them by COPY (no model
+    instance per row: a cycle binds thousands of GPUs), with every constraint checked as usual.
+    """
+    if connection.vendor != "postgresql":
+        Allocation.objects.bulk_create([Allocation(**dict(zip(INSERTED_COLUMNS, row, strict=True))) for row in rows])
+        return
+    table = connection.ops.quote_name(Allocation._meta.db_table)
+    statement = f"COPY {table} ({', '.join(INSERTED_COLUMNS)}) FROM STDIN"
+    with connection.cursor() as cursor, connection.wrap_database_errors, cursor.cursor.copy(statement) as copy:
+        for row in rows:
+            copy.write_row(row)
 
 
 def _check_disjoint(bindings: list[Binding]) -> None:

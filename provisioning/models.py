@@ -106,7 +106,8 @@ class Allocation(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
-    gpu = models.ForeignKey("cloud.GPU", on_delete=models.PROTECT, related_name="allocations")
+    # No index of its own: allocation_gpu_end_idx (and the exclusion constraint's) lead with gpu.
+    gpu = models.ForeignKey("cloud.GPU", on_delete=models.PROTECT, related_name="allocations", db_index=False)
     node = models.ForeignKey("cloud.Node", on_delete=models.PROTECT, related_name="allocations")
     mem_lo = models.PositiveIntegerField()
     mem_hi = models.PositiveIntegerField()

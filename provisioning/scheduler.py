@@ -24,7 +24,7 @@ from cloud.errors import Conflict, QuotaExceeded
 from cloud.models import Region
 
 from . import admission
-from .allocations import CapacityTaken, unallocatable
+from .allocations import CapacityTaken, nodes_held_back
 from .choices import ReservationState as R
 from .models import Reservation
 from .planner import plan
@@ -148,11 +148,12 @@ def _cycle(now: datetime, records: TeamRecords | None) -> CycleReport:
                              regions={region for r in requests for region in r.regions},
                              gpu_model_ids={m for r in requests for m in r.gpu_model_ids})
     lap("snapshot")
-    result = plan(snapshot, requests, headroom=settings.MERIDIAN_HEADROOM)
+    result = plan(snapshot, requests, headroom=settings.MERIDIAN_HEADROOM,
+                  max_placements=settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS)
     lap("plan")
     over_quota = _owners_over_quota([by_id[p.reservation_id] for p in result.placements], now)
-    # Checked once for the cycle: GPUs whose node was held back since the snapshot are refused.
-    refused = unallocatable({a.gpu_id for p in result.placements for a in p.assignments})
+    # Checked once for the cycle: placements on a node held back since the snapshot are refused.
+    refused = nodes_held_back({a.node_id for p in result.placements for a in p.assignments})
     regions = {r.slug: r for r in Region.objects.filter(slug__in={p.region for p in result.placements})}
     # Placements commit in batches, one transaction and a few statements each (a cycle pays for
     # a few commits, not one per placement); a batch that meets a lost race is redone one by one.
@@ -173,7 +174,7 @@ def _apply_batch(placements, by_id, over_quota, refused, regions, result, report
         if _owner(reservation) in over_quota:
             report.over_quota += 1
             result.unplaced[reservation.pk] = str(over_quota[_owner(reservation)].detail)
-        elif any(a.gpu_id in refused for a in placement.assignments):
+        elif any(a.node_id in refused for a in placement.assignments):
             report.conflicts += 1  # a planned node was held back since the snapshot
         elif placement.evictions:
             _apply(placement, reservation, regions, report)  # rare: the victims are locked one by one

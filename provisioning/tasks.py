@@ -37,6 +37,14 @@ def reservation_start(reservation_id: str) -> bool:
     return reservation_provision_start(reservation_id) is not None
 
 
+@shared_task(name="provisioning.reservation_start_many")
+def reservation_start_many(reservation_ids: list[str]) -> int:
+    """``reservation_start`` for a few reservations placed together (one message for them all)."""
+    from .lifecycle import reservations_start
+
+    return reservations_start(reservation_ids)
+
+
 @shared_task(name="provisioning.lifecycle_tick")
 def lifecycle_tick() -> dict:
     """Start what is due, release what ended, validate waiting nodes, resume or fail stuck work."""

@@ -2,7 +2,7 @@
 A real Celery worker on RabbitMQ is killed (SIGKILL) in the middle of a provisioning step.
 
 The reservation is created through the API, so the web side of the pipeline is the real one:
-its commit publishes ``provisioning.reservation_start`` through the project's Celery app, here
+its commit publishes ``provisioning.reservation_start_many`` through the project's Celery app, here
 pointed at RabbitMQ and a queue of this test's own. A worker subprocess (its own queue, the test
 database, the simulated hardware with ``write_image`` slowed to 4 s) takes the steps one by one
 and is killed while it is inside the ``write_image`` driver call: either only the pool child that
@@ -282,7 +282,7 @@ def test_a_worker_killed_while_writing_the_image_is_redelivered_and_provisions_o
     assert response.status_code == 201, response.json()
     pk = response.json()["id"]
     # The API's commit published the start, through RabbitMQ (publisher confirms), to our queue...
-    assert [(task, key) for task, key, _ in published] == [("provisioning.reservation_start", queue)]
+    assert [(task, key) for task, key, _ in published] == [("provisioning.reservation_start_many", queue)]
     start_id = published[0][2]
 
     def killable():
@@ -295,7 +295,7 @@ def test_a_worker_killed_while_writing_the_image_is_redelivered_and_provisions_o
 
     hostname = wait_for(killable, "write_image in its driver call", workers=workers, timeout=45, must_live=[first])
     # ... and that worker, which reads only that queue on RabbitMQ, received it.
-    assert ("provisioning.reservation_start", start_id) in first.received(), str(workers)
+    assert ("provisioning.reservation_start_many", start_id) in first.received(), str(workers)
     in_flight = first.received()[-1]
     assert in_flight[0] == "provisioning.operation_step", str(workers)
 

@@ -308,14 +308,17 @@ class Planner:
 
 
 def plan(snapshot: Snapshot, queue: Sequence[Request], *, headroom: float = 0.10,
-         model_names: Mapping[UUID, str] | None = None) -> Plan:
+         model_names: Mapping[UUID, str] | None = None, max_placements: int | None = None) -> Plan:
     """
     Place the ranked ``queue`` in its order on ``snapshot``: each request sees the ones before it.
-    Every request not placed is in ``unplaced`` with why it waits.
+    Every request tried and not placed is in ``unplaced`` with why it waits. Planning stops after
+    ``max_placements``: the requests after that point are not tried (they wait for the next plan).
     """
     planner = Planner(snapshot, headroom=headroom, model_names=model_names)
     result = Plan()
     for request in queue:
+        if max_placements is not None and len(result.placements) >= max_placements:
+            break
         placement = planner.place(request)
         if placement is None:
             result.unplaced[request.reservation_id] = planner.last_reason

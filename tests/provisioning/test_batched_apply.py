@@ -225,3 +225,38 @@ def test_free_candidates_are_the_best_fitting_hosts_and_a_whole_free_leaf(world,
     nodes = free_candidates(request_for(bare, now), now=now)
     assert nodes and all(Node.objects.get(pk=n).pool == "bare_metal" for n in nodes)
     assert not Node.objects.filter(pk__in=nodes, is_spare=True).exists()
+
+
+def test_a_cycle_commits_at_most_max_placements_and_the_rest_wait(world, fleet, settings):
+    settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS = 2
+    ids = queue(world, 3)
+    assert run_cycle().placed == 2
+    assert Reservation.objects.filter(pk__in=ids, state="queued").count() == 1
+    assert run_cycle().placed == 1
+
+
+def test_work_due_now_is_started_a_few_reservations_per_message(db, monkeypatch, django_capture_on_commit_callbacks):
+    from provisioning import lifecycle, tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.reservation_start_many, "apply_async", lambda args, **kw: sent.append(args[0]))
+    now = timezone.now()
+    due = [mock.Mock(pk=i, starts_at=now) for i in range(lifecycle.STARTS_PER_TASK * 2 + 1)]
+    later = mock.Mock(pk="later", starts_at=now + timedelta(hours=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        lifecycle.provision_when_due(due + [later])
+    assert [len(chunk) for chunk in sent] == [lifecycle.STARTS_PER_TASK, lifecycle.STARTS_PER_TASK, 1]
+    assert [rid for chunk in sent for rid in chunk] == [str(r.pk) for r in due]
+
+
+def test_one_start_that_fails_does_not_stop_the_others(monkeypatch, caplog):
+    from provisioning import lifecycle
+
+    def start(reservation_id):
+        if reservation_id == "bad":
+            raise RuntimeError("driver exploded")
+        return object()
+
+    monkeypatch.setattr(lifecycle, "reservation_provision_start", start)
+    assert lifecycle.reservations_start(["a", "bad", "c"]) == 2
+    assert "Starting reservation bad failed" in caplog.text

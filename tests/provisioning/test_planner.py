@@ -421,6 +421,15 @@ def test_plan_places_in_queue_order_and_says_why_the_rest_wait():
     assert all(reason.startswith("needs ") for reason in result.unplaced.values())
 
 
+def test_plan_stops_after_max_placements_and_leaves_the_rest_untried():
+    nodes = leaf(4)
+    first, too_big, second, third = ask(), ask(units=5), ask(), ask()
+    result = plan(snapshot(nodes), [first, too_big, second, third], max_placements=2)
+    assert [p.reservation_id for p in result.placements] == [first.reservation_id, second.reservation_id]
+    # The one tried says why it waits; the one after the cap was not tried (next cycle's work).
+    assert set(result.unplaced) == {too_big.reservation_id}
+
+
 def test_why_not_names_the_shortfall_model_region_and_time():
     nodes = leaf(8)
     for node in nodes[:3]:
