@@ -366,6 +366,7 @@ def instrumented_cycle() -> tuple[float, object, dict]:
         patched.append((module, attribute, original))
         setattr(module, attribute, timer(f"{module_name.split('.')[-1]}.{attribute}", original))
     queries: list[tuple[float, float]] = []
+    slowest: list[tuple[float, str]] = []
 
     def spy(execute, sql, params, many, context):
         t = time.perf_counter()
@@ -373,6 +374,7 @@ def instrumented_cycle() -> tuple[float, object, dict]:
             return execute(sql, params, many, context)
         finally:
             queries.append((t - origin, time.perf_counter() - t))
+            slowest.append((time.perf_counter() - t, sql[:110]))
 
     pauses: list[float] = []
     gc_started = [0.0]
@@ -401,7 +403,9 @@ def instrumented_cycle() -> tuple[float, object, dict]:
                         "ms_per_call": round(total * 1000 / calls, 3)}
                  for name, (calls, total) in sorted(totals.items(), key=lambda kv: -kv[1][1])}
     attempts = report.placed + report.conflicts + report.over_quota
+    slowest.sort(reverse=True)
     detail = {"phases": phases, "functions": functions, "queries": len(queries),
+              "slowest_queries": [(round(d * 1000, 1), sql) for d, sql in slowest[:6]],
               "gc_pauses": len(pauses), "gc_ms": round(sum(pauses) * 1000, 1),
               "db_ms": round(sum(d for _, d in queries) * 1000, 1),
               "apply_queries_per_attempt": round(phases.get("apply", {}).get("queries", 0) / max(attempts, 1), 1)}
@@ -425,7 +429,7 @@ def load_and_rank_split() -> dict:
     return {"queue_load_ms": round(load_ms, 1), "rank_queue_ms": round((time.perf_counter() - started) * 1000, 1)}
 
 
-def profile_cycle(top: int = 16) -> list[str]:
+def profile_cycle(top: int = int(os.environ.get("BENCH_PROFILE_TOP", "16"))) -> list[str]:
     from provisioning.scheduler import run_cycle
 
     profiler = cProfile.Profile()
@@ -495,6 +499,8 @@ def at_fill(world: World, fill: int, rng: random.Random) -> dict:
     print(f"      phases: {json.dumps(detail['phases'])}")
     for name, f in list(detail["functions"].items())[:10]:
         print(f"      {name:40s} {f['calls']:6d} calls {f['total_ms']:9.1f} ms  {f['ms_per_call']:7.3f} ms/call")
+    for ms, sql in detail["slowest_queries"]:
+        print(f"      {ms:7.1f} ms  {sql}")
     if PROFILE:
         requeue(world)
         result["profile_top"] = profile_cycle()
