@@ -1,7 +1,8 @@
 """
 Provisioning throughput through real Celery workers on RabbitMQ, with zero-latency simulated
 drivers: BENCH_RESERVATIONS (300) scheduled 1-GPU VMs taken from ``scheduled`` to ``active``
-(a start task, then one task per step: define_domain, start_domain, join_network, hand_over),
+(a start task, then the steps define_domain, start_domain, join_network, hand_over, chained in
+one task for up to MERIDIAN_STEP_CHAIN_SECONDS),
 with 1 and with 2 worker processes (prefork, BENCH_CONCURRENCY pool processes each, 1 by default;
 BENCH_WORKERS="1,2").
 Reservations per second from the first start sent to the last one active, and each one's time
@@ -158,12 +159,13 @@ def in_process(principal, offering) -> dict:
     from provisioning import lifecycle
     from provisioning.models import Reservation
     from provisioning.services import reservation_release
+    from provisioning.tasks import operation_step
 
     reset()
     ids = schedule(principal, offering, IN_PROCESS)
     tasks: deque = deque()
-    lifecycle._enqueue = lambda operation, step, countdown=0: tasks.append(
-        (str(getattr(operation, "pk", operation)), step))
+    # The messages the lifecycle sends (after its commits, with their dispatch tokens) are kept here.
+    operation_step.apply_async = lambda args, countdown=0: tasks.append(args)
     lifecycle.provision_when_due = lambda reservations: None
 
     def drain() -> int:

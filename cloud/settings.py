@@ -397,6 +397,10 @@ MERIDIAN_DEPLOY_IMAGE_URL = env("MERIDIAN_DEPLOY_IMAGE_URL", default="http://ima
 MERIDIAN_OS_IMAGE = env("MERIDIAN_OS_IMAGE", default="ubuntu-24.04-cuda-12.8")
 MERIDIAN_VM_IMAGE_DIR = env("MERIDIAN_VM_IMAGE_DIR", default="/var/lib/meridian/images")
 MERIDIAN_CONTAINER_IMAGE = env("MERIDIAN_CONTAINER_IMAGE", default="nvcr.io/nvidia/pytorch:25.01-py3")
+# A worker goes on to an operation's next step in the same task for this long (steps that only
+# ask a driver or an agent take milliseconds; a task per step cost more than the steps did).
+# 0: one step per task.
+MERIDIAN_STEP_CHAIN_SECONDS = env.float("MERIDIAN_STEP_CHAIN_SECONDS", default=5.0)
 # A transient driver error retries the step up to this many attempts, backing off 2^n seconds
 # (capped); cleaning gets its own, smaller limit, and a reservation whose provisioning failed
 # for good on this many nodes fails instead of being placed again.

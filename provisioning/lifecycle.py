@@ -16,6 +16,8 @@ seconds) starts what is due, releases what ended, and resumes or fails what is s
 from __future__ import annotations
 
 import logging
+import secrets
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -50,10 +52,16 @@ def pipeline_of(operation: Operation) -> list:
 
 
 def _enqueue(operation: Operation | str, step: str, countdown: float = 0) -> None:
+    """
+    Send ``step`` of the operation to the workers, after the commit, under a new dispatch token:
+    the operation then answers only this message (an older one, redelivered, is skipped).
+    """
     from .tasks import operation_step
 
     operation_id = str(getattr(operation, "pk", operation))
-    transaction.on_commit(lambda: operation_step.apply_async((operation_id, step), countdown=countdown))
+    token = secrets.token_hex(8)
+    Operation.objects.filter(pk=operation_id).update(dispatch=token)
+    transaction.on_commit(lambda: operation_step.apply_async((operation_id, step, token), countdown=countdown))
 
 
 # Reservations started by one task: a scheduler cycle places hundreds at once, and one message
@@ -270,15 +278,38 @@ def node_validate(*, actor, node: Node) -> Operation:
 #
 
 
-def operation_run_step(operation_id, step: str) -> str:
+def operation_run_step(operation_id, step: str, dispatch: str | None = None) -> str:
     """
-    Run ``step`` of the operation if that is where it stands; returns what happened ("done",
-    "skipped", "retrying", "failed"). Drivers are called outside any transaction.
+    Run ``step`` of the operation if that is where it stands, then -- for a message that carries
+    the operation's dispatch token -- the steps after it in the same task while
+    MERIDIAN_STEP_CHAIN_SECONDS last (a task per step cost more than the steps of a VM); the
+    next step is enqueued when the time is up or a step must wait or retry. A redelivered chain
+    (its worker was lost) carries the token still and goes on where the operation stands; an
+    older message is skipped. Returns what happened last ("done", "skipped", "waiting",
+    "retrying", "failed"). Drivers are called outside any transaction.
     """
+    deadline = time.monotonic() + settings.MERIDIAN_STEP_CHAIN_SECONDS
+    while True:
+        outcome = _run_step(operation_id, step, dispatch, chain=dispatch is not None and time.monotonic() < deadline)
+        if not outcome.startswith(CHAINED):
+            return outcome
+        step = outcome.removeprefix(CHAINED)
+
+
+CHAINED = "next:"
+
+
+def _run_step(operation_id, step: str, dispatch: str | None, *, chain: bool) -> str:
     operation = (Operation.objects.select_related("reservation__offering", "reservation__region", "node__region")
                  .filter(pk=operation_id).first())
-    if operation is None or operation.is_finished or operation.step != step:
+    if operation is None or operation.is_finished:
         return "skipped"  # done already: a redelivery, or a stopped operation
+    if dispatch is not None:
+        if operation.dispatch != dispatch:
+            return "skipped"  # a newer message carries the operation (a retry, a resume, a later step)
+        step = operation.step  # the chain this message carried may have gone past the step it named
+    elif operation.step != step:
+        return "skipped"
     steps = pipeline_of(operation)
     names = [s.name for s in steps]
     attempt = operation.attempt + 1
@@ -313,7 +344,7 @@ def operation_run_step(operation_id, step: str) -> str:
             raise
         return _step_failed(operation, run, NodeFault(node, f"unexpected error: {type(exc).__name__}: {exc}",
                                                       transient=True), attempt)
-    return _step_succeeded(operation, run, names)
+    return _step_succeeded(operation, run, names, chain=chain)
 
 
 def _wait_for_provisioning(context: Context) -> None:
@@ -357,7 +388,8 @@ def _lock(operation: Operation) -> Operation:
 
 
 @transaction.atomic
-def _step_succeeded(operation: Operation, run: StepRun, names: list[str]) -> str:
+def _step_succeeded(operation: Operation, run: StepRun, names: list[str], *, chain: bool = False) -> str:
+    """The operation moves to its next step (run next in this task when ``chain``), or finishes."""
     locked = _lock(operation)
     StepRun.objects.filter(pk=run.pk).update(state=StepState.SUCCEEDED, finished_at=timezone.now())
     if locked.is_finished or locked.step != run.name:
@@ -366,6 +398,8 @@ def _step_succeeded(operation: Operation, run: StepRun, names: list[str]) -> str
     if index + 1 < len(names):
         Operation.objects.filter(pk=locked.pk).update(step=names[index + 1], attempt=0, error="",
                                                       progress=round(100 * (index + 1) / len(names)))
+        if chain:
+            return CHAINED + names[index + 1]
         _enqueue(locked, names[index + 1])
         return "done"
     _finish(locked)

@@ -151,6 +151,8 @@ class Operation(TenantOwnedModel):
     error = models.TextField(blank=True)
     # Times the reaper found it stuck (its worker died and no redelivery came) and resumed it.
     resumed = models.PositiveSmallIntegerField(default=0)
+    # The token of the last message sent for it: only that message runs it (provisioning.lifecycle).
+    dispatch = models.CharField(max_length=32, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -22,11 +22,11 @@ def idempotency_key_prune() -> int:
 
 
 @shared_task(name="provisioning.operation_step")
-def operation_step(operation_id: str, step: str) -> str:
-    """Run one step of a provisioning, release or validation operation."""
+def operation_step(operation_id: str, step: str, dispatch: str | None = None) -> str:
+    """Run a step of a provisioning, release or validation operation (and the quick ones after it)."""
     from .lifecycle import operation_run_step
 
-    return operation_run_step(operation_id, step)
+    return operation_run_step(operation_id, step, dispatch)
 
 
 @shared_task(name="provisioning.reservation_start")

@@ -4,6 +4,7 @@ starts) is collected and run by ``Steps.run`` until nothing is left. Fault tests
 stop between a driver call and its commit.
 """
 
+import uuid
 from collections import deque
 
 from provisioning import lifecycle
@@ -19,13 +20,18 @@ class Steps:
         self.countdowns: list[float] = []  # of retries
 
     def enqueue(self, operation, step, countdown=0):
+        """What lifecycle._enqueue does, with the message kept here: a new dispatch token, then the step."""
+        from provisioning.models import Operation
+
         if countdown:
             self.countdowns.append(countdown)
-        self.queue.append(("step", str(getattr(operation, "pk", operation)), step))
+        pk, token = str(getattr(operation, "pk", operation)), uuid.uuid4().hex[:16]
+        Operation.objects.filter(pk=pk).update(dispatch=token)
+        self.queue.append(("step", pk, step, token))
 
     def when_due(self, reservations):
         for reservation in reservations:
-            self.queue.append(("start", str(reservation.pk), None))
+            self.queue.append(("start", str(reservation.pk), None, None))
 
     def run(self, limit: int = 500, *, redeliver: type[BaseException] | None = None, settle: bool = True) -> list:
         """
@@ -37,13 +43,13 @@ class Steps:
         for _ in range(limit):
             if not self.queue:
                 return self.ran
-            what, pk, step = task = self.queue.popleft()
+            what, pk, step, token = task = self.queue.popleft()
             try:
                 if what == "start":
                     lifecycle.reservation_provision_start(pk)
                     continue
                 kind = Operation.objects.filter(pk=pk).values_list("kind", flat=True).first()
-                self.ran.append((kind, step, lifecycle.operation_run_step(pk, step)))
+                self.ran.append((kind, step, lifecycle.operation_run_step(pk, step, token)))
             except BaseException as exc:
                 if redeliver is None or not isinstance(exc, redeliver):
                     raise

@@ -111,3 +111,54 @@ def test_a_container_slot_carries_its_memory_cap(world, fleet, steps):
     steps.run()
     assert reservation(pk).state == "released"
     assert SimulatedContainers().pod(target_of(instance.node), instance.name) is None
+
+
+#
+# Steps chained in one task, and dispatch tokens
+#
+
+
+def test_a_chain_runs_an_operations_steps_in_one_task_and_records_each(world, fleet, steps, settings):
+    settings.MERIDIAN_STEP_CHAIN_SECONDS = 5
+    pk = create(world, offering("bare_metal", 8), nodes=1)
+    steps.run()
+    assert reservation(pk).state == "active"
+    assert steps.ran == [("provision", "power_on_deploy", "done")]  # one task took it to active
+    operation = Operation.objects.get(reservation_id=pk, kind="provision")
+    assert (operation.state, operation.progress) == ("succeeded", 100)
+    runs = StepRun.objects.filter(operation=operation).order_by("pk").values_list("name", "attempt", "state")
+    assert list(runs) == [(name, 1, "succeeded") for name in ("power_on_deploy", "write_image", "boot_from_disk",
+                                                              "join_network", "verify", "hand_over")]
+
+
+def test_a_chain_hands_the_rest_to_a_new_task_when_its_time_is_up(world, fleet, steps, settings, monkeypatch):
+    from provisioning import lifecycle
+
+    settings.MERIDIAN_STEP_CHAIN_SECONDS = 2.5
+    clock = iter(range(1000))
+    monkeypatch.setattr(lifecycle.time, "monotonic", lambda: next(clock))  # a second per look at the clock
+    pk = create(world, offering("bare_metal", 8), nodes=1)
+    steps.run()
+    assert reservation(pk).state == "active"
+    # A task looks at the clock once to start and once before each step: its first two steps go on
+    # to the next, the third (past 2.5 "seconds") sends the next step out as a new task.
+    assert [step for kind, step, _ in steps.ran if kind == "provision"] == ["power_on_deploy", "join_network"]
+    runs = StepRun.objects.filter(operation__reservation_id=pk).values_list("name", flat=True)
+    assert len(runs) == len(set(runs)) == 6  # every step once
+
+
+def test_a_message_older_than_the_operations_last_dispatch_is_skipped(world, fleet, steps):
+    from provisioning import lifecycle
+
+    create(world, offering("bare_metal", 8), nodes=1)
+    what, reservation_id, _, _ = steps.queue.popleft()
+    lifecycle.reservation_provision_start(reservation_id)
+    _, operation_id, first, old_token = steps.queue.popleft()
+    assert lifecycle.operation_run_step(operation_id, first, old_token) == "done"
+    # The next step went out under a new token: the first message, delivered again, does nothing.
+    runs = StepRun.objects.count()
+    assert lifecycle.operation_run_step(operation_id, first, old_token) == "skipped"
+    assert lifecycle.operation_run_step(operation_id, "write_image", old_token) == "skipped"
+    assert StepRun.objects.count() == runs
+    steps.run()
+    assert Operation.objects.get(pk=operation_id).state == "succeeded"

@@ -51,16 +51,23 @@ def bare_metal_nodes():
     return list(Node.objects.filter(pool="bare_metal", is_spare=False).order_by("hostname"))
 
 
-def test_a_step_redone_after_a_lost_worker_does_not_repeat_its_side_effects(world, fleet, steps, monkeypatch):
-    """Every step dies once after its driver calls, before its commit; the redelivery finds the work done."""
+@pytest.mark.parametrize("chain_s", [0, 5], ids=["task_per_step", "chained_steps"])
+def test_a_step_redone_after_a_lost_worker_does_not_repeat_its_side_effects(world, fleet, steps, monkeypatch,
+                                                                             settings, chain_s):
+    """
+    Every step dies once after its driver calls, before its commit; the redelivery finds the work
+    done. Chained, the message redelivered is the one that began the chain: it goes on from the
+    step that died, not from the step it named.
+    """
+    settings.MERIDIAN_STEP_CHAIN_SECONDS = chain_s
     real = lifecycle._step_succeeded
     crashed = set()
 
-    def crash_once_before_commit(operation, run, names):
+    def crash_once_before_commit(operation, run, names, **kwargs):
         if (operation.kind, run.name) not in crashed:
             crashed.add((operation.kind, run.name))
             raise WorkerLost
-        return real(operation, run, names)
+        return real(operation, run, names, **kwargs)
 
     monkeypatch.setattr(lifecycle, "_step_succeeded", crash_once_before_commit)
     pk = create(world)
@@ -97,10 +104,10 @@ def test_transient_errors_retry_with_growing_backoff_then_succeed(world, fleet, 
     pk = create(world)
     real = lifecycle.operation_run_step
 
-    def heal_after_two_failures(operation_id, step):
+    def heal_after_two_failures(operation_id, step, dispatch=None):
         if StepRun.objects.filter(name="write_image", state="failed").count() >= 2:
             simulation()
-        return real(operation_id, step)
+        return real(operation_id, step, dispatch)
 
     monkeypatch.setattr(lifecycle, "operation_run_step", heal_after_two_failures)
     steps.run()
@@ -219,7 +226,7 @@ def test_the_tick_starts_due_work_expires_ended_work_and_validates_waiting_nodes
 
 def start_then_lose_the_first_step(steps):
     """Provisioning starts; the worker that took its first step dies and no redelivery comes."""
-    what, reservation_id, _ = steps.queue.popleft()
+    what, reservation_id, _, _ = steps.queue.popleft()
     assert what == "start"
     lifecycle.reservation_provision_start(reservation_id)
     steps.queue.clear()
@@ -248,11 +255,11 @@ def test_the_reaper_resumes_stuck_work_then_fails_it_cleanly(world, fleet, steps
 
 def test_cancelling_while_provisioning_stops_it_and_cleans_up(world, fleet, steps):
     pk = create(world)
-    what, reservation_id, _ = steps.queue.popleft()
+    what, reservation_id, _, _ = steps.queue.popleft()
     assert what == "start"
     lifecycle.reservation_provision_start(reservation_id)
-    _, operation_id, step = steps.queue.popleft()
-    assert lifecycle.operation_run_step(operation_id, step) == "done"  # powered on, then the tenant cancels
+    _, operation_id, step, token = steps.queue.popleft()
+    assert lifecycle.operation_run_step(operation_id, step, token) == "done"  # powered on, then the tenant cancels
     response = world.client("t1_member").post(f"{URL}{pk}/cancel/")
     assert response.status_code == 200, response.json()
     steps.run()

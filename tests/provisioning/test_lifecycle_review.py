@@ -79,7 +79,7 @@ def test_an_attempts_cleaning_touches_only_its_own_instances(world, fleet, steps
 
 def test_cleaning_waits_for_a_provisioning_call_still_in_flight(world, fleet, steps):
     pk = create(world)
-    what, reservation_id, _ = steps.queue.popleft()
+    what, reservation_id, _, _ = steps.queue.popleft()
     lifecycle.reservation_provision_start(reservation_id)
     steps.queue.clear()
     provision = Operation.objects.get(reservation_id=pk, kind="provision")
@@ -167,11 +167,11 @@ def test_a_step_locks_the_reservation_before_its_operation_as_services_do(world,
     from django.test.utils import CaptureQueriesContext
 
     pk = create(world)
-    what, reservation_id, _ = steps.queue.popleft()
+    what, reservation_id, _, _ = steps.queue.popleft()
     lifecycle.reservation_provision_start(reservation_id)
-    _, operation_id, step = steps.queue.popleft()
+    _, operation_id, step, token = steps.queue.popleft()
     with CaptureQueriesContext(connection) as queries:
-        lifecycle.operation_run_step(operation_id, step)
+        lifecycle.operation_run_step(operation_id, step, token)
     locks = [q["sql"] for q in queries.captured_queries if q["sql"].endswith("FOR UPDATE")]
     tables = [sql.split(" FROM ")[1].split()[0].strip('"') for sql in locks]
     assert [t for t in tables if t in ("provisioning_reservation", "provisioning_operation")][:2] == [
