@@ -18,7 +18,7 @@ from django.utils import timezone
 from security.audit import audit_record
 
 from .choices import GPUState, Health, NodePool, NodeState, SwitchTier
-from .models import GPU, Fabric, GPUModel, Node, Region, Switch
+from .models import GPU, Fabric, GPUModel, HCAPort, Node, Region, Switch
 
 NODES_PER_LEAF = 32
 LEAVES_PER_POD = 8
@@ -26,6 +26,7 @@ SPINES_PER_POD = 4
 GPUS_PER_NODE = 8
 # PCI bus ids of the eight SXM GPUs of an HGX baseboard, as nvidia-smi lists them.
 HGX_PCI_BUS_IDS = [f"00000000:{bus}:00.0" for bus in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")]
+NVIDIA_OUI = "b83fd2"  # the IEEE OUI NVIDIA (Mellanox) port GUIDs begin with
 REGION_NAMES = ["us-east-1", "eu-west-1", "us-west-2", "ap-northeast-1", "eu-north-1", "ap-south-1"]
 # The demo sells a different generation per region; the benchmark fleet uses the first.
 REGION_GPU_MODELS = ["h100-80gb-sxm", "h200-141gb-sxm", "a100-80gb-sxm", "b200-180gb-sxm"]
@@ -107,7 +108,7 @@ def _build_fabric(region: Region, fabric_slug: str, model: GPUModel, spec: Fleet
     now = timezone.now()
     spare_every = max(1, round(1 / spec.spare_ratio)) if spec.spare_ratio > 0 else 0
     shared_from = spec.nodes_per_fabric - int(spec.nodes_per_fabric * spec.shared_ratio)
-    nodes, gpus = [], []
+    nodes, gpus, ports = [], [], []
     for i in range(spec.nodes_per_fabric):
         shared = i >= shared_from
         hostname = f"{prefix}-n{i:04d}"
@@ -127,8 +128,11 @@ def _build_fabric(region: Region, fabric_slug: str, model: GPUModel, spec: Fleet
                 pci_bus_id=HGX_PCI_BUS_IDS[g], model=model, memory_mib=model.memory_gib * 1024,
                 state=GPUState.AVAILABLE, health=Health.HEALTHY,
             ))
+            # One ConnectX port per GPU (rail-optimised), with NVIDIA's OUI as real GUIDs carry.
+            ports.append(HCAPort(node=node, index=g, guid=f"{NVIDIA_OUI}{secrets.token_hex(5)}"))
     Node.objects.bulk_create(nodes, batch_size=500)
     GPU.objects.bulk_create(gpus, batch_size=2000)
+    HCAPort.objects.bulk_create(ports, batch_size=2000)
     report.nodes += len(nodes)
     report.gpus += len(gpus)
     audit_record(actor=None, action="fabric.enroll", target=fabric,

@@ -231,6 +231,32 @@ class GPU(models.Model):
         return f"{self.node.hostname}/gpu{self.index}"
 
 
+class HCAPort(models.Model):
+    """
+    One InfiniBand port of a node's host channel adapters, by its port GUID (a GPU server has one
+    per GPU, rail-optimised). A bare-metal tenant's VPC membership is these ports; a shared host
+    hands out SR-IOV virtual functions of them instead (provisioning.VirtualFunction).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="ib_ports")
+    index = models.PositiveSmallIntegerField()
+    guid = models.CharField("port GUID", max_length=16, unique=True, help_text="16 lower-case hex digits, no 0x.")
+
+    objects = PlatformQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["node__hostname", "index"]
+        verbose_name = "HCA port"
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="hca_port_index_unique_per_node"),
+            models.CheckConstraint(condition=Q(guid__regex=r"^[0-9a-f]{16}$"), name="hca_port_guid_normal"),
+        ]
+
+    def __str__(self):
+        return f"{self.node.hostname}/ib{self.index}"
+
+
 class Offering(models.Model):
     """
     What is sold: a kind of instance on a GPU model, with list prices per GPU-hour.

@@ -12,7 +12,7 @@ from security.audit import audit_record, snapshot
 
 from .choices import NodeState
 from .errors import Conflict
-from .models import GPU, GPUModel, Node, Offering, Region
+from .models import GPU, GPUModel, HCAPort, Node, Offering, Region
 from .transitions import NODE_RETURNABLE, NODE_TRANSITIONS, compare_and_set
 
 #
@@ -99,22 +99,25 @@ def node_transition(
 
 
 @transaction.atomic
-def node_enrol(*, actor, gpus: list[dict], gpu_model, **fields) -> Node:
+def node_enrol(*, actor, gpus: list[dict], gpu_model, ib_port_guids: list[str], **fields) -> Node:
     """
-    Enrol a node and its GPUs (state ``enrolled``); validation (burn-in) follows before it is
-    sold. The BMC password is stored encrypted and never audited.
+    Enrol a node, its GPUs and its InfiniBand ports (state ``enrolled``); validation (burn-in)
+    follows before it is sold. The BMC password is stored encrypted and never audited.
     """
     try:
         with transaction.atomic():
             node = Node.objects.create(state=NodeState.ENROLLED, state_changed_at=timezone.now(), **fields)
             GPU.objects.bulk_create([GPU(node=node, model=gpu_model, memory_mib=gpu_model.memory_gib * 1024, **gpu)
                                      for gpu in gpus])
+            HCAPort.objects.bulk_create([HCAPort(node=node, index=index, guid=guid)
+                                         for index, guid in enumerate(ib_port_guids)])
     except IntegrityError as exc:
         # Two enrolments of one node (or GPU) at once: the database's unique rules decide.
-        raise Conflict("This node or one of its GPUs is enrolled already.", code="already_enrolled") from exc
+        raise Conflict("This node, one of its GPUs or one of its ports is enrolled already.",
+                       code="already_enrolled") from exc
     audit_record(actor=actor, action="node.enrol", target=node, tenant_id=None,
                  after={"hostname": node.hostname, "region": node.region.slug, "pool": node.pool,
-                        "gpus": len(gpus), "gpu_model": gpu_model.slug})
+                        "gpus": len(gpus), "gpu_model": gpu_model.slug, "ib_ports": len(ib_port_guids)})
     return node
 
 

@@ -387,6 +387,17 @@ MERIDIAN_SCHEDULER_RECORD_REFRESH = env.float("MERIDIAN_SCHEDULER_RECORD_REFRESH
 # The embedded default runs simulated node agents (manage.py run_agents), so GPU hosts answer
 # through them, as real hosts would.
 MERIDIAN_DRIVERS = env.json("MERIDIAN_DRIVERS", default={"default": {"host": "agent"} if EMBEDDED else {}})
+# InfiniBand fabric drivers (partitions for IB-VPCs), per "<region>/<fabric>" or "default":
+# {"driver": "simulated"} | {"driver": "opensm", "path": ".../partitions.conf", "reread_command": [...]}
+# | {"driver": "ufm", "url": "https://ufm...", "username": ..., "password": ..., "verify_tls": true}.
+MERIDIAN_FABRICS = env.json("MERIDIAN_FABRICS", default={"default": {"driver": "simulated"}})
+# IPoIB subnets chosen for VPCs that do not name one: the first free /24 (per tenant) of this range.
+MERIDIAN_VPC_SUPERNET = env("MERIDIAN_VPC_SUPERNET", default="10.128.0.0/9")
+MERIDIAN_VPC_PREFIX = env.int("MERIDIAN_VPC_PREFIX", default=24)
+# SR-IOV virtual functions a shared host's HCA port may hand out (one per VM or container).
+MERIDIAN_VFS_PER_PORT = env.int("MERIDIAN_VFS_PER_PORT", default=16)
+# How often the reconciler compares every fabric's partitions with the database.
+MERIDIAN_FABRIC_RECONCILE_SECONDS = env.float("MERIDIAN_FABRIC_RECONCILE_SECONDS", default=60.0)
 # Simulated hardware: seed, and per action (or "default") latency_s, failure_rate (transient)
 # and broken_rate (for good); e.g. {"seed": 7, "failure_rate": {"write_image": 0.2}}.
 MERIDIAN_SIMULATION = {"seed": 0, "latency_s": {}, "failure_rate": {}, "broken_rate": {},

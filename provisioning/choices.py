@@ -66,3 +66,13 @@ class StepState(models.TextChoices):
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed (will retry)"
     GAVE_UP = "gave_up", "Failed for good"
+
+
+class VPCState(models.TextChoices):
+    """IB-VPC lifecycle; legal moves are in provisioning.transitions."""
+
+    PENDING = "pending", "Pending"  # created here, the partition not yet on the fabric
+    ACTIVE = "active", "Active"
+    DELETING = "deleting", "Deleting"  # asked to go; its P_Key stays taken until the fabric confirms
+    DELETED = "deleted", "Deleted"
+    ERROR = "error", "Error"

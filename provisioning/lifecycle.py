@@ -300,7 +300,8 @@ CHAINED = "next:"
 
 
 def _run_step(operation_id, step: str, dispatch: str | None, *, chain: bool) -> str:
-    operation = (Operation.objects.select_related("reservation__offering", "reservation__region", "node__region")
+    operation = (Operation.objects.select_related("reservation__offering", "reservation__region",
+                                                  "reservation__vpc__fabric__region", "node__region")
                  .filter(pk=operation_id).first())
     if operation is None or operation.is_finished:
         return "skipped"  # done already: a redelivery, or a stopped operation
@@ -369,7 +370,8 @@ def _instances_of(operation: Operation):
 
 def _context(operation: Operation) -> Context:
     reservation = operation.reservation
-    instances = list(_instances_of(operation).select_related("node__region")) if reservation else []
+    instances = list(_instances_of(operation).select_related("node__region", "node__fabric__region")) \
+        if reservation else []
     # The hardware's region picks the drivers (a re-queued reservation has no region of its own).
     node = operation.node or (instances[0].node if instances else None)
     region = node.region.slug if node else reservation.region.slug

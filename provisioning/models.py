@@ -25,6 +25,7 @@ from .choices import (
     OperationState,
     ReservationState,
     StepState,
+    VPCState,
 )
 from .transitions import HOLDING_STATES, TERMINAL_STATES
 
@@ -56,6 +57,8 @@ class Reservation(TeamOwnedModel):
     eviction_policy = models.CharField(max_length=8, choices=EvictionPolicy.choices, default=EvictionPolicy.SOFT)
     urgency = models.FloatField(default=0.5, validators=[MinValueValidator(0), MaxValueValidator(1)])
     ssh_public_key = models.TextField(blank=True)
+    # Its IB-VPC; none: the tenant's default VPC on the fabric it lands on (created on first use).
+    vpc = models.ForeignKey("VPC", null=True, blank=True, on_delete=models.PROTECT, related_name="reservations")
     state = models.CharField(max_length=16, choices=ReservationState.choices, default=ReservationState.PENDING)
     state_reason = models.CharField(max_length=500, blank=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)
@@ -351,3 +354,131 @@ class AgentCommand(models.Model):
 
     def __str__(self):
         return f"{self.kind} {self.state} on {self.node_id}"
+
+
+#
+# IB-VPCs (DESIGN.md, IB-VPC)
+#
+
+
+class VPC(TeamOwnedModel):
+    """
+    A tenant's (or a team's) private InfiniBand network on one fabric: a partition whose P_Key is
+    drawn from the fabric's pool, and an IPoIB subnet. A P_Key is taken from the pool for as long
+    as the VPC is not ``deleted`` -- it becomes deleted only once the fabric confirms the
+    partition is gone -- so two live VPCs never share a key (a database constraint).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=63)
+    fabric = models.ForeignKey("cloud.Fabric", on_delete=models.PROTECT, related_name="vpcs")
+    pkey = models.PositiveIntegerField("P_Key")
+    cidr = models.CharField("IPoIB subnet", max_length=18)
+    mtu = models.PositiveSmallIntegerField(default=4096)
+    service_level = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(15)])
+    rate_gbps = models.FloatField(null=True, blank=True, help_text="Rate limit; empty: the fabric's.")
+    is_default = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=VPCState.choices, default=VPCState.PENDING)
+    state_reason = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant", "name"]
+        verbose_name = "VPC"
+        constraints = [
+            models.UniqueConstraint(fields=["fabric", "pkey"], condition=~Q(state=VPCState.DELETED),
+                                    name="vpc_pkey_unique_per_fabric"),
+            models.UniqueConstraint(fields=["tenant", "name"], condition=~Q(state=VPCState.DELETED),
+                                    name="vpc_name_unique_per_tenant"),
+            models.UniqueConstraint(fields=["tenant", "fabric"], condition=Q(is_default=True) & ~Q(
+                state=VPCState.DELETED), name="vpc_one_default_per_tenant_and_fabric"),
+            models.CheckConstraint(condition=Q(pkey__gte=0x0001, pkey__lte=0x7FFE), name="vpc_pkey_in_range"),
+            models.CheckConstraint(condition=Q(state__in=VPCState.values), name="vpc_state_valid"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.pkey:#06x})"
+
+    @property
+    def partition_name(self) -> str:
+        """The partition's name on the fabric: says whose it is to an operator, nothing to a tenant."""
+        return f"mrd_{self.id.hex[:12]}"
+
+
+class VirtualFunction(models.Model):
+    """
+    An SR-IOV virtual function of a shared host's HCA port, with its own port GUID: what one VM
+    or container joins its VPC with. Made on first use, reused once its instance has left.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    port = models.ForeignKey("cloud.HCAPort", on_delete=models.CASCADE, related_name="virtual_functions")
+    index = models.PositiveSmallIntegerField()
+    guid = models.CharField("port GUID", max_length=16, unique=True)
+    instance = models.ForeignKey("Instance", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="virtual_functions")
+
+    class Meta:
+        ordering = ["port", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["port", "index"], name="vf_index_unique_per_port"),
+            models.UniqueConstraint(fields=["instance"], condition=Q(instance__isnull=False),
+                                    name="vf_one_per_instance"),
+        ]
+
+    def __str__(self):
+        return f"{self.port}/vf{self.index}"
+
+
+class PortMembership(models.Model):
+    """
+    A port GUID's full membership of a VPC's partition while an instance holds the port: written
+    when provisioning joins it, ``left_at`` set when release has taken it out. A GUID is a live
+    member of at most one partition -- so never of two tenants' -- by a database constraint.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    vpc = models.ForeignKey(VPC, on_delete=models.PROTECT, related_name="memberships")
+    instance = models.ForeignKey("Instance", on_delete=models.CASCADE, related_name="memberships")
+    guid = models.CharField("port GUID", max_length=16)
+    address = models.GenericIPAddressField("IPoIB address", protocol="IPv4", null=True, blank=True)
+    joined_at = models.DateTimeField(auto_now_add=True)
+    left_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_path = "vpc__tenant"
+    team_path = "vpc__team"
+
+    class Meta:
+        ordering = ["vpc", "joined_at", "guid"]
+        constraints = [
+            models.UniqueConstraint(fields=["guid"], condition=Q(left_at__isnull=True),
+                                    name="port_guid_in_one_partition_at_a_time"),
+            models.UniqueConstraint(fields=["vpc", "address"], condition=Q(left_at__isnull=True),
+                                    name="ipoib_address_unique_per_vpc"),
+        ]
+
+    def __str__(self):
+        return f"{self.guid} in {self.vpc}"
+
+
+class FabricReconciliation(models.Model):
+    """One comparison of a fabric's partitions with what the database says, and what it repaired."""
+
+    id = models.BigAutoField(primary_key=True)
+    fabric = models.ForeignKey("cloud.Fabric", on_delete=models.CASCADE, related_name="reconciliations")
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    ok = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    # [{"pkey": ..., "vpc": ..., "kind": "extra_member" | "missing_member" | ..., "guid": ..., "action": ...}]
+    drift = models.JSONField(default=list)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["fabric", "-started_at"], name="reconciliation_latest_idx")]
+
+    def __str__(self):
+        return f"{self.fabric} at {self.started_at:%Y-%m-%d %H:%M:%S}"

@@ -109,11 +109,28 @@ def boot_from_disk(ctx: Context) -> None:
 
 
 def join_network(ctx: Context) -> None:
-    """Join the instances' ports to the reservation's IB-VPC partition: the VPC work fills this in."""
+    """
+    Join each instance's ports (a server's HCA ports, a VM's or container's virtual function) to
+    the reservation's IB-VPC partition as full members -- the tenant's default VPC on the node's
+    fabric when the reservation names none -- and read the fabric back.
+    """
+    from .network import ports_join
+    from .vpcs import default_vpc
+
+    reservation = ctx.reservation
+    for instance in ctx.instances:
+        def join(target, instance=instance):
+            vpc = reservation.vpc or default_vpc(tenant_id=reservation.tenant_id, fabric=instance.node.fabric)
+            ports_join(instance, vpc)
+        ctx.on(instance.node, join)
 
 
 def leave_network(ctx: Context) -> None:
-    """Take the instances' ports out of the VPC partition: the VPC work fills this in."""
+    """Take each instance's ports out of its partitions and prove from the fabric that they left."""
+    from .network import ports_leave
+
+    for instance in ctx.instances:
+        ctx.on(instance.node, lambda target, instance=instance: ports_leave(instance))
 
 
 def verify(ctx: Context) -> None:

@@ -4,6 +4,7 @@ through ``cloud.transitions.compare_and_set`` with this table.
 """
 
 from .choices import ReservationState as R
+from .choices import VPCState as V
 
 RESERVATION_TRANSITIONS: dict[str, frozenset[str]] = {
     R.PENDING: frozenset({R.QUEUED, R.SCHEDULED, R.CANCELLED, R.FAILED}),
@@ -27,3 +28,14 @@ QUOTA_STATES = frozenset({R.SCHEDULED, R.PROVISIONING, R.ACTIVE})
 WAITING_STATES = frozenset({R.PENDING, R.QUEUED})
 for _state in TERMINAL_STATES:
     RESERVATION_TRANSITIONS.setdefault(_state, frozenset())
+
+
+# IB-VPCs: a partition is programmed (pending -> active), or deleted once nothing uses it; a
+# fabric error parks it in error until the reconciler or a retry gets it through.
+VPC_TRANSITIONS: dict[str, frozenset[str]] = {
+    V.PENDING: frozenset({V.ACTIVE, V.ERROR, V.DELETING}),
+    V.ACTIVE: frozenset({V.DELETING, V.ERROR}),
+    V.ERROR: frozenset({V.ACTIVE, V.DELETING}),
+    V.DELETING: frozenset({V.DELETED, V.ERROR}),
+    V.DELETED: frozenset(),
+}

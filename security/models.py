@@ -1,4 +1,4 @@
-"""Security records. For now the audit trail; attestation, isolation and keys come later."""
+"""Security records: the audit trail and incidents; attestation, isolation and keys come later."""
 
 import uuid
 
@@ -41,3 +41,31 @@ class AuditEvent(models.Model):
 
     def __str__(self):
         return f"{self.action} {self.target_type}:{self.target_id} by {self.actor_email or 'system'}"
+
+
+class Incident(models.Model):
+    """
+    Something found wrong with the platform that an operator must look at: what (``kind``), where
+    (plain ids, like the audit trail: an incident outlives what it names), the evidence and when
+    it was detected. The affected tenant, when there is one, may read its own.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=64, db_index=True)
+    summary = models.CharField(max_length=500)
+    evidence = models.JSONField(default=dict)
+    tenant_id = models.UUIDField(null=True, blank=True, db_index=True)
+    node_id = models.UUIDField(null=True, blank=True)
+    fabric_id = models.UUIDField(null=True, blank=True)
+    detected_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+    tenant_path = "tenant_id"
+    team_path = None
+
+    class Meta:
+        ordering = ["-detected_at"]
+
+    def __str__(self):
+        return f"{self.kind}: {self.summary}"

@@ -6,7 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..choices import NodePool, SwitchTier
-from ..models import GPU, Fabric, GPUModel, Node, Offering, Region
+from ..models import GPU, Fabric, GPUModel, HCAPort, Node, Offering, Region
 from .base import SLUG_PATTERN as SLUG
 from .base import StrictIntegerField, StrictModelSerializer, StrictSerializer
 
@@ -116,6 +116,22 @@ class NodeEnrolSerializer(StrictSerializer):
     nvme_tb = serializers.DecimalField(max_digits=6, decimal_places=2, min_value=Decimal("0"))
     gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GPUModel.objects.all())
     gpus = GPUEnrolSerializer(many=True, allow_empty=False, max_length=16)
+    # The node's InfiniBand port GUIDs in port order (IB-VPC membership is per port GUID).
+    ib_port_guids = serializers.ListField(child=serializers.CharField(max_length=18), min_length=1, max_length=16)
+
+    def validate_ib_port_guids(self, guids):
+        from provisioning.drivers.fabric import normal_guid
+
+        try:
+            normal = [normal_guid(guid) for guid in guids]
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        if len(set(normal)) != len(normal):
+            raise serializers.ValidationError("Two ports have the same GUID.")
+        taken = HCAPort.objects.filter(guid__in=normal).values_list("guid", flat=True).first()
+        if taken:
+            raise serializers.ValidationError(f"Port GUID {taken} belongs to another node.")
+        return normal
 
     def validate(self, attrs):
         fabric = Fabric.objects.filter(region=attrs["region"], slug=attrs["fabric"]).first()

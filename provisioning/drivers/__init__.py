@@ -12,6 +12,7 @@ from importlib import import_module
 from django.conf import settings
 
 from .base import ContainerDriver, DriverError, HostDriver, ImageDriver, NotYet, PowerDriver, Target, VMDriver
+from .fabric import FabricDriver
 
 IMPLEMENTATIONS = {
     "power": {"simulated": "simulated.SimulatedPower", "redfish": "redfish.RedfishPower"},
@@ -21,8 +22,8 @@ IMPLEMENTATIONS = {
     "host": {"simulated": "simulated.SimulatedHost", "agent": "agent_host.AgentHost"},
 }
 
-__all__ = ["ContainerDriver", "DriverError", "Drivers", "HostDriver", "ImageDriver", "NotYet", "PowerDriver",
-           "Target", "VMDriver", "drivers_for"]
+__all__ = ["ContainerDriver", "DriverError", "Drivers", "FabricDriver", "HostDriver", "ImageDriver", "NotYet",
+           "PowerDriver", "Target", "VMDriver", "drivers_for", "fabric_driver_for"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,35 @@ class Drivers:
     vm: VMDriver
     container: ContainerDriver
     host: HostDriver
+
+
+FABRIC_IMPLEMENTATIONS = {"simulated": "simulated.SimulatedFabric", "opensm": "opensm.OpenSMFabric",
+                          "ufm": "ufm.UFMFabric"}
+
+
+def fabric_driver_for(fabric) -> FabricDriver:
+    """
+    The driver of one fabric, from ``settings.MERIDIAN_FABRICS``: ``"default"`` and
+    ``"<region>/<fabric>"`` keys, each ``{"driver": name, ...its settings}`` (UFM: url, username,
+    password, verify_tls; OpenSM: path, reread_command). Simulated fabrics are named after theirs.
+    """
+    configured = settings.MERIDIAN_FABRICS
+    key = f"{fabric.region.slug}/{fabric.slug}"
+    chosen = dict(configured.get(key) or configured.get("default") or {"driver": "simulated"})
+    name = chosen.pop("driver", "simulated")
+    if name == "simulated":
+        chosen.setdefault("name", key)
+    try:
+        path = FABRIC_IMPLEMENTATIONS[name]
+    except KeyError:
+        raise DriverError(f"No fabric driver '{name}' (known: {', '.join(FABRIC_IMPLEMENTATIONS)}); "
+                          "fix MERIDIAN_FABRICS.", transient=False) from None
+    module, cls = path.rsplit(".", 1)
+    try:
+        return getattr(import_module(f"{__name__}.{module}"), cls)(**chosen)
+    except TypeError as exc:
+        raise DriverError(f"MERIDIAN_FABRICS for {key} does not suit the {name} driver: {exc}", transient=False) \
+            from None
 
 
 def drivers_for(region_slug: str) -> Drivers:

@@ -18,6 +18,7 @@ from django.db import transaction
 
 from ..models import SimulatedDevice
 from .base import ContainerDriver, DriverError, HostDriver, ImageDriver, PowerDriver, Target, VMDriver
+from .fabric import DEFAULT_PKEY, FULL, FabricDriver, Partition, PartitionSpec, check_members, normal_guid
 
 
 def _knob(name: str, action: str) -> float:
@@ -192,3 +193,70 @@ class SimulatedHost(Simulated, HostDriver):
 
 def _slot(device: dict) -> str:
     return f"{device['index']}:{device['mem_lo']}-{device['mem_hi']}"
+
+
+class SimulatedFabric(Simulated, FabricDriver):
+    """
+    A simulated InfiniBand fabric: its partitions kept in the database, programmed like the real
+    ones, and able to say which ports can reach each other (``reachable``) -- what the isolation
+    tests and a tenant's isolation report ask of it.
+    """
+
+    kind = "fabric"
+
+    def __init__(self, *, name: str = "default"):
+        self.target = Target(node_id="", hostname=name)
+
+    def read(self) -> dict[int, Partition]:
+        stored = self._state(self.target).get("partitions", {})
+        found = {DEFAULT_PKEY: Partition(PartitionSpec(pkey=DEFAULT_PKEY, name="Default"))}
+        for key, p in stored.items():
+            spec = PartitionSpec(pkey=int(key), name=p["name"], mtu=p["mtu"], rate_gbps=p["rate_gbps"],
+                                 service_level=p["service_level"], ipoib=p["ipoib"])
+            found[int(key)] = Partition(spec, dict(p["members"]))
+        return found
+
+    def ensure_partition(self, spec: PartitionSpec) -> None:
+        def change(state):
+            partitions = state.setdefault("partitions", {})
+            members = partitions.get(str(spec.pkey), {}).get("members", {})
+            partitions[str(spec.pkey)] = {"name": spec.name, "mtu": spec.mtu, "rate_gbps": spec.rate_gbps,
+                                          "service_level": spec.service_level, "ipoib": spec.ipoib, "members": members}
+        self._act(self.target, "ensure_partition", change)
+
+    def delete_partition(self, pkey: int) -> None:
+        if pkey == DEFAULT_PKEY:
+            raise DriverError("The default partition 0x7fff cannot be deleted.", transient=False)
+        self._act(self.target, "delete_partition",
+                  lambda state: state.setdefault("partitions", {}).pop(str(pkey), None))
+
+    def set_members(self, pkey: int, members) -> None:
+        checked = check_members(members)
+        if pkey == DEFAULT_PKEY and FULL in checked.values():
+            raise DriverError("Ports are at most limited members of the default partition 0x7fff.", transient=False)
+
+        def change(state):
+            partitions = state.setdefault("partitions", {})
+            if pkey == DEFAULT_PKEY and str(pkey) not in partitions:
+                partitions[str(pkey)] = {"name": "Default", "mtu": 4096, "rate_gbps": None, "service_level": 0,
+                                         "ipoib": True, "members": {}}
+            if str(pkey) not in partitions:
+                raise DriverError(f"Partition {pkey:#06x} does not exist on fabric {self.target.hostname}.",
+                                  transient=False)
+            partitions[str(pkey)]["members"].update(checked)
+        self._act(self.target, "set_members", change)
+
+    def remove_members(self, pkey: int, guids) -> None:
+        gone = set(check_members({guid: FULL for guid in guids}))
+
+        def change(state):
+            partition = state.setdefault("partitions", {}).get(str(pkey))
+            if partition is not None:
+                partition["members"] = {g: m for g, m in partition["members"].items() if g not in gone}
+        self._act(self.target, "remove_members", change)
+
+    def reachable(self, a: str, b: str) -> bool:
+        """Whether ports ``a`` and ``b`` share a partition in which at least one is a full member."""
+        a, b = normal_guid(a), normal_guid(b)
+        return any(a in p.members and b in p.members and FULL in (p.members[a], p.members[b])
+                   for p in self.read().values())

@@ -29,14 +29,18 @@ def body(switch, **changes):
             "bmc_username": "meridian", "bmc_password": PASSWORD, "cpu_cores": 112, "ram_gib": 2048,
             "nvme_tb": "30.72", "gpu_model": "h100-80gb-sxm",
             "gpus": [{"index": i, "uuid": f"GPU-{uuid.uuid4()}", "serial": f"SN{i}{uuid.uuid4().hex[:8]}",
-                      "pci_bus_id": f"00000000:{0x18 + i:02x}:00.0"} for i in range(8)], **changes}
+                      "pci_bus_id": f"00000000:{0x18 + i:02x}:00.0"} for i in range(8)],
+            "ib_port_guids": [f"0xb83fd2{uuid.uuid4().hex[:10]}" for _ in range(8)], **changes}
 
 
 def test_an_enrolled_node_is_validated_before_it_is_sold(world, leaf):
-    response = world.client("platform_admin").post(URL, body(leaf), format="json")
+    body_sent = body(leaf)
+    response = world.client("platform_admin").post(URL, body_sent, format="json")
     assert response.status_code == 201, response.json()
     node = Node.objects.get(pk=response.json()["id"])
     assert node.state == "validating" and node.gpus.count() == 8
+    sent = [guid.removeprefix("0x") for guid in body_sent["ib_port_guids"]]
+    assert list(node.ib_ports.order_by("index").values_list("guid", flat=True)) == sent
     assert PASSWORD not in response.content.decode() and "bmc_password" not in response.json()
     with connection.cursor() as cursor:
         cursor.execute("SELECT bmc_password FROM cloud_node WHERE id = %s", [node.pk])
@@ -70,6 +74,11 @@ BAD = {
     "gpu-unknown-field": lambda leaf: body(leaf, gpus=[gpu(leaf, state="available")]),
     "state-field": lambda leaf: body(leaf, state="available"),
     "gpus-not-a-list": lambda leaf: body(leaf, gpus={"index": 0}),
+    "ib-ports-missing": lambda leaf: {k: v for k, v in body(leaf).items() if k != "ib_port_guids"},
+    "ib-port-not-a-guid": lambda leaf: body(leaf, ib_port_guids=["0xnot-a-guid"]),
+    "ib-port-too-long": lambda leaf: body(leaf, ib_port_guids=["0x" + "a" * 17]),
+    "ib-port-twice": lambda leaf: body(leaf, ib_port_guids=["0xb83fd20300000001", "b83fd20300000001"]),
+    "ib-port-of-another-node": lambda leaf: body(leaf, ib_port_guids=[Node.objects.first().ib_ports.first().guid]),
 }
 
 
@@ -101,7 +110,8 @@ def test_two_enrolments_of_one_node_at_once_are_a_409_not_a_500(world, leaf):
     fields = body(leaf)
     gpus = fields.pop("gpus")
     fields.update(region=Region.objects.get(slug="us-east-1"), fabric=leaf.fabric, leaf=leaf,
-                  gpu_model=GPUModel.objects.get(slug=fields.pop("gpu_model")))
+                  gpu_model=GPUModel.objects.get(slug=fields.pop("gpu_model")),
+                  ib_port_guids=[guid.removeprefix("0x") for guid in fields["ib_port_guids"]])
     node_enrol(actor=None, gpus=gpus, **fields)
     nodes = Node.objects.count()
     with pytest.raises(Conflict) as raised:

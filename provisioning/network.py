@@ -1,0 +1,349 @@
+"""
+Instances' ports in their VPCs' partitions, and the proof that nothing else is there.
+
+- ``ports_join``: an instance's port GUIDs -- a bare-metal node's HCA ports, or one SR-IOV
+  virtual function of a shared host's port for a VM or container -- become full members of its
+  VPC's partition, and at most limited members of the default partition 0x7FFF. The membership
+  rows are written first (the database refuses a GUID live in two partitions), then the fabric is
+  programmed and read back.
+- ``ports_leave``: the rows are closed, the fabric forgets the ports, and a read-back proves they
+  are in no tenant's partition before the hardware may be sold again.
+- ``fabric_reconcile``: every partition compared with the database; a foreign port is removed
+  at once and raises an incident, a missing one is added back, and what was done is recorded.
+
+Errors are DriverErrors (the pipeline's steps turn them into node faults, retried or not).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from collections import defaultdict
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from cloud.choices import OfferingKind
+from cloud.models import Fabric, HCAPort
+from security.models import Incident
+
+from .choices import VPCState as V
+from .drivers import DriverError, fabric_driver_for
+from .drivers.fabric import DEFAULT_PKEY, FULL, LIMITED, Partition, PartitionSpec
+from .models import VPC, FabricReconciliation, Instance, PortMembership, VirtualFunction
+from .vpcs import spec_of, vpc_sync
+
+# A port that left its partition this recently may still be on its way out of the fabric (a
+# release is between closing its rows and the fabric call): not drift yet.
+LEAVING_GRACE = timedelta(minutes=2)
+
+
+#
+# Ports of an instance
+#
+
+
+def instance_ports(instance: Instance, *, assign: bool = True) -> list[str]:
+    """The GUIDs an instance joins with: its node's ports (bare metal), or its virtual function."""
+    if instance.kind == OfferingKind.BARE_METAL:
+        return list(instance.node.ib_ports.order_by("index").values_list("guid", flat=True))
+    vf = VirtualFunction.objects.filter(instance=instance).first()
+    if vf is None and assign:
+        vf = _assign_vf(instance)
+    return [vf.guid] if vf else []
+
+
+def _assign_vf(instance: Instance) -> VirtualFunction:
+    """
+    A virtual function of the host port beside the instance's first GPU (rail affinity): a free
+    one reused, or the port's next. Two instances on one host never get the same one (a
+    conditional UPDATE, and a unique index for new ones).
+    """
+    ports = list(HCAPort.objects.filter(node=instance.node).order_by("index"))
+    if not ports:
+        raise DriverError(f"{instance.node.hostname} has no InfiniBand ports recorded; enrol its port GUIDs.",
+                          transient=False)
+    first_gpu = instance.devices[0]["index"] if instance.devices else 0
+    port = ports[first_gpu % len(ports)]
+    for _ in range(5):
+        free = VirtualFunction.objects.filter(port=port, instance__isnull=True).order_by("index").first()
+        if free is not None:
+            if VirtualFunction.objects.filter(pk=free.pk, instance__isnull=True).update(instance=instance):
+                free.instance = instance
+                return free
+            continue
+        made = VirtualFunction.objects.filter(port=port).count()
+        if made >= settings.MERIDIAN_VFS_PER_PORT:
+            raise DriverError(f"{port} has no free virtual function ({made} in use; MERIDIAN_VFS_PER_PORT).")
+        try:
+            with transaction.atomic():
+                # A locally administered GUID (like a MAC's): never one a vendor burnt into an HCA.
+                return VirtualFunction.objects.create(port=port, index=made, guid="02" + secrets.token_hex(7),
+                                                      instance=instance)
+        except IntegrityError:
+            continue  # another instance took that index (or, once in 2^56, the GUID): look again
+    raise DriverError(f"Could not hand {instance.name} a virtual function of {port}; trying again.")
+
+
+#
+# Join and leave
+#
+
+
+def ports_join(instance: Instance, vpc: VPC) -> list[PortMembership]:
+    """Put the instance's ports into ``vpc``'s partition as full members (idempotent) and read it back."""
+    guids = instance_ports(instance)
+    if not guids:
+        raise DriverError(f"{instance.node.hostname} has no InfiniBand ports recorded; enrol its port GUIDs.",
+                          transient=False)
+    if vpc.state != V.ACTIVE:
+        vpc_sync(vpc.pk)  # its partition is made on first use (a default VPC, or a fabric that was down)
+        vpc.refresh_from_db()
+        if vpc.state != V.ACTIVE:
+            raise DriverError(f"VPC {vpc.name} is {vpc.state} ({vpc.state_reason or 'no reason given'}).",
+                              transient=vpc.state != V.DELETING)
+    rows = _memberships(instance, vpc, guids)
+    driver = fabric_driver_for(vpc.fabric)
+    driver.set_members(vpc.pkey, {guid: FULL for guid in guids})
+    driver.set_members(DEFAULT_PKEY, {guid: LIMITED for guid in guids})
+    seen = driver.read()
+    partition = seen.get(vpc.pkey, Partition(spec_of(vpc)))
+    absent = [guid for guid in guids if partition.members.get(guid) != FULL]
+    if absent:
+        raise DriverError(f"The fabric does not show port {absent[0]} in partition {vpc.pkey:#06x} after adding it.")
+    return rows
+
+
+@transaction.atomic
+def _memberships(instance: Instance, vpc: VPC, guids: list[str]) -> list[PortMembership]:
+    """The live membership rows of these ports in ``vpc`` for ``instance``, made with IPoIB addresses if new."""
+    vpc = VPC.objects.select_for_update().get(pk=vpc.pk)  # addresses are handed out one join at a time
+    live = {m.guid: m for m in PortMembership.objects.filter(guid__in=guids, left_at__isnull=True)}
+    foreign = [m for m in live.values() if (m.vpc_id, m.instance_id) != (vpc.pk, instance.pk)]
+    if foreign:
+        raise DriverError(f"Port {foreign[0].guid} of {instance.node.hostname} is still a member of another "
+                          "partition; its previous release has not finished.", transient=False)
+    used = set(PortMembership.objects.filter(vpc=vpc, left_at__isnull=True).values_list("address", flat=True))
+    free = (str(host) for host in ipaddress.ip_network(vpc.cidr).hosts() if str(host) not in used)
+    rows = []
+    for guid in guids:
+        if guid in live:
+            rows.append(live[guid])
+            continue
+        address = next(free, None)
+        if address is None:
+            raise DriverError(f"VPC {vpc.name}'s subnet {vpc.cidr} has no free address left.", transient=False)
+        rows.append(PortMembership.objects.create(vpc=vpc, instance=instance, guid=guid, address=address))
+    return rows
+
+
+def ports_leave(instance: Instance) -> None:
+    """
+    Take the instance's ports out of every partition it joined, and prove it from the fabric: none
+    of them is in any partition but the default (and there not as a full member). Idempotent: a
+    retry after the rows were closed proves the same thing from the instance's ports.
+    """
+    # Every partition it ever joined (a retry finds the rows closed by the first try).
+    rows = list(PortMembership.objects.filter(instance=instance).select_related("vpc"))
+    guids = set(instance_ports(instance, assign=False)) | {row.guid for row in rows}
+    PortMembership.objects.filter(instance=instance, left_at__isnull=True).update(left_at=timezone.now())
+    fabric = instance.node.fabric
+    driver = fabric_driver_for(fabric)
+    by_pkey = defaultdict(set)
+    for row in rows:
+        by_pkey[row.vpc.pkey].add(row.guid)
+    for pkey, members in by_pkey.items():
+        driver.remove_members(pkey, sorted(members))
+    stuck = still_members(driver.read(), guids)
+    if stuck:
+        guid, pkey = stuck[0]
+        driver.remove_members(pkey, [guid])  # a partition it joined some other way: out too, then prove again
+        raise DriverError(f"Port {guid} of {instance.node.hostname} was still in partition {pkey:#06x} after its "
+                          "release; removed, checking again.")
+    VirtualFunction.objects.filter(instance=instance).update(instance=None)
+
+
+def still_members(partitions: dict[int, Partition], guids) -> list[tuple[str, int]]:
+    """Which of ``guids`` a tenant could still reach someone through: in a partition, or full in the default."""
+    found = []
+    for pkey, partition in sorted(partitions.items()):
+        for guid in sorted(set(guids) & partition.members.keys()):
+            if pkey != DEFAULT_PKEY or partition.members[guid] == FULL:
+                found.append((guid, pkey))
+    return found
+
+
+#
+# Reconciliation
+#
+
+
+def fabric_reconcile(fabric: Fabric) -> FabricReconciliation:
+    """
+    Compare ``fabric``'s partitions (read back through its driver) with the database and repair
+    the difference: VPCs waiting on the fabric are pushed through; a missing partition is made
+    again; a port the database does not put in a partition is removed at once (an incident); a
+    missing one is added back; a partition no VPC owns is removed (an incident); a tenant port
+    that is a full member of the default partition is made limited (an incident).
+    """
+    run = FabricReconciliation.objects.create(fabric=fabric, started_at=timezone.now())
+    drift: list[dict] = []
+    try:
+        for vpc_id in VPC.objects.filter(fabric=fabric, state__in=[V.PENDING, V.DELETING, V.ERROR]).values_list(
+                "pk", flat=True):
+            vpc_sync(vpc_id)
+        driver = fabric_driver_for(fabric)
+        _repair(fabric, driver, driver.read(), drift)
+        run.ok = True
+    except DriverError as exc:
+        run.error = str(exc)
+    run.drift, run.finished_at = drift, timezone.now()
+    run.save(update_fields=["drift", "finished_at", "ok", "error"])
+    return run
+
+
+def _repair(fabric: Fabric, driver, actual: dict[int, Partition], drift: list[dict]) -> None:
+    vpcs = {vpc.pkey: vpc for vpc in VPC.objects.filter(fabric=fabric).exclude(state=V.DELETED)}
+    now = timezone.now()
+    desired, leaving = defaultdict(set), defaultdict(set)
+    for pkey, guid, left_at in PortMembership.objects.filter(vpc__fabric=fabric).filter(
+            Q(left_at__isnull=True) | Q(left_at__gt=now - LEAVING_GRACE)).values_list("vpc__pkey", "guid", "left_at"):
+        (leaving if left_at else desired)[pkey].add(guid)
+    for pkey, vpc in sorted(vpcs.items()):
+        if vpc.state != V.ACTIVE:
+            continue
+        have = actual.get(pkey)
+        if have is None or not same_settings(have.spec, spec_of(vpc)):
+            driver.ensure_partition(spec_of(vpc))
+            drift.append(_entry(vpc, "missing_partition" if have is None else "settings", "programmed again"))
+            have = have or Partition(spec_of(vpc))
+        extra = sorted(have.members.keys() - desired[pkey] - leaving[pkey])
+        if extra:
+            driver.remove_members(pkey, extra)
+            drift.append(_entry(vpc, "extra_member", "removed", guids=extra))
+            _incident(fabric, vpc, f"{len(extra)} port(s) found in partition {pkey:#06x} that no instance of the "
+                                   "VPC holds; removed.", {"pkey": pkey, "guids": extra})
+        missing = sorted(g for g in desired[pkey] if have.members.get(g) != FULL)
+        if missing:
+            driver.set_members(pkey, {guid: FULL for guid in missing})
+            drift.append(_entry(vpc, "missing_member", "added back", guids=missing))
+    for pkey, partition in sorted(actual.items()):
+        if pkey == DEFAULT_PKEY:
+            _repair_default(fabric, driver, partition, drift)
+        elif pkey not in vpcs and fabric.pkey_min <= pkey <= fabric.pkey_max:
+            driver.delete_partition(pkey)
+            drift.append({"pkey": pkey, "vpc": None, "kind": "unknown_partition", "action": "deleted",
+                          "guids": sorted(partition.members)})
+            _incident(fabric, None, f"Partition {pkey:#06x} on the fabric belongs to no VPC; deleted.",
+                      {"pkey": pkey, "guids": sorted(partition.members)})
+
+
+def _repair_default(fabric: Fabric, driver, default: Partition, drift: list[dict]) -> None:
+    """Tenant ports (every node port and virtual function of this fabric) are never full members of 0x7FFF."""
+    full = [guid for guid, membership in default.members.items() if membership == FULL]
+    if not full:
+        return
+    ours = set(HCAPort.objects.filter(node__fabric=fabric, guid__in=full).values_list("guid", flat=True))
+    ours |= set(VirtualFunction.objects.filter(port__node__fabric=fabric, guid__in=full).values_list("guid", flat=True))
+    if ours:
+        driver.set_members(DEFAULT_PKEY, {guid: LIMITED for guid in ours})
+        drift.append({"pkey": DEFAULT_PKEY, "vpc": None, "kind": "full_default_member", "action": "made limited",
+                      "guids": sorted(ours)})
+        _incident(fabric, None, f"{len(ours)} tenant port(s) were full members of the default partition; made "
+                                "limited.", {"pkey": DEFAULT_PKEY, "guids": sorted(ours)})
+
+
+def same_settings(actual: PartitionSpec, wanted: PartitionSpec) -> bool:
+    """
+    Whether a partition as read back has the settings wanted. Its name is not compared (UFM keeps
+    the name it was created with), nor its rate when none was asked (the fabric reports its own).
+    """
+    return (actual.mtu, actual.service_level, actual.ipoib) == (wanted.mtu, wanted.service_level, wanted.ipoib) \
+        and (wanted.rate_gbps is None or actual.rate_gbps == wanted.rate_gbps)
+
+
+def _entry(vpc: VPC, kind: str, action: str, guids=()) -> dict:
+    return {"pkey": vpc.pkey, "vpc": str(vpc.pk), "kind": kind, "action": action, "guids": list(guids)}
+
+
+def _incident(fabric: Fabric, vpc: VPC | None, summary: str, evidence: dict) -> None:
+    Incident.objects.create(kind="fabric_drift", summary=summary, fabric_id=fabric.pk,
+                            tenant_id=vpc.tenant_id if vpc else None,
+                            evidence={**evidence, "fabric": str(fabric), "vpc": str(vpc.pk) if vpc else None})
+
+
+#
+# Reports
+#
+
+
+def isolation_violations(fabric: Fabric) -> list[str]:
+    """
+    What the fabric shows that isolation forbids, read from the driver: a port in partitions of
+    two tenants, or a tenant port that is a full member of the default partition. Empty is good.
+    """
+    actual = fabric_driver_for(fabric).read()
+    owner = dict(VPC.objects.filter(fabric=fabric).exclude(state=V.DELETED).values_list("pkey", "tenant_id"))
+    tenants_of = defaultdict(set)
+    for pkey, partition in actual.items():
+        if pkey != DEFAULT_PKEY:
+            for guid in partition.members:
+                tenants_of[guid].add(owner.get(pkey, f"unowned {pkey:#06x}"))
+    problems = [f"port {guid} is in partitions of {len(owners)} owners" for guid, owners in sorted(tenants_of.items())
+                if len(owners) > 1]
+    ports = set(HCAPort.objects.filter(node__fabric=fabric).values_list("guid", flat=True))
+    ports |= set(VirtualFunction.objects.filter(port__node__fabric=fabric).values_list("guid", flat=True))
+    default = actual.get(DEFAULT_PKEY, Partition(spec=None))
+    problems += [f"tenant port {guid} is a full member of the default partition"
+                 for guid, membership in sorted(default.members.items()) if membership == FULL and guid in ports]
+    return problems
+
+
+def isolation_report(vpc: VPC) -> dict:
+    """
+    What a tenant can show its auditors about one VPC: its partition, its members (instances, not
+    raw port GUIDs), what the fabric shows right now, and the reconciler's findings.
+    """
+    members = defaultdict(lambda: {"ports": 0, "addresses": []})
+    rows = PortMembership.objects.filter(vpc=vpc, left_at__isnull=True).select_related("instance")
+    for row in rows.order_by("instance__name", "address"):
+        entry = members[row.instance_id]
+        entry.update(instance=str(row.instance_id), name=row.instance.name,
+                     reservation=str(row.instance.reservation_id), joined_at=row.joined_at.isoformat())
+        entry["ports"] += 1
+        entry["addresses"].append(row.address)
+    report = {"vpc": str(vpc.pk), "name": vpc.name, "fabric": str(vpc.fabric), "pkey": f"{vpc.pkey:#06x}",
+              "cidr": vpc.cidr, "state": vpc.state, "members": list(members.values()),
+              "generated_at": timezone.now().isoformat()}
+    report["fabric_now"] = _fabric_now(vpc, {row.guid for row in rows})
+    last = FabricReconciliation.objects.filter(fabric=vpc.fabric, finished_at__isnull=False).first()
+    mine = [d for d in (last.drift if last else []) if d.get("vpc") == str(vpc.pk)]
+    report["last_reconciliation"] = None if last is None else {
+        "at": last.finished_at.isoformat(), "ok": last.ok, "drift_found": len(mine),
+        "repairs": [{"kind": d["kind"], "action": d["action"], "ports": len(d.get("guids", []))} for d in mine]}
+    since = timezone.now() - timedelta(days=30)
+    history = FabricReconciliation.objects.filter(fabric=vpc.fabric, started_at__gte=since).exclude(drift=[])
+    report["drift_last_30_days"] = [
+        {"at": run.started_at.isoformat(), "kind": d["kind"], "action": d["action"], "ports": len(d.get("guids", []))}
+        for run in history[:200] for d in run.drift if d.get("vpc") == str(vpc.pk)]
+    return report
+
+
+def _fabric_now(vpc: VPC, guids: set[str]) -> dict:
+    """The partition as the fabric shows it now: counts only, so no other tenant's port is named."""
+    try:
+        actual = fabric_driver_for(vpc.fabric).read()
+    except DriverError as exc:
+        return {"checked": False, "error": str(exc)}
+    partition = actual.get(vpc.pkey)
+    if partition is None:
+        return {"checked": True, "partition_present": False}
+    default = actual.get(DEFAULT_PKEY, Partition(spec=None)).members
+    return {"checked": True, "partition_present": True,
+            "members_full": sum(1 for g in guids if partition.members.get(g) == FULL),
+            "members_expected": len(guids),
+            "foreign_ports": len(partition.members.keys() - guids),
+            "ports_full_in_default_partition": sum(1 for g in guids if default.get(g) == FULL)}
