@@ -338,6 +338,10 @@ CELERY_BEAT_SCHEDULE = {
     # operations stuck past their deadline.
     "provisioning.lifecycle_tick": {"task": "provisioning.lifecycle_tick", "schedule": 5.0},
     "provisioning.agent_nonce_prune": {"task": "provisioning.agent_nonce_prune", "schedule": 60.0},
+    # Compare every fabric's partitions with the database and repair drift (IB-VPCs), every
+    # MERIDIAN_FABRIC_RECONCILE_SECONDS.
+    "provisioning.fabrics_reconcile": {"task": "provisioning.fabrics_reconcile",
+                                       "schedule": env.float("MERIDIAN_FABRIC_RECONCILE_SECONDS", default=60.0)},
 }
 
 #
@@ -396,8 +400,6 @@ MERIDIAN_VPC_SUPERNET = env("MERIDIAN_VPC_SUPERNET", default="10.128.0.0/9")
 MERIDIAN_VPC_PREFIX = env.int("MERIDIAN_VPC_PREFIX", default=24)
 # SR-IOV virtual functions a shared host's HCA port may hand out (one per VM or container).
 MERIDIAN_VFS_PER_PORT = env.int("MERIDIAN_VFS_PER_PORT", default=16)
-# How often the reconciler compares every fabric's partitions with the database.
-MERIDIAN_FABRIC_RECONCILE_SECONDS = env.float("MERIDIAN_FABRIC_RECONCILE_SECONDS", default=60.0)
 # Simulated hardware: seed, and per action (or "default") latency_s, failure_rate (transient)
 # and broken_rate (for good); e.g. {"seed": 7, "failure_rate": {"write_image": 0.2}}.
 MERIDIAN_SIMULATION = {"seed": 0, "latency_s": {}, "failure_rate": {}, "broken_rate": {},

@@ -45,6 +45,7 @@ class Ask:
     urgency: float = 0.5
     ssh_public_key: str = ""
     spec: dict | None = None
+    vpc: object | None = None  # a VPC the principal can see (checked against team and regions at admission)
 
     @property
     def gpus(self) -> int:
@@ -105,10 +106,24 @@ def check_never_fits(ask: Ask, now: datetime) -> None:
                                             "per GPU-hour.", code="below_spot_floor")
     elif ask.spot_max_price is not None:
         raise invalid("spot_max_price", "Only spot reservations take a max price.")
+    if ask.vpc is not None:
+        check_vpc(ask)
     largest = region_capacity(offering, ask.regions)
     if ask.gpu_equivalent > largest:
         raise invalid("units", f"Asked for {ask.gpu_equivalent:g} GPUs of {offering.gpu_model.name}; the largest of "
                                f"the chosen regions has {largest}.", code="never_fits")
+
+
+def check_vpc(ask: Ask) -> None:
+    """The VPC must be usable and in one of the regions asked (the reservation then goes only there)."""
+    from .choices import VPCState
+
+    vpc = ask.vpc
+    if vpc.state in (VPCState.DELETING, VPCState.DELETED):
+        raise invalid("vpc", f"VPC {vpc.name} is being deleted.", code="vpc_deleting")
+    if vpc.fabric.region_id not in {region.pk for region in ask.regions}:
+        raise invalid("vpc", f"VPC {vpc.name} is in {vpc.fabric.region.slug}, which is not among the regions "
+                             "asked.", code="vpc_region")
 
 
 def region_capacity(offering: Offering, regions) -> int:

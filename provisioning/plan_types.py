@@ -89,6 +89,8 @@ class Request:
     may_preempt: bool = True  # may evict lower-priority spot allocations
     # How a spot victim of this request is evicted: soft gives it a grace period first.
     eviction_grace: timedelta = timedelta(0)
+    # Only this fabric (the reservation's VPC lives there); None: any fabric of the region.
+    fabric_id: UUID | None = None
 
     @property
     def total_gpus(self) -> int:

@@ -41,7 +41,7 @@ RANKING_COLUMNS = ["id", "tenant_id", "team_id", "gpu_model_id", "submitted_at",
 QUEUE_COLUMNS = ["id", "tenant_id", "team_id", "name", "gpu_model_id", "offering", "submitted_at", "urgency", "units",
                  "gpus", "regions", "requested_start", "duration", "billing_term", "eviction_policy", "score",
                  "state", "state_reason", "offering__kind", "offering__gpus_per_unit", "offering__slots_per_gpu",
-                 "offering__gpu_model_id"]
+                 "offering__gpu_model_id", "vpc__fabric"]
 WAITING_REASONS_PER_CYCLE = 200
 APPLY_BATCH = 100
 
@@ -132,7 +132,7 @@ def _cycle(now: datetime, records: TeamRecords | None) -> CycleReport:
     if not queued:
         return report
     ranked = rank_queue(queued, now, weights(), records)[:settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH]
-    by_id = Reservation.objects.select_related("offering").only(*QUEUE_COLUMNS).in_bulk(
+    by_id = Reservation.objects.select_related("offering", "vpc").only(*QUEUE_COLUMNS).in_bulk(
         [reservation_id for reservation_id, _ in ranked])
     lap("rank")
     requests = []

@@ -105,6 +105,9 @@ def reservation_create(*, actor, ask: admission.Ask, team=None) -> Reservation:
     if actor.tenant is None:
         raise Forbidden("Reservations are made inside a tenant; choose one with the X-Meridian-Tenant header.")
     team = _team_for(actor, team)
+    if ask.vpc is not None and ask.vpc.team_id is not None and ask.vpc.team_id != getattr(team, "pk", None):
+        raise admission.invalid("vpc", f"VPC {ask.vpc.name} belongs to a team; book the reservation for that team.",
+                                code="vpc_team")
     now = timezone.now()
     admission.check_never_fits(ask, now)
     # One create at a time per tenant, so two racing requests cannot both pass the quota check.
@@ -115,7 +118,7 @@ def reservation_create(*, actor, ask: admission.Ask, team=None) -> Reservation:
         gpu_model=ask.offering.gpu_model, spec=ask.spec, units=ask.units, gpus=ask.gpus,
         regions=[region.slug for region in ask.regions], requested_start=ask.requested_start, duration=ask.duration,
         billing_term=ask.billing_term, spot_max_price=ask.spot_max_price, eviction_policy=ask.eviction_policy,
-        urgency=ask.urgency, ssh_public_key=ask.ssh_public_key,
+        urgency=ask.urgency, ssh_public_key=ask.ssh_public_key, vpc=ask.vpc,
     )
     reservation_rescore(reservation, now=now, recent=True)
     placed = _fast_path(reservation, now)

@@ -89,6 +89,8 @@ def free_candidates(request: Request, *, now: datetime, spare: int = 4) -> list 
     """
     _, gpus = _sellable(now=now, until=request.end, regions=request.regions, gpu_model_ids=request.gpu_model_ids,
                         pool=pool_of(request.kind), free_only=True)
+    if request.fabric_id is not None:
+        gpus = gpus.filter(node__fabric_id=request.fabric_id)
     per_node = gpus.values("node_id", "node__leaf_id").annotate(free=Count("pk"))
     g = request.gpus_per_unit
     if request.kind != OfferingKind.BARE_METAL:
@@ -127,4 +129,5 @@ def request_for(reservation: Reservation, now: datetime) -> Request:
         on_demand=reservation.billing_term == BillingTerm.ON_DEMAND,
         may_preempt=reservation.billing_term != BillingTerm.SPOT,
         eviction_grace=settings.MERIDIAN_SPOT_GRACE,
+        fabric_id=reservation.vpc.fabric_id if reservation.vpc_id else None,
     )

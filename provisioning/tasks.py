@@ -59,3 +59,31 @@ def agent_nonce_prune() -> int:
     from .node_agents import prune_nonces
 
     return prune_nonces()
+
+
+# IB-VPCs
+
+
+@shared_task(name="provisioning.vpc_sync", bind=True, max_retries=8)
+def vpc_sync_task(self, vpc_id: str) -> str:
+    """Program a VPC's partition on its fabric (or remove it); a transient fabric error retries with backoff."""
+    from .drivers import DriverError
+    from .vpcs import vpc_sync
+
+    try:
+        return vpc_sync(vpc_id)
+    except DriverError as exc:
+        # The reconciler pushes it through later if the retries run out.
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 60)) from exc
+
+
+@shared_task(name="provisioning.fabrics_reconcile")
+def fabrics_reconcile() -> dict:
+    """Compare every fabric's partitions with the database, repair the drift, record what was done."""
+    from cloud.models import Fabric
+
+    from .network import fabric_reconcile
+
+    runs = [fabric_reconcile(fabric) for fabric in Fabric.objects.select_related("region")]
+    return {"fabrics": len(runs), "failed": sum(not run.ok for run in runs),
+            "repairs": sum(len(run.drift) for run in runs)}

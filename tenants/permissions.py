@@ -32,6 +32,7 @@ POLICIES: dict[str, dict[str, str]] = {
     "reservations": {"read": VIEWER, "write": MEMBER},
     "operations": {"read": VIEWER, "write": NOBODY},
     "instances": {"read": VIEWER, "write": NOBODY},
+    "vpcs": {"read": VIEWER, "write": MEMBER},
     "regions": {"read": ANY, "write": PLATFORM_ADMIN},
     "gpu-models": {"read": ANY, "write": PLATFORM_ADMIN},
     "offerings": {"read": ANY, "write": PLATFORM_ADMIN},

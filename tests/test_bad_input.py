@@ -20,6 +20,7 @@ from django.db import transaction
 
 from cloud.choices import NodeState
 from cloud.models import Node
+from provisioning.models import VPC
 from tenants.models import Membership
 from tests.world import World, small_fleet, unique
 
@@ -41,10 +42,10 @@ class Raw:
 
 
 def row_counts() -> dict[str, int]:
-    """Rows of every model of the tenants, cloud and security apps."""
+    """Rows of every model of the tenants, cloud, security and provisioning apps."""
     return {
         model._meta.label: model._base_manager.count()
-        for app in ("tenants", "cloud", "security")
+        for app in ("tenants", "cloud", "security", "provisioning")
         for model in apps.get_app_config(app).get_models()
     }
 
@@ -112,6 +113,12 @@ class Endpoint:
     ok: int
 
 
+def _vpc_body(w: World) -> dict:
+    """A VPC beside the world's own (10.20.0.0/24, made here so the overlap cases have it to clash with)."""
+    w.t1.objects[VPC]  # noqa: B018 -- made on first use
+    return {"name": "training", "region": "us-east-1", "cidr": "10.30.0.0/24", "mtu": 4096, "service_level": 0}
+
+
 def _membership_path(w: World) -> str:
     return f"/api/v1/memberships/{Membership.objects.get(user=w.users['t1_viewer']).pk}/"
 
@@ -144,8 +151,10 @@ ENDPOINTS = {
         Endpoint("node-maintenance", "platform_admin", "post",
                  lambda w: f"/api/v1/nodes/{maintainable_node().pk}/maintenance/",
                  lambda w: {"reason": "firmware update"}, 200),
+        Endpoint("vpc-create", "t1_member", "post", lambda w: "/api/v1/vpcs/", _vpc_body, 201),
     ]
 }
+
 
 
 def _other_team(w: World) -> str:
@@ -321,6 +330,39 @@ SPECIFIC_CASES = {
         _case("bandwidth-string", lambda w, v: {**v, "memory_bandwidth_tbs": "fast"}, code="invalid",
               attr="memory_bandwidth_tbs"),
         *_read_only("id", "supports_mig"),
+    ],
+    "vpc-create": [
+        *_string_cases("name"),
+        _case("name-spaces", lambda w, v: {**v, "name": "My VPC"}, code="invalid", attr="name"),
+        _case("name-dash-first", lambda w, v: {**v, "name": "-vpc"}, code="invalid", attr="name"),
+        _case("name-taken", lambda w, v: {**v, "name": w.t1.objects[VPC].name}, 409, "name_taken"),
+        _case("region-unknown", lambda w, v: {**v, "region": "mars-1"}, code="does_not_exist", attr="region"),
+        _case("fabric-unknown", lambda w, v: {**v, "fabric": "no-such-fabric"}, attr="fabric"),
+        _case("pkey-zero", lambda w, v: {**v, "pkey": 0}, code="pkey_out_of_range", attr="pkey"),
+        _case("pkey-default", lambda w, v: {**v, "pkey": "0x7fff"}, code="pkey_out_of_range", attr="pkey"),
+        _case("pkey-full-bit", lambda w, v: {**v, "pkey": 0x8001}, code="pkey_out_of_range", attr="pkey"),
+        _case("pkey-negative", lambda w, v: {**v, "pkey": -1}, code="pkey_out_of_range", attr="pkey"),
+        _case("pkey-garbage", lambda w, v: {**v, "pkey": "0xzz"}, code="invalid", attr="pkey"),
+        _case("pkey-bool", lambda w, v: {**v, "pkey": True}, code="invalid", attr="pkey"),
+        _case("pkey-fraction", lambda w, v: {**v, "pkey": 1.5}, code="invalid", attr="pkey"),
+        _case("pkey-taken", lambda w, v: {**v, "pkey": w.t1.objects[VPC].pkey}, 409, "pkey_unavailable"),
+        _case("cidr-overlap", lambda w, v: {**v, "cidr": "10.20.0.128/25"}, 409, "cidr_overlap"),
+        _case("cidr-contains-another", lambda w, v: {**v, "cidr": "10.20.0.0/16"}, 409, "cidr_overlap"),
+        _case("cidr-too-small", lambda w, v: {**v, "cidr": "10.30.0.0/30"}, code="cidr_size", attr="cidr"),
+        _case("cidr-too-large", lambda w, v: {**v, "cidr": "10.0.0.0/8"}, code="cidr_size", attr="cidr"),
+        _case("cidr-host-bits", lambda w, v: {**v, "cidr": "10.30.0.1/24"}, code="cidr_not_network", attr="cidr"),
+        _case("cidr-public", lambda w, v: {**v, "cidr": "8.8.8.0/24"}, code="cidr_not_private", attr="cidr"),
+        _case("cidr-garbage", lambda w, v: {**v, "cidr": "10.30.0.0/abc"}, code="cidr_invalid", attr="cidr"),
+        _case("cidr-ipv6", lambda w, v: {**v, "cidr": "fd00::/64"}, code="cidr_invalid", attr="cidr"),
+        _case("mtu-1500", lambda w, v: {**v, "mtu": 1500}, code="invalid_choice", attr="mtu"),
+        _case("sl-16", lambda w, v: {**v, "service_level": 16}, code="max_value", attr="service_level"),
+        _case("sl-string", lambda w, v: {**v, "service_level": "gold"}, code="invalid", attr="service_level"),
+        _case("rate-not-ib", lambda w, v: {**v, "rate_gbps": 7}, code="rate_invalid", attr="rate_gbps"),
+        _case("team-other-tenant", lambda w, v: {**v, "team": _other_team(w)}, code="does_not_exist", attr="team"),
+        _case("tenant-field", lambda w, v: {**v, "tenant": str(w.t2.tenant.pk)}, code="unknown_field",
+              attr="tenant"),
+        _case("state-field", lambda w, v: {**v, "state": "active"}, code="unknown_field", attr="state"),
+        _case("is-default-field", lambda w, v: {**v, "is_default": True}, code="unknown_field", attr="is_default"),
     ],
     "node-maintenance": [
         *_string_cases("reason"),

@@ -20,7 +20,7 @@ from cloud.api.urls import router
 from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region, Switch
-from provisioning.models import Instance, Operation, Reservation
+from provisioning.models import VPC, Instance, Operation, PortMembership, Reservation
 from security.models import AuditEvent
 from tenants.choices import QuotaResource, TeamRole, TenantRole
 from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, secret_digest
@@ -192,7 +192,19 @@ def make_instances(world, n):
                                 state="active", name=f"vm-{i}-{secrets.token_hex(3)}")
 
 
+def make_vpcs(world, n):
+    """VPCs of t1, each with an instance in it (the list counts live members)."""
+    make_instances(world, n)
+    fabric = fleet_node().fabric
+    base = VPC.objects.filter(fabric=fabric).count()
+    for i, instance in enumerate(Instance.objects.filter(tenant=world.t1.tenant)[:n]):
+        vpc = VPC.objects.create(tenant=world.t1.tenant, fabric=fabric, name=f"vpc-{base + i}", state="active",
+                                 pkey=0x200 + base + i, cidr=f"10.{40 + base + i}.0.0/24")
+        PortMembership.objects.create(vpc=vpc, instance=instance, guid=f"{0x1000 + base + i:016x}", address=None)
+
+
 ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
+    VPC: make_vpcs,
     Reservation: make_reservations,
     Operation: make_operations,
     Instance: make_instances,

@@ -20,7 +20,7 @@ import pytest
 
 from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region
 from provisioning.admission import Ask
-from provisioning.models import Instance, Operation, Reservation
+from provisioning.models import VPC, Instance, Operation, Reservation
 from provisioning.services import reservation_create
 from security.models import AuditEvent
 from tenants import services
@@ -28,7 +28,7 @@ from tenants.choices import TenantRole
 from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership
 from tenants.scoping import Principal
 from tests.routes import SAFE, api_routes
-from tests.world import PERSONAS, World, small_fleet, unique, vm_offering
+from tests.world import PERSONAS, World, fleet_node, small_fleet, unique, vm_offering
 
 V1 = "/api/v1"
 
@@ -100,7 +100,13 @@ def node_enrolment(w: World) -> dict:
             "bmc_username": "meridian", "bmc_password": "s3cret-bmc", "cpu_cores": 112, "ram_gib": 2048,
             "nvme_tb": "30.72", "gpu_model": "h100-80gb-sxm",
             "gpus": [{"index": i, "uuid": f"GPU-{uuid.uuid4()}", "serial": f"SN{uuid.uuid4().hex[:10]}",
-                      "pci_bus_id": f"00000000:{0x18 + i:02x}:00.0"} for i in range(8)]}
+                      "pci_bus_id": f"00000000:{0x18 + i:02x}:00.0"} for i in range(8)],
+            "ib_port_guids": [f"b83fd2{uuid.uuid4().hex[:10]}" for _ in range(8)]}
+
+
+def vpc_body(w: World) -> dict:
+    fleet_node()
+    return {"name": unique("vpc"), "region": "us-east-1"}
 
 
 def node_in_maintenance(w: World) -> str:
@@ -201,6 +207,15 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("GET", "instances-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/instances/"),
     ("GET", "instances-detail"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/instances/{w.t1.objects[Instance].pk}/"),
+    ("GET", "vpcs-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/vpcs/"),
+    ("POST", "vpcs-list"): Case("401 403 201 201 201 201 403 403", lambda w: f"{V1}/vpcs/", vpc_body),
+    ("GET", "vpcs-detail"): Case("401 200 200 200 200 404 200 200", lambda w: f"{V1}/vpcs/{w.t1.objects[VPC].pk}/"),
+    ("DELETE", "vpcs-detail"): Case(
+        "401 403 202 202 202 404 403 403", lambda w: f"{V1}/vpcs/{w.t1.objects[VPC].pk}/"),
+    ("GET", "vpcs-members"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/vpcs/{w.t1.objects[VPC].pk}/members/"),
+    ("GET", "vpcs-isolation-report"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/vpcs/{w.t1.objects[VPC].pk}/isolation-report/"),
     ("GET", "regions-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/regions/"),
     ("POST", "regions-list"): Case(
         "401 403 403 403 403 403 403 201", lambda w: f"{V1}/regions/",

@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Node, Offering
-from provisioning.models import Instance, Operation, Reservation
+from provisioning.models import VPC, Instance, Operation, Reservation
 from security.audit import audit_record
 from security.models import AuditEvent
 from tenants import services
@@ -126,6 +126,14 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     side.objects[Instance] = lambda: Instance.objects.create(  # made on first use: it needs a fleet
         tenant=tenant, reservation=reservation, node=fleet_node(), index=0, kind="vm", state="active",
         name=unique("vm"), address="vm.world.gpu", ssh_user="ubuntu")
+    side.objects[VPC] = lambda: world_vpc(tenant)
+
+
+def world_vpc(tenant: Tenant) -> VPC:
+    """An active VPC of ``tenant`` on the test fleet's fabric (subnet 10.20.0.0/24, a P_Key of its own)."""
+    fabric = fleet_node().fabric
+    return VPC.objects.create(tenant=tenant, fabric=fabric, name=unique("vpc"), cidr="10.20.0.0/24", state="active",
+                              pkey=0x100 + VPC.objects.filter(fabric=fabric).count())
 
 
 def fleet_node() -> Node:

@@ -3,6 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from provisioning.api import networks
 from provisioning.api import views as provisioning
 from security.api.views import AuditEventViewSet
 from tenants.api import views as tenants
@@ -26,6 +27,7 @@ router.register("audit-events", AuditEventViewSet, basename="audit-events")
 router.register("reservations", provisioning.ReservationViewSet, basename="reservations")
 router.register("operations", provisioning.OperationViewSet, basename="operations")
 router.register("instances", provisioning.InstanceViewSet, basename="instances")
+router.register("vpcs", networks.VPCViewSet, basename="vpcs")
 router.register("regions", cloud.RegionViewSet, basename="regions")
 router.register("gpu-models", cloud.GPUModelViewSet, basename="gpu-models")
 router.register("offerings", cloud.OfferingViewSet, basename="offerings")

@@ -17,7 +17,7 @@ from tenants.models import Team
 
 from ..admission import Ask, best_offering_for_spec
 from ..choices import BillingTerm, EvictionPolicy
-from ..models import Instance, Operation, Reservation, StepRun
+from ..models import VPC, Instance, Operation, Reservation, StepRun
 from ..priority import URGENCY_LEVELS
 
 MAX_REGIONS = 8
@@ -91,6 +91,8 @@ class ReservationCreateSerializer(StrictSerializer):
     eviction_policy = serializers.ChoiceField(choices=EvictionPolicy.choices, default=EvictionPolicy.SOFT)
     urgency = UrgencyField(default=0.5)
     team = ScopedRelatedField(queryset=Team.objects.all(), required=False, allow_null=True)
+    vpc = ScopedRelatedField(queryset=VPC.objects.select_related("fabric__region"), required=False, allow_null=True,
+                             help_text="The IB-VPC to join; your default VPC on the fabric it lands on if left out.")
     ssh_public_key = serializers.CharField(max_length=MAX_KEY_LENGTH, required=False, allow_blank=True,
                                            validators=[validate_ssh_public_key])
 
@@ -120,7 +122,7 @@ class ReservationCreateSerializer(StrictSerializer):
             duration=timedelta(hours=attrs["duration_hours"]), requested_start=attrs.get("start"),
             billing_term=attrs["billing_term"], spot_max_price=attrs.get("spot_max_price"),
             eviction_policy=attrs["eviction_policy"], urgency=attrs["urgency"],
-            ssh_public_key=attrs.get("ssh_public_key", ""), spec=self.initial_data.get("spec"),
+            ssh_public_key=attrs.get("ssh_public_key", ""), spec=self.initial_data.get("spec"), vpc=attrs.get("vpc"),
         )
         return attrs
 
@@ -136,13 +138,14 @@ class ReservationSerializer(serializers.ModelSerializer):
     kind = serializers.CharField(source="offering.kind", read_only=True)
     duration_hours = serializers.SerializerMethodField()
     team = serializers.UUIDField(source="team_id", read_only=True, allow_null=True)
+    vpc = serializers.UUIDField(source="vpc_id", read_only=True, allow_null=True)
 
     class Meta:
         model = Reservation
         fields = ["id", "name", "state", "state_reason", "offering", "kind", "gpu_model", "spec", "units", "gpus",
                   "regions", "region", "requested_start", "starts_at", "ends_at", "duration_hours", "billing_term",
-                  "spot_max_price", "eviction_policy", "urgency", "team", "score", "submitted_at", "scheduled_at",
-                  "released_at"]
+                  "spot_max_price", "eviction_policy", "urgency", "team", "vpc", "score", "submitted_at",
+                  "scheduled_at", "released_at"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.FloatField())

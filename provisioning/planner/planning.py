@@ -173,13 +173,18 @@ class Planner:
         evicting = None
         if self._may_evict(request):
             evicting = (self.capacity.victims_below(request.priority), request.eviction_grace)
-        return (request.kind, request.gpu_model_ids, request.regions, request.gpus_per_unit,
+        return (request.kind, request.gpu_model_ids, request.regions, request.fabric_id, request.gpus_per_unit,
                 request.slots_per_gpu, request.on_demand, s, evicting)
 
     @staticmethod
     def _may_evict(request: Request) -> bool:
         """Spot work never preempts, so two spot requests cannot evict each other in turn."""
         return request.may_preempt and not request.preemptible
+
+    def _pools(self, request: Request, region: str, model: UUID) -> list[Pool]:
+        """The region's pools of the model and kind, on the request's fabric only when it names one (its VPC's)."""
+        pools = self.capacity.pools.get((region, model, self._pool_kind(request))) or []
+        return [p for p in pools if p.fabric == request.fabric_id] if request.fabric_id else pools
 
     @staticmethod
     def _pool_kind(request: Request) -> str:
@@ -188,7 +193,7 @@ class Planner:
     def _place_in(self, request: Request, region: str, model: UUID, s: int, e: int) -> Placement | str:
         """The best fit over the fabrics of one region and model, recorded; or what they lack."""
         where = self.wording.where(region, model)
-        pools = self.capacity.pools.get((region, model, self._pool_kind(request)))
+        pools = self._pools(request, region, model)
         if not pools:
             return f"{where}: no {self._pool_kind(request).replace('_', '-')} nodes"
         fits: list[Fit] = []
@@ -234,7 +239,7 @@ class Planner:
         refused = []
         for region in request.regions:
             for model in request.gpu_model_ids:
-                pools = self.capacity.pools.get((region, model, self._pool_kind(request)), ())
+                pools = self._pools(request, region, model)
                 fits = [f for pool in pools if (f := self._fit_evicting(pool, request, s, e)) and f.victims]
                 if fits:
                     where = self.wording.where(region, model)
