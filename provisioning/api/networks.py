@@ -31,6 +31,7 @@ from .views import IDEMPOTENCY_PARAMETER
 NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 
+@extend_schema_field({"type": "string", "pattern": "^0x[0-9a-f]{4}$", "example": "0x0012"})
 class PKeyField(serializers.Field):
     """A P_Key as a number or a hex string ("0x0012"); 0x0001-0x7FFE (0x7FFF is the default partition)."""
 
