@@ -516,7 +516,7 @@ def test_isolation_holds_under_random_operations_drift_and_reconciliation(world,
     Isolation.world, Isolation.steps, Isolation.fabric = world, steps, the_fabric()
     try:
         run_state_machine_as_test(Isolation, settings=settings(
-            max_examples=12, stateful_step_count=14, deadline=None, derandomize=True, database=None,
+            max_examples=30, stateful_step_count=25, deadline=None, derandomize=True, database=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                    HealthCheck.filter_too_much]))
     finally:
