@@ -5,7 +5,7 @@ it is checked (transitions, caps, last owner) and audited. Only users stay edita
 
 from django.contrib import admin
 
-from .models import GPU, Fabric, GPUModel, Node, Offering, Region, Switch
+from .models import GPU, Fabric, GPUModel, HCAPort, Node, Offering, Region, Switch
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -56,13 +56,18 @@ class GPUInline(admin.TabularInline):
     fields = ["index", "uuid", "serial", "pci_bus_id", "model", "state", "health"]
 
 
+class HCAPortInline(GPUInline):
+    model = HCAPort
+    fields = ["index", "guid"]
+
+
 @admin.register(Node)
 class NodeAdmin(ReadOnlyAdmin):
     list_display = ["hostname", "region", "pool", "state", "health", "is_spare"]
     list_filter = ["region", "pool", "state", "health", "is_spare"]
     search_fields = ["hostname"]
     exclude = ["bmc_password"]  # credentials never shown, not even to staff
-    inlines = [GPUInline]
+    inlines = [GPUInline, HCAPortInline]
 
 
 @admin.register(Offering)

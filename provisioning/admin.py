@@ -4,7 +4,18 @@ from django.contrib import admin
 
 from cloud.admin import ReadOnlyAdmin
 
-from .models import AgentCommand, AgentState, Instance, NodeCredential, Operation, Reservation, StepRun
+from .models import (
+    VPC,
+    AgentCommand,
+    AgentState,
+    FabricReconciliation,
+    Instance,
+    NodeCredential,
+    Operation,
+    PortMembership,
+    Reservation,
+    StepRun,
+)
 
 
 class StepRunInline(admin.TabularInline):
@@ -54,3 +65,22 @@ class AgentCommandAdmin(ReadOnlyAdmin):
 class NodeCredentialAdmin(ReadOnlyAdmin):
     list_display = ["key_id", "node", "created_at", "revoked_at"]
     exclude = ["secret"]
+
+
+@admin.register(VPC)
+class VPCAdmin(ReadOnlyAdmin):
+    list_display = ["name", "tenant", "fabric", "pkey", "cidr", "state", "is_default"]
+    list_filter = ["state", "fabric"]
+    search_fields = ["name", "tenant__slug"]
+
+
+@admin.register(PortMembership)
+class PortMembershipAdmin(ReadOnlyAdmin):
+    list_display = ["guid", "vpc", "instance", "address", "joined_at", "left_at"]
+    search_fields = ["guid"]
+
+
+@admin.register(FabricReconciliation)
+class FabricReconciliationAdmin(ReadOnlyAdmin):
+    list_display = ["fabric", "started_at", "finished_at", "ok"]
+    list_filter = ["ok", "fabric"]

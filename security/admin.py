@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from cloud.admin import ReadOnlyAdmin
 
-from .models import AuditEvent
+from .models import AuditEvent, Incident
 
 
 @admin.register(AuditEvent)
@@ -13,3 +13,10 @@ class AuditEventAdmin(ReadOnlyAdmin):
     list_filter = ["action"]
     search_fields = ["target_id", "actor_email", "request_id"]
 
+
+
+@admin.register(Incident)
+class IncidentAdmin(ReadOnlyAdmin):
+    list_display = ["detected_at", "kind", "summary", "tenant_id", "resolved_at"]
+    list_filter = ["kind"]
+    search_fields = ["summary"]
