@@ -116,6 +116,8 @@ class Allocation(models.Model):
     mem_hi = models.PositiveIntegerField()
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
+    # The signed attestation receipt (a JWT) of the node this GPU was handed over on.
+    attestation_receipt = models.TextField(blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
     tenant_path = "reservation__tenant"

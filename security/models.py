@@ -6,6 +6,8 @@ from django.db import models
 
 from tenants.scoping import TenantScopedQuerySet
 
+from .crypto import EncryptedTextField
+
 
 class AuditEvent(models.Model):
     """
@@ -69,3 +71,129 @@ class Incident(models.Model):
 
     def __str__(self):
         return f"{self.kind}: {self.summary}"
+
+
+#
+# Device attestation (security.attestation verifies; security.services records)
+#
+
+
+class TrustAnchor(models.Model):
+    """A certificate authority the operator trusts for GPU device certificates: a root, or an intermediate."""
+
+    class Kind(models.TextChoices):
+        ROOT = "root", "Root"
+        INTERMEDIATE = "intermediate", "Intermediate"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.ROOT)
+    certificate_pem = models.TextField()
+    fingerprint_sha256 = models.CharField(max_length=64, unique=True)
+    subject = models.CharField(max_length=500)
+    not_after = models.DateTimeField()
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["kind", "name"]
+
+    def __str__(self):
+        return f"{self.name} ({self.kind})"
+
+
+class RevokedCertificate(models.Model):
+    """A revoked certificate, as a CRL names it: its issuer and serial number (any certificate in a chain)."""
+
+    id = models.BigAutoField(primary_key=True)
+    issuer = models.CharField(max_length=500, help_text="The issuer's distinguished name (RFC 4514).")
+    serial_number = models.CharField(max_length=64, help_text="Hex, lower case, no leading zeros.")
+    reason = models.CharField(max_length=200, blank=True)
+    revoked_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-revoked_at"]
+        constraints = [models.UniqueConstraint(fields=["issuer", "serial_number"], name="revocation_unique")]
+
+    def __str__(self):
+        return f"{self.serial_number} of {self.issuer}"
+
+
+class ReferenceMeasurement(models.Model):
+    """
+    The measurements a GPU of one model must report with one VBIOS and driver version, registered
+    by staff (from the vendor's reference integrity manifest): index -> SHA-384 hex digest.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    gpu_model = models.CharField(max_length=64, help_text="The GPU model's slug.")
+    vbios_version = models.CharField(max_length=64)
+    driver_version = models.CharField(max_length=64)
+    measurements = models.JSONField()
+    registered_by_id = models.UUIDField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["gpu_model", "vbios_version", "driver_version"]
+        constraints = [models.UniqueConstraint(fields=["gpu_model", "vbios_version", "driver_version"],
+                                               name="reference_unique_per_version")]
+
+    def __str__(self):
+        return f"{self.gpu_model} VBIOS {self.vbios_version} driver {self.driver_version}"
+
+
+class AttestationNonce(models.Model):
+    """A challenge sent to one node: 32 random bytes, single-use and short-lived."""
+
+    value = models.CharField(max_length=64, primary_key=True)
+    node_id = models.UUIDField(db_index=True)
+    issued_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.value[:12]}... for {self.node_id}"
+
+
+class AttestationReport(models.Model):
+    """One verification of a node's evidence: the verdict, one reason per failed check, what the GPUs said."""
+
+    class Status(models.TextChoices):
+        PASS = "pass", "Pass"
+        FAIL = "fail", "Fail"
+        REFERENCE_UNAVAILABLE = "reference_unavailable", "Reference values unavailable"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    node_id = models.UUIDField(db_index=True)
+    nonce = models.CharField(max_length=64)
+    status = models.CharField(max_length=24, choices=Status.choices)
+    reasons = models.JSONField(default=list)  # [{"gpu": uuid or null, "check": ..., "detail": ...}]
+    gpus = models.JSONField(default=list)  # [{"uuid", "serial", "model", "vbios", "driver", "measurements"}]
+    evidence_sha384 = models.CharField(max_length=96, blank=True)
+    verified_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-verified_at"]
+
+    def __str__(self):
+        return f"{self.node_id}: {self.status} at {self.verified_at:%Y-%m-%d %H:%M:%S}"
+
+
+class ReceiptKey(models.Model):
+    """
+    A key Meridian signs attestation receipts with (ES384). The newest unretired one signs; every
+    key not yet past its retirement stays in the published JWKS, so receipts outlive a rotation.
+    """
+
+    kid = models.CharField(max_length=64, primary_key=True)
+    private_key_pem = EncryptedTextField()
+    public_jwk = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    retired_at = models.DateTimeField(null=True, blank=True, help_text="No longer signs from then on.")
+    unpublished_at = models.DateTimeField(null=True, blank=True, help_text="Out of the JWKS from then on.")
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return self.kid

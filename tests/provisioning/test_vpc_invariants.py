@@ -46,6 +46,8 @@ from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY
 from tests.world import make_user, small_fleet, unique, vm_offering
 
+import collections
+STATS = collections.Counter()
 URL = "/api/v1/reservations/"
 LIVE_INSTANCE_STATES = ("active",)
 
@@ -386,6 +388,7 @@ class Isolation(RuleBasedStateMachine):
 
     @rule(who=st.sampled_from(PERSONAS), sync=st.booleans())
     def create_vpc(self, who, sync):
+        STATS['create']+=1
         try:
             vpc = vpc_create(actor=self.principal(who), fabric=self.fabric, name=unique("net"))
         except Conflict:
@@ -399,6 +402,7 @@ class Isolation(RuleBasedStateMachine):
         vpc = mine[pick % len(mine)] if pick >= 0 and mine else None
         pk = create_reservation(self.world, who, bare_metal=bare_metal, vpc=vpc)
         self.steps.run()
+        STATS[('prov', bare_metal, vpc is not None, pk is not None)]+=1
         if pk is not None:
             reservation = Reservation.objects.get(pk=pk)
             assert reservation.state == "active", (reservation.state, reservation.state_reason)
@@ -407,6 +411,7 @@ class Isolation(RuleBasedStateMachine):
     @precondition(lambda self: self.reservations)
     @rule(pick=st.integers(0, 20))
     def release(self, pick):
+        STATS['release']+=1
         who, pk = self.reservations.pop(pick % len(self.reservations))
         release_reservation(self.world, who, pk)
         self.steps.run()
@@ -421,59 +426,68 @@ class Isolation(RuleBasedStateMachine):
         try:
             vpc_delete(actor=self.principal(who), vpc=vpc)
         except Conflict as exc:
+            STATS['del409']+=1
             assert conflict_code(exc) == "vpc_in_use"
             assert PortMembership.objects.filter(vpc=vpc, left_at__isnull=True).exists() or \
                 Reservation.objects.filter(vpc=vpc).exclude(state__in=("released", "cancelled", "failed",
                                                                          "expired", "rejected")).exists()
             return
+        STATS['deleted']+=1
         assert vpc_sync(vpc.pk) == VPCState.DELETED  # the task after the commit
         assert vpc.pkey not in self.read()
 
-    @rule(source=st.integers(0, 10_000), into=st.integers(0, 50))
-    def inject_foreign_member(self, source, into):
-        """A port of another tenant's instance, or of an idle node, made a full member of a tenant partition."""
+    @rule(kind=st.sampled_from(["foreign", "idle", "full_default", "rogue"]), a=st.integers(0, 10_000),
+          b=st.integers(0, 10_000))
+    def inject_drift(self, kind, a, b):
+        """
+        Drift behind the driver's back: a port of another tenant's instance ("foreign") or of an idle
+        node ("idle") made a full member of a tenant partition; a tenant port made a full member of
+        0x7FFF; a partition no VPC owns, inside the pool, with someone's port in it ("rogue").
+        """
+        ports = sorted(tenant_ports(self.fabric))
+        if kind == "full_default":
+            guid = ports[a % len(ports)]
+            inject_member(self.fabric, DEFAULT_PKEY, guid, FULL)
+            STATS['default']+=1
+            self.dirty = True
+            assert f"tenant port {guid} is a full member of the default partition" in isolation_violations(
+                self.fabric)
+            return
+        if kind == "rogue":
+            pkey = 0x6000 + b % 64
+            if not VPC.objects.filter(fabric=self.fabric, pkey=pkey).exclude(state=VPCState.DELETED).exists():
+                inject_partition(self.fabric, pkey, {ports[a % len(ports)]: FULL})
+                self.dirty = True
+                STATS['rogue']+=1
+            return
         actual = self.read()
-        active = list(VPC.objects.filter(fabric=self.fabric, state=VPCState.ACTIVE).order_by("pkey"))
-        active = [vpc for vpc in active if vpc.pkey in actual]
+        active = [vpc for vpc in VPC.objects.filter(fabric=self.fabric, state=VPCState.ACTIVE).order_by("pkey")
+                  if vpc.pkey in actual]
         if not active:
             return
-        vpc = active[into % len(active)]
-        recent = set(PortMembership.objects.filter(vpc=vpc, left_at__isnull=False).values_list("guid", flat=True))
-        live_elsewhere = dict(PortMembership.objects.filter(left_at__isnull=True).exclude(
-            vpc__tenant=vpc.tenant).values_list("guid", "vpc__tenant_id"))
-        idle = set(HCAPort.objects.filter(node__instances__isnull=True, node__fabric=self.fabric).values_list(
-            "guid", flat=True))
+        vpc = active[b % len(active)]
+        if kind == "foreign":
+            candidates = set(PortMembership.objects.filter(left_at__isnull=True).exclude(
+                vpc__tenant=vpc.tenant).values_list("guid", flat=True))
+        else:
+            candidates = set(HCAPort.objects.filter(node__fabric=self.fabric).exclude(
+                node__instances__state__in=LIVE_INSTANCE_STATES).values_list("guid", flat=True))
         # A port that left this very partition moments ago is in the leaving grace: not drift yet.
-        candidates = sorted((set(live_elsewhere) | idle) - recent)
+        candidates -= set(PortMembership.objects.filter(vpc=vpc, left_at__isnull=False).values_list("guid", flat=True))
         if not candidates:
             return
-        guid = candidates[source % len(candidates)]
+        guid = sorted(candidates)[a % len(candidates)]
         inject_member(self.fabric, vpc.pkey, guid, FULL)
+        STATS[kind]+=1
         self.dirty = True
-        if guid in live_elsewhere:
+        if kind == "foreign":
             assert isolation_violations(self.fabric) != []
-
-    @rule(source=st.integers(0, 10_000))
-    def inject_full_default_member(self, source):
-        ports = sorted(tenant_ports(self.fabric))
-        guid = ports[source % len(ports)]
-        inject_member(self.fabric, DEFAULT_PKEY, guid, FULL)
-        self.dirty = True
-        assert f"tenant port {guid} is a full member of the default partition" in isolation_violations(self.fabric)
-
-    @rule(offset=st.integers(0, 50), source=st.integers(0, 10_000))
-    def inject_rogue_partition(self, offset, source):
-        """A partition no VPC owns, inside the pool, with someone's port in it."""
-        pkey = 0x6000 + offset
-        if VPC.objects.filter(fabric=self.fabric, pkey=pkey).exclude(state=VPCState.DELETED).exists():
-            return
-        ports = sorted(tenant_ports(self.fabric))
-        inject_partition(self.fabric, pkey, {ports[source % len(ports)]: FULL})
-        self.dirty = True
 
     @rule()
     def reconcile(self):
         run = fabric_reconcile(self.fabric)
+        STATS['reconcile']+=1
+        for d in run.drift: STATS['drift-'+d['kind']]+=1
         assert run.ok, run.error
         self.dirty = False
         actual = self.read()
@@ -504,10 +518,11 @@ def test_isolation_holds_under_random_operations_drift_and_reconciliation(world,
     Isolation.world, Isolation.steps, Isolation.fabric = world, steps, the_fabric()
     try:
         run_state_machine_as_test(Isolation, settings=settings(
-            max_examples=12, stateful_step_count=14, deadline=None, derandomize=True, database=None,
+            max_examples=30, stateful_step_count=25, deadline=None, derandomize=True, database=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                    HealthCheck.filter_too_much]))
     finally:
+        print(sorted(STATS.items(), key=str))
         Isolation.world = Isolation.steps = Isolation.fabric = None
 
 
