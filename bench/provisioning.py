@@ -51,12 +51,14 @@ def seed():
     from cloud.catalogue import load_gpu_catalogue
     from cloud.fleet import FleetSpec, build_fleet
     from cloud.models import GPUModel, Offering
+    from security.simulated_devices import trust_simulated_fleet
     from tenants.choices import QuotaResource, TenantRole
     from tenants.models import Membership, Quota, Tenant, User
     from tenants.scoping import Principal
 
     load_gpu_catalogue(GPUModel)
     build_fleet(FleetSpec(regions=1, nodes_per_fabric=256, shared_ratio=0.25))
+    trust_simulated_fleet()
     tenant = Tenant.objects.create(name="Bench", slug="bench")
     user = User.objects.create_user("bench@example.com")
     Membership.objects.create(tenant=tenant, user=user, role=TenantRole.OWNER)

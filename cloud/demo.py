@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from django.db import transaction
 
+from security.simulated_devices import trust_simulated_fleet
 from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole
 from tenants.models import Membership, Quota, Team, TeamMembership, Tenant, User
 
@@ -65,6 +66,7 @@ def seed_demo(*, regions: int = 2, nodes: int = 64, progress=None) -> bool:
     if Tenant.objects.filter(slug="acme").exists():
         return False
     build_fleet(FleetSpec(regions=regions, nodes_per_fabric=nodes), progress=progress)
+    trust_simulated_fleet()  # the simulated GPUs' device CA and firmware reference values
     for model in GPUModel.objects.filter(gpus__isnull=False).distinct():
         for row in offerings_for(model):
             Offering.objects.get_or_create(slug=row.pop("slug"), defaults=row)

@@ -400,6 +400,13 @@ MERIDIAN_VPC_SUPERNET = env("MERIDIAN_VPC_SUPERNET", default="10.128.0.0/9")
 MERIDIAN_VPC_PREFIX = env.int("MERIDIAN_VPC_PREFIX", default=24)
 # SR-IOV virtual functions a shared host's HCA port may hand out (one per VM or container).
 MERIDIAN_VFS_PER_PORT = env.int("MERIDIAN_VFS_PER_PORT", default=16)
+# Device attestation: how long a challenge (nonce) may be answered, and how often idle nodes are
+# attested again.
+MERIDIAN_ATTESTATION_NONCE_TTL = timedelta(seconds=env.int("MERIDIAN_ATTESTATION_NONCE_TTL_SECONDS", default=120))
+MERIDIAN_ATTESTATION_IDLE_INTERVAL = timedelta(
+    hours=env.float("MERIDIAN_ATTESTATION_IDLE_INTERVAL_HOURS", default=24.0))
+# Receipt signing keys stay in the published JWKS this long after they stop signing.
+MERIDIAN_RECEIPT_KEY_PUBLISHED_DAYS = env.int("MERIDIAN_RECEIPT_KEY_PUBLISHED_DAYS", default=400)
 # Simulated hardware: seed, and per action (or "default") latency_s, failure_rate (transient)
 # and broken_rate (for good); e.g. {"seed": 7, "failure_rate": {"write_image": 0.2}}.
 MERIDIAN_SIMULATION = {"seed": 0, "latency_s": {}, "failure_rate": {}, "broken_rate": {},

@@ -511,7 +511,8 @@ def _validated(operation: Operation) -> None:
 def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> None:
     """The node is faulty; the others are cleaned; the reservation is placed again or fails."""
     reservation = Reservation.objects.select_for_update().select_related("offering").get(pk=operation.reservation_id)
-    _node_failed(fault.node, f"Provisioning failed: {fault.cause}")
+    if not fault.held:  # attestation holds the node (or its GPUs) itself
+        _node_failed(fault.node, f"Provisioning failed: {fault.cause}")
     _close(operation, OperationState.FAILED, message)
     instances = list(_instances_of(operation))
     on_faulty = [i for i in instances if i.node_id == fault.node.pk]
@@ -538,7 +539,8 @@ def _release_failed(operation: Operation, fault: NodeFault, message: str) -> Non
     Cleaning failed for good on one node: that node goes faulty (never back to the pool) with
     the reason, its instance is released; cleaning goes on for the others.
     """
-    _node_failed(fault.node, f"Cleaning failed: {fault.cause}")
+    if not fault.held:  # attestation holds the node (or its GPUs) itself
+        _node_failed(fault.node, f"Cleaning failed: {fault.cause}")
     reservation = operation.reservation
     on_node = list(_instances_of(operation).filter(node=fault.node))
     Instance.objects.filter(pk__in=[i.pk for i in on_node]).update(state=InstanceState.RELEASED)
@@ -552,7 +554,8 @@ def _release_failed(operation: Operation, fault: NodeFault, message: str) -> Non
 
 
 def _validation_failed(operation: Operation, fault: NodeFault, message: str) -> None:
-    _node_failed(operation.node, f"Validation failed: {fault.cause}")
+    if not fault.held:  # attestation holds the node (or its GPUs) itself
+        _node_failed(operation.node, f"Validation failed: {fault.cause}")
     _close(operation, OperationState.FAILED, message)
 
 

@@ -117,7 +117,7 @@ class Allocation(models.Model):
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     # The signed attestation receipt (a JWT) of the node this GPU was handed over on.
-    attestation_receipt = models.TextField(blank=True)
+    attestation_receipt = models.TextField(blank=True, db_default="")  # COPY (allocations.py) leaves it out
 
     objects = TenantScopedQuerySet.as_manager()
     tenant_path = "reservation__tenant"
@@ -331,6 +331,7 @@ class AgentCommand(models.Model):
     class Kind(models.TextChoices):
         SCRUB = "scrub", "Scrub GPU memory"
         INVENTORY = "inventory", "Report inventory"
+        ATTEST = "attest", "Sign attestation evidence"
 
     class State(models.TextChoices):
         PENDING = "pending", "Pending"

@@ -24,11 +24,16 @@ from .drivers.pods import pod_manifest
 
 
 class NodeFault(Exception):
-    """A driver call for one node failed; ``cause`` says how, ``transient`` whether to retry."""
+    """
+    A driver call for one node failed; ``cause`` says how, ``transient`` whether to retry.
+    ``held``: the node (or its GPUs) is held already -- attestation quarantined it -- so the
+    failure handlers must not mark it faulty on top.
+    """
 
-    def __init__(self, node, cause: DriverError | str, *, transient: bool | None = None):
+    def __init__(self, node, cause: DriverError | str, *, transient: bool | None = None, held: bool = False):
         self.node = node
         self.cause = str(cause)
+        self.held = held
         self.transient = getattr(cause, "transient", False) if transient is None else transient
         self.wait_s = getattr(cause, "wait_s", None)  # NotYet: not a failure, ask again then
         super().__init__(f"{node.hostname}: {self.cause}")
@@ -135,23 +140,61 @@ def leave_network(ctx: Context) -> None:
 
 def verify(ctx: Context) -> None:
     """
-    The node is what the catalogue says: every GPU present and healthy as the host sees it.
-    (Attestation -- signed evidence checked against reference values -- joins this step.)
+    The node is what the catalogue says -- every GPU present and healthy as the host sees it --
+    and proves it: its GPUs answer a fresh challenge with evidence signed by their device keys,
+    checked against the trusted roots and the reference values (security.attestation). On a
+    shared host only the instance's GPUs are attested (a failure holds those GPUs, not the other
+    tenants' work); a bare-metal node or a node in validation is attested whole.
     """
-    host = ctx.drivers.host
     nodes = {instance.node_id: instance.node for instance in ctx.instances}
     if ctx.node is not None:
         nodes = {ctx.node.pk: ctx.node}
     for node in nodes.values():
-        seen = ctx.on(node, host.inventory)
-        expected = set(node.gpus.values_list("uuid", flat=True))
-        found = {gpu["uuid"] for gpu in seen}
-        if found != expected:
-            raise NodeFault(node, f"the host sees {len(found)} of its {len(expected)} GPUs "
-                                  f"(missing: {', '.join(sorted(expected - found)) or 'none'})", transient=False)
-        sick = [gpu["uuid"] for gpu in seen if not gpu["healthy"]]
-        if sick:
-            raise NodeFault(node, f"GPUs report unhealthy: {', '.join(sick)}", transient=False)
+        _inventory_matches(ctx, node)
+        if ctx.node is not None or node.pool != NodePool.SHARED:
+            _attest(ctx, node, list(node.gpus.select_related("model").order_by("index")), instances=ctx.instances)
+            continue
+        for instance in [i for i in ctx.instances if i.node_id == node.pk]:
+            gpu_ids = {d["gpu_id"] for d in instance.devices}
+            gpus = [g for g in node.gpus.select_related("model").order_by("index") if str(g.pk) in gpu_ids]
+            _attest(ctx, node, gpus, instances=[instance], shared=True)
+
+
+def _inventory_matches(ctx: Context, node) -> None:
+    """Every GPU the catalogue lists is there and healthy, as the host sees it."""
+    host = ctx.drivers.host
+    seen = ctx.on(node, host.inventory)
+    expected = set(node.gpus.values_list("uuid", flat=True))
+    found = {gpu["uuid"] for gpu in seen}
+    if found != expected:
+        raise NodeFault(node, f"the host sees {len(found)} of its {len(expected)} GPUs "
+                              f"(missing: {', '.join(sorted(expected - found)) or 'none'})", transient=False)
+    sick = [gpu["uuid"] for gpu in seen if not gpu["healthy"]]
+    if sick:
+        raise NodeFault(node, f"GPUs report unhealthy: {', '.join(sick)}", transient=False)
+
+
+def _attest(ctx: Context, node, gpus: list, *, instances: list, shared: bool = False) -> None:
+    """
+    Challenge, evidence, verdict. A failed verdict holds the node (or, shared, the GPUs) and
+    fails the step for good; a pass before a hand-over signs a receipt onto the allocations.
+    """
+    from security.models import AttestationReport
+    from security.services import attestation_challenge, attestation_outcome, attestation_submit
+
+    nonce = attestation_challenge(node_id=node.pk, reference=f"{ctx.operation.pk}:{node.pk}:{len(gpus)}")
+    evidence = ctx.on(node, lambda target: ctx.drivers.host.attest(target, nonce.value, [g.index for g in gpus],
+                                                                   reference=f"attest:{nonce.value}"))
+    report = attestation_submit(node=node, evidence=evidence, nonce=nonce.value,
+                                gpu_uuids=[g.uuid for g in gpus] if shared else None)
+    if report.status != AttestationReport.Status.PASS:
+        attestation_outcome(node=node, report=report, gpus=gpus if shared else None)
+        why = "; ".join(f"{r['check']}: {r['detail']}" for r in report.reasons[:3])
+        raise NodeFault(node, f"attestation {report.status}: {why}", transient=False, held=True)
+    if ctx.operation.kind == OperationKind.PROVISION:
+        from .receipts import receipt_store
+
+        receipt_store(reservation=ctx.reservation, node=node, report=report, instances=instances)
 
 
 def hand_over(ctx: Context) -> None:
@@ -316,13 +359,15 @@ PIPELINES: dict[tuple[str, str | None], list[Step]] = {
              Step("boot_from_disk", boot_from_disk), Step("join_network", join_network), Step("verify", verify),
              Step("hand_over", hand_over)],
     (P, V): [Step("define_domain", define_domain), Step("start_domain", start_domain),
-             Step("join_network", join_network), Step("hand_over", hand_over)],
-    (P, C): [Step("apply_pod", apply_pod), Step("join_network", join_network), Step("hand_over", hand_over)],
+             Step("join_network", join_network), Step("verify", verify), Step("hand_over", hand_over)],
+    (P, C): [Step("apply_pod", apply_pod), Step("join_network", join_network), Step("verify", verify),
+             Step("hand_over", hand_over)],
     (R, B): [Step("power_off", power_off), Step("wipe", wipe), Step("leave_network", leave_network),
              Step("scrub", scrub), Step("verify", verify), Step("reset_power", reset_power)],
     (R, V): [Step("stop_domain", stop_domain), Step("undefine_domain", undefine_domain),
-             Step("leave_network", leave_network), Step("scrub", scrub)],
-    (R, C): [Step("delete_pod", delete_pod), Step("leave_network", leave_network), Step("scrub", scrub)],
+             Step("leave_network", leave_network), Step("scrub", scrub), Step("verify", verify)],
+    (R, C): [Step("delete_pod", delete_pod), Step("leave_network", leave_network), Step("scrub", scrub),
+             Step("verify", verify)],
     (OperationKind.VALIDATE, None): [Step("check_bmc", check_bmc), Step("clear_node", clear_node),
                                      Step("verify", verify), Step("burn_in", burn_in)],
 }

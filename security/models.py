@@ -147,6 +147,8 @@ class AttestationNonce(models.Model):
 
     value = models.CharField(max_length=64, primary_key=True)
     node_id = models.UUIDField(db_index=True)
+    # Who asked (an operation's step): a retried step gets its outstanding challenge back, not a new one.
+    reference = models.CharField(max_length=200, blank=True, db_index=True)
     issued_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     used_at = models.DateTimeField(null=True, blank=True)

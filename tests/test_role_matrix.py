@@ -199,6 +199,8 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("POST", "reservations-extend"): Case(
         "401 403 200 200 200 404 403 403", lambda w: f"{V1}/reservations/{scheduled_reservation(w).pk}/extend/",
         lambda w: {"hours": 1}),
+    ("GET", "reservations-receipts"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/receipts/"),
     ("GET", "reservations-score"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/score/"),
     ("GET", "operations-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/operations/"),

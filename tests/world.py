@@ -21,6 +21,7 @@ from cloud.models import GPUModel, Node, Offering
 from provisioning.models import VPC, Instance, Operation, Reservation
 from security.audit import audit_record
 from security.models import AuditEvent
+from security.simulated_devices import trust_simulated_fleet
 from tenants import services
 from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
 from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User
@@ -179,6 +180,7 @@ def small_fleet(nodes: int = 8) -> list[Node]:
     """A one-region fleet for inventory tests (leaf switches, spares, shared hosts included)."""
     load_gpu_catalogue(GPUModel)
     build_fleet(FleetSpec(regions=1, nodes_per_fabric=nodes, spare_ratio=0.25, shared_ratio=0.25))
+    trust_simulated_fleet()  # the simulated GPUs attest against the demo device CA and reference values
     return list(Node.objects.all())
 
 

@@ -44,8 +44,9 @@ class ControlPlane:
 class Agent:
     """One node's agent: ``run_once`` is one turn of the loop; ``run`` turns every ``interval``."""
 
-    def __init__(self, control_plane, nvml, *, version: str = "1"):
+    def __init__(self, control_plane, nvml, *, version: str = "1", attester=None, hostname: str = ""):
         self.control_plane, self.nvml, self.version = control_plane, nvml, version
+        self.attester, self.hostname = attester, hostname
 
     def run_once(self) -> int:
         """Heartbeat, then run every waiting command; returns how many ran."""
@@ -64,6 +65,13 @@ class Agent:
                 return {"ok": clean, "detail": "" if clean else "memory still in use after the scrub"}
             if command["kind"] == "inventory":
                 return {"ok": True, "gpus": self.nvml.inventory()}
+            if command["kind"] == "attest":
+                if self.attester is None:
+                    return {"ok": False, "detail": "this agent has no attestation backend"}
+                wanted = set(command["payload"]["gpus"])
+                gpus = [gpu for gpu in self.nvml.inventory() if gpu["index"] in wanted]
+                return {"ok": True, "evidence": self.attester.evidence(self.hostname, command["payload"]["nonce"],
+                                                                       gpus)}
             return {"ok": False, "detail": f"unknown command {command['kind']!r}"}
         except Exception as exc:  # one bad command must not stop the agent: report it
             log.exception("command %s failed", command.get("id"))

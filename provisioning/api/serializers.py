@@ -168,6 +168,11 @@ class ScoreSerializer(serializers.Serializer):
     estimated_start = serializers.DateTimeField(allow_null=True)
 
 
+class ReceiptSerializer(serializers.Serializer):
+    receipt = serializers.CharField(help_text="A JWT signed ES384 by Meridian (keys at /.well-known/jwks.json).")
+    gpus = serializers.ListField(child=serializers.CharField(), help_text="The GPU UUIDs it covers.")
+
+
 class StepRunSerializer(serializers.ModelSerializer):
     class Meta:
         model = StepRun

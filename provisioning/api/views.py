@@ -72,6 +72,17 @@ class ReservationViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
                                                   by=timedelta(hours=data.validated_data["hours"]))
         return Response(s.ReservationSerializer(reservation).data)
 
+    @extend_schema(responses=s.ReceiptSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def receipts(self, request, pk=None):
+        """
+        Signed attestation receipts (JWT, ES384) of the GPUs this reservation was handed over on;
+        verify them with the keys at /.well-known/jwks.json.
+        """
+        from ..receipts import receipts_of
+
+        return Response(s.ReceiptSerializer(receipts_of(self.get_object()), many=True).data)
+
     @extend_schema(responses=s.ScoreSerializer)
     @action(detail=True, methods=["get"])
     def score(self, request, pk=None):

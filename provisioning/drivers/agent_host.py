@@ -37,6 +37,22 @@ class AgentHost(HostDriver):
         command_enqueue(node_id=target.node_id, kind=AgentCommand.Kind.SCRUB, reference=reference,
                         payload={"devices": [{k: d[k] for k in ("index", "mem_lo", "mem_hi")} for d in devices]})
 
+    def attest(self, target, nonce, gpus, reference=""):
+        """The agent is asked to sign evidence for the nonce; its answer is read back on a later call."""
+        from ..models import AgentCommand
+        from ..node_agents import command_enqueue
+
+        self._state(target)
+        command = command_enqueue(node_id=target.node_id, kind=AgentCommand.Kind.ATTEST, reference=reference,
+                                  payload={"nonce": nonce, "gpus": sorted(gpus)})
+        if command.state == AgentCommand.State.DONE:
+            return (command.result or {}).get("evidence") or {}
+        if command.state == AgentCommand.State.FAILED:
+            detail = (command.result or {}).get("detail", "no detail")
+            raise DriverError(f"The agent of {target.hostname} could not attest: {detail}.", transient=False)
+        raise NotYet(f"Waiting for the agent of {target.hostname} to answer the attestation challenge.",
+                     wait_s=max(1.0, settings.MERIDIAN_AGENT_INTERVAL / 2))
+
     def scrubbed(self, target, devices, reference=""):
         from ..models import AgentCommand
 

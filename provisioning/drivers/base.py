@@ -125,8 +125,8 @@ class ContainerDriver(ABC):
 
 class HostDriver(ABC):
     """
-    What the node agent reports and does on a GPU host: its GPUs as NVML sees them, and the GPU
-    memory scrub between tenants (the security work adds attestation here).
+    What the node agent reports and does on a GPU host: its GPUs as NVML sees them, the GPU
+    memory scrub between tenants, and signed attestation evidence for a challenge.
     """
 
     @abstractmethod
@@ -140,3 +140,10 @@ class HostDriver(ABC):
     @abstractmethod
     def scrubbed(self, target: Target, devices: list[dict], reference: str = "") -> bool:
         """True when the memory is clear; NotYet while an agent is still at it."""
+
+    @abstractmethod
+    def attest(self, target: Target, nonce: str, gpus: list[int], reference: str = "") -> dict:
+        """
+        The host's signed attestation evidence answering ``nonce`` for the GPUs at these indices
+        (security.attestation.NodeEvidence as a dict); NotYet while an agent is still at it.
+        """

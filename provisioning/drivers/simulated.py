@@ -185,6 +185,16 @@ class SimulatedHost(Simulated, HostDriver):
         dirty = self._state(target).get("dirty", [])
         return not any(_slot(d) in dirty for d in devices)
 
+    def attest(self, target, nonce, gpus, reference=""):
+        """Evidence signed by each simulated GPU's own device key (security.simulated_devices)."""
+        from cloud.models import GPU, Node
+        from security.simulated_devices import misbehaviour, simulated_evidence
+
+        self._act(target, "attest", lambda state: None)
+        node = Node.objects.get(pk=target.node_id)
+        rows = GPU.objects.filter(node=node, index__in=list(gpus)).select_related("model").order_by("index")
+        return simulated_evidence(node, nonce, list(rows), mode=misbehaviour(target.hostname))
+
     def use(self, target, devices) -> None:
         """A tenant wrote to this memory (the handover does it): it needs a scrub before reuse."""
         marks = [_slot(d) for d in devices]

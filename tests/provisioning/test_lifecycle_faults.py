@@ -51,6 +51,11 @@ def bare_metal_nodes():
     return list(Node.objects.filter(pool="bare_metal", is_spare=False).order_by("hostname"))
 
 
+def without_attest(calls: dict) -> dict:
+    """Attestation is a read (fresh evidence for a fresh challenge): a redone verify rightly asks again."""
+    return {action: count for action, count in calls.items() if action != "attest"}
+
+
 @pytest.mark.parametrize("chain_s", [0, 5], ids=["task_per_step", "chained_steps"])
 def test_a_step_redone_after_a_lost_worker_does_not_repeat_its_side_effects(world, fleet, steps, monkeypatch,
                                                                              settings, chain_s):
@@ -77,13 +82,13 @@ def test_a_step_redone_after_a_lost_worker_does_not_repeat_its_side_effects(worl
     assert Simulated.calls("bmc", node.hostname) == {"insert_media": 1, "set_boot_device": 2, "set_power": 1,
                                                      "eject_media": 1}
     assert Simulated.calls("disk", node.hostname) == {"write_image": 1}
-    assert Simulated.calls("host", node.hostname) == {"use": 1}
+    assert without_attest(Simulated.calls("host", node.hostname)) == {"use": 1}
 
     world.client("t1_member").post(f"{URL}{pk}/release/")
     steps.run(redeliver=WorkerLost)
     assert reservation(pk).state == "released"
     assert Simulated.calls("disk", node.hostname) == {"write_image": 1, "wipe": 1}
-    assert Simulated.calls("host", node.hostname) == {"use": 1, "scrub": 1}
+    assert without_attest(Simulated.calls("host", node.hostname)) == {"use": 1, "scrub": 1}
     assert Simulated.calls("bmc", node.hostname)["set_power"] == 2  # on, then off: once each
     assert Node.objects.get(pk=node.pk).state == "available"
     assert len(crashed) == 12  # six provisioning and six cleaning steps each died once

@@ -19,6 +19,7 @@ from provisioning.drivers.simulated import SimulatedFabric
 from provisioning.models import VPC, Instance, PortMembership, Reservation, VirtualFunction
 from provisioning.network import isolation_violations, still_members
 from provisioning.vpcs import vpc_sync
+from security.simulated_devices import trust_simulated_fleet
 from tenants.choices import QuotaResource
 from tenants.models import Quota
 from tests.provisioning.factories import offering
@@ -204,6 +205,7 @@ def test_a_port_the_fabric_still_shows_after_release_keeps_the_node_out_of_the_p
 def test_a_reservation_naming_a_vpc_is_placed_on_its_fabric(world, steps):
     Reservation.objects.all().delete()
     build_fleet(FleetSpec(regions=1, nodes_per_fabric=4, fabrics_per_region=2, spare_ratio=0, shared_ratio=0.5))
+    trust_simulated_fleet()
     second = Fabric.objects.order_by("slug").last()
     vpc = make_vpc(world, fabric=second.slug)
     pk = provision(world, steps, vm_offering(1), gpus=1, vpc=vpc["id"])

@@ -16,9 +16,11 @@ from django.core.management.base import BaseCommand
 
 from cloud.models import Node
 from provisioning.agent.agent import Agent, ControlPlane, ControlPlaneError
+from provisioning.agent.attester import SimulatedAttester
 from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
 from provisioning.models import NodeCredential
 from provisioning.node_agents import credential_issue
+from security.simulated_devices import attester_identities
 
 log = logging.getLogger("meridian.agent")
 
@@ -36,7 +38,8 @@ class Command(BaseCommand):
         stopping = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stopping.set())
-        agents = [Agent(ControlPlane(url, key_id, secret), nvml) for key_id, secret, nvml in self._fleet()]
+        agents = [Agent(ControlPlane(url, key_id, secret), nvml, attester=attester, hostname=hostname)
+                  for key_id, secret, nvml, hostname, attester in self._fleet()]
         self.stdout.write(f"{len(agents)} simulated node agents, a turn every {interval:g} s, against {url}")
         self._wait_for(url, stopping)
         while not stopping.is_set():
@@ -58,7 +61,8 @@ class Command(BaseCommand):
             if credential is None:
                 credential, secret = credential_issue(actor=None, node=node)
             gpus = [SimulatedGPU(index=g.index, uuid=g.uuid, memory_mib=g.memory_mib) for g in node.gpus.all()]
-            yield credential.key_id, secret, SimulatedNVML(gpus)
+            yield (credential.key_id, secret, SimulatedNVML(gpus), node.hostname,
+                   SimulatedAttester(attester_identities(node)))
 
     @staticmethod
     def _wait_for(url: str, stopping: threading.Event, timeout: float = 120.0) -> None:

@@ -1,0 +1,768 @@
+"""
+Verification of a GPU node's attestation evidence, modelled on NVIDIA's flow: each GPU signs a
+report of its firmware measurements with its device key, and sends the device certificate chain
+that ties that key to a vendor root. Pure functions: no database, no clock (``now`` is an
+argument), so the same code checks a live report, a stored one, and the tests' forgeries.
+
+Wire format
+-----------
+``NodeEvidence.to_dict()`` / ``from_dict()``::
+
+    {"node": "gpu-node-17.example", "nonce": "<64 hex>", "gpus": [GPU, ...]}         1 to 16 GPUs
+
+    GPU = {"uuid": str, "serial": str, "gpu_model": str, "vbios": str, "driver": str,
+           "measurements": {"0": "<96 hex>", ...}, "nonce": "<64 hex>", "generated_at": int,
+           "certificate_chain": ["-----BEGIN CERTIFICATE-----...", ...], "signature": "<base64>"}
+
+Strings are printable ASCII, hex is lower case, unknown members are refused (evidence is a
+security claim: a field the verifier ignores is a field an attacker controls).
+
+Canonical encoding (what each GPU signs)
+----------------------------------------
+``canonical_bytes(gpu)`` is the UTF-8 encoding of one JSON object with exactly these members:
+``driver``, ``generated_at``, ``gpu_model``, ``measurements``, ``nonce``, ``serial``, ``uuid``,
+``vbios``.
+
+- ``generated_at`` is a JSON integer (unix seconds: no sign unless negative, no fraction, no
+  exponent). Every other member is a string, except ``measurements``: an object mapping each
+  measurement index, written in decimal without sign or leading zeros, to its SHA-384 digest
+  as 96 lower-case hex characters.
+- The members of both objects are ordered by key, comparing keys character by character, so
+  measurement ``"10"`` comes before ``"2"`` (the order of RFC 8785).
+- No whitespace anywhere: the separators are ``,`` and ``:``.
+- Strings are escaped as JSON requires (``\\"``, ``\\\\``, control characters as ``\\n``,
+  ``\\t``, ``\\b``, ``\\f``, ``\\r`` or ``\\u00XX``) and every character outside ASCII as
+  ``\\uXXXX`` with lower-case hex (a surrogate pair above U+FFFF), so the bytes are pure ASCII.
+  Evidence that passed ``from_dict`` holds printable ASCII only, so there only ``"`` and ``\\``
+  can need escaping and the bytes are exactly the RFC 8785 (JCS) form of the object.
+
+For example (digests shortened)::
+
+    {"driver":"550.54.15","generated_at":1750000000,"gpu_model":"h100-sxm",
+     "measurements":{"0":"9f..","1":"03..","10":"c1..","2":"7a.."},"nonce":"5e..",
+     "serial":"1650124000001","uuid":"GPU-0b7d...","vbios":"96.00.89.00.01"}
+
+(one line). The signature is ECDSA on P-384 with SHA-384 over those bytes, DER-encoded (the
+ASN.1 SEQUENCE of r and s), then standard base64 with padding.
+
+Checks
+------
+Every failure is its own ``Reason`` with one of these stable ``check`` codes:
+
+    malformed_certificate  a PEM of the chain does not parse
+    untrusted_root         the chain ends at a self-signed or unknown certificate, not a trusted root
+    chain_signature        a certificate names an issuer whose key did not sign it
+    chain_too_long         more than MAX_PATH certificates before a trusted root
+    not_a_ca               an issuer in the path lacks BasicConstraints CA=True or keyCertSign
+    path_length            an issuer's pathLenConstraint is exceeded
+    leaf_is_ca             the device certificate is itself a CA
+    expired, not_yet_valid a certificate of the path is outside its validity period at ``now``
+    revoked                a certificate of the path is revoked
+    bad_signature          the device key is not ECDSA P-384, or the evidence signature fails
+    identity_mismatch      the device certificate is not this GPU's (CN = uuid, serialNumber = serial)
+    nonce_mismatch         the evidence does not carry the nonce issued for this attestation
+    nonce_replayed         the nonce was used before
+    nonce_expired          the nonce expired before ``now``
+    stale                  generated before the challenge, in the future, or older than max_age_s
+    foreign_gpu            a GPU the database does not give this node (or with another serial/model)
+    gpu_missing            a GPU of this node sent no evidence
+    duplicate_gpu          the same GPU (uuid or serial) twice
+    measurement_mismatch   a measurement differs from the reference, or is missing, or is extra
+    reference_missing      no reference values for the GPU's (model, VBIOS, driver)
+
+The status is ``pass`` with no reasons, ``reference_unavailable`` when every reason is
+``reference_missing`` (the node may be fine; staff must register the version), else ``fail``.
+
+Chains are built from the presented certificates and the operator-trusted intermediates and must
+end at one of the trusted roots; every link is checked by signature, never by name alone.
+Operator-trusted intermediates help build a path when a node omits them: they are not trust
+anchors of their own. Revocations name a certificate by its issuer, as
+``cryptography``'s ``Name.rfc4514_string()`` writes it, and its serial number.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+MAX_GPUS = 16
+MAX_FIELD = 64  # uuid, serial, model, VBIOS and driver: the database columns' length
+MAX_NODE = 253  # a DNS name
+MAX_MEASUREMENTS = 64
+MAX_INDEX = 65_535
+MAX_CHAIN = 8
+MAX_PEM = 16_384
+MAX_SIGNATURE = 256  # a DER P-384 signature is at most 104 bytes, 140 in base64
+MAX_PATH = 8
+CLOCK_SKEW_S = 5
+
+PASS = "pass"
+FAIL = "fail"
+REFERENCE_UNAVAILABLE = "reference_unavailable"
+
+_HEX_NONCE = re.compile(r"[0-9a-f]{64}")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{96}")
+_INDEX = re.compile(r"0|[1-9][0-9]{0,4}")
+_GPU_FIELDS = ("uuid", "serial", "gpu_model", "vbios", "driver", "measurements", "nonce", "generated_at",
+               "certificate_chain", "signature")
+_NODE_FIELDS = ("node", "nonce", "gpus")
+
+
+#
+# Evidence
+#
+
+
+@dataclass(frozen=True)
+class GPUEvidence:
+    """What one GPU reports, signed by its device key; the chain's first certificate is that key's."""
+
+    uuid: str
+    serial: str
+    gpu_model: str
+    vbios: str
+    driver: str
+    measurements: dict[int, str]
+    nonce: str
+    generated_at: int
+    certificate_chain: list[str]
+    signature: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "serial": self.serial, "gpu_model": self.gpu_model, "vbios": self.vbios,
+                "driver": self.driver, "measurements": _measurements_json(self.measurements), "nonce": self.nonce,
+                "generated_at": self.generated_at, "certificate_chain": list(self.certificate_chain),
+                "signature": self.signature}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> GPUEvidence:
+        """Parse one GPU's evidence, refusing anything malformed with a ValueError that says what."""
+        _require_members(data, _GPU_FIELDS, "GPU evidence")
+        uuid = _text(data, "uuid", MAX_FIELD)
+        where = f"GPU {uuid}"
+        return cls(
+            uuid=uuid,
+            serial=_text(data, "serial", MAX_FIELD, where),
+            gpu_model=_text(data, "gpu_model", MAX_FIELD, where),
+            vbios=_text(data, "vbios", MAX_FIELD, where),
+            driver=_text(data, "driver", MAX_FIELD, where),
+            measurements=_parse_measurements(data["measurements"], where),
+            nonce=_nonce(data["nonce"], where),
+            generated_at=_timestamp(data["generated_at"], where),
+            certificate_chain=_parse_chain(data["certificate_chain"], where),
+            signature=_parse_signature(data["signature"], where),
+        )
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    """One node's answer to a challenge: the nonce it was sent and every GPU's evidence."""
+
+    node: str
+    nonce: str
+    gpus: list[GPUEvidence]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "nonce": self.nonce, "gpus": [gpu.to_dict() for gpu in self.gpus]}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> NodeEvidence:
+        """Parse a node's evidence (decoded JSON); ValueError says what is wrong, and where."""
+        _require_members(data, _NODE_FIELDS, "node evidence")
+        gpus = data["gpus"]
+        if not isinstance(gpus, list):
+            raise ValueError("gpus must be a list")
+        if not 1 <= len(gpus) <= MAX_GPUS:
+            raise ValueError(f"gpus must hold 1 to {MAX_GPUS} GPUs, not {len(gpus)}")
+        return cls(node=_text(data, "node", MAX_NODE), nonce=_nonce(data["nonce"], "node evidence"),
+                   gpus=[GPUEvidence.from_dict(gpu) for gpu in gpus])
+
+
+def canonical_bytes(gpu: GPUEvidence) -> bytes:
+    """The exact bytes a GPU signs; the module docstring specifies them for agents in other languages."""
+    document = {
+        "driver": gpu.driver,
+        "generated_at": int(gpu.generated_at),
+        "gpu_model": gpu.gpu_model,
+        "measurements": _measurements_json(gpu.measurements),
+        "nonce": gpu.nonce,
+        "serial": gpu.serial,
+        "uuid": gpu.uuid,
+        "vbios": gpu.vbios,
+    }
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("utf-8")
+
+
+def _measurements_json(measurements: Mapping[int, str]) -> dict[str, str]:
+    """Index -> digest with decimal-string keys, in numeric order (canonical_bytes re-sorts as text)."""
+    return {str(index): measurements[index] for index in sorted(measurements, key=int)}
+
+
+def _require_members(data: Any, names: tuple[str, ...], what: str) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} must be an object, not {type(data).__name__}")
+    missing = [name for name in names if name not in data]
+    if missing:
+        raise ValueError(f"{what} lacks {', '.join(missing)}")
+    extra = sorted(str(name) for name in data if name not in names)
+    if extra:
+        raise ValueError(f"{what} has unknown members: {', '.join(extra)}")
+
+
+def _text(data: dict, name: str, limit: int, where: str = "") -> str:
+    """A non-empty printable-ASCII string of at most ``limit`` characters."""
+    value = data[name]
+    label = f"{where}: {name}" if where else name
+    if not isinstance(value, str):
+        raise ValueError(f"{label} must be a string, not {type(value).__name__}")
+    if not value or len(value) > limit:
+        raise ValueError(f"{label} must be 1 to {limit} characters long")
+    if not (value.isascii() and value.isprintable()):
+        raise ValueError(f"{label} must be printable ASCII")
+    return value
+
+
+def _nonce(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _HEX_NONCE.fullmatch(value):
+        raise ValueError(f"{where}: nonce must be 64 lower-case hex characters")
+    return value
+
+
+def _timestamp(value: Any, where: str) -> int:
+    # bool is an int in Python and a float is not exact: neither belongs in signed evidence.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: generated_at must be an integer (unix seconds)")
+    if not 0 <= value < 2**63:
+        raise ValueError(f"{where}: generated_at is out of range")
+    return value
+
+
+def _parse_measurements(value: Any, where: str) -> dict[int, str]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: measurements must be an object")
+    if not 1 <= len(value) <= MAX_MEASUREMENTS:
+        raise ValueError(f"{where}: measurements must hold 1 to {MAX_MEASUREMENTS} entries")
+    parsed = {}
+    for key, digest in value.items():
+        index = _index(key, where)
+        if not isinstance(digest, str) or not _HEX_DIGEST.fullmatch(digest):
+            raise ValueError(f"{where}: measurement {key} must be a SHA-384 digest, 96 lower-case hex characters")
+        if index in parsed:
+            raise ValueError(f"{where}: measurement {index} appears twice")
+        parsed[index] = digest
+    return parsed
+
+
+def _index(key: Any, where: str) -> int:
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = str(key)
+    if not isinstance(key, str) or not _INDEX.fullmatch(key) or int(key) > MAX_INDEX:
+        raise ValueError(f"{where}: measurement index {key!r} must be a decimal number from 0 to {MAX_INDEX}")
+    return int(key)
+
+
+def _parse_chain(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_CHAIN:
+        raise ValueError(f"{where}: certificate_chain must be a list of 1 to {MAX_CHAIN} PEM certificates")
+    for pem in value:
+        if not isinstance(pem, str) or len(pem) > MAX_PEM or "-----BEGIN CERTIFICATE-----" not in pem:
+            raise ValueError(f"{where}: each certificate must be a PEM string of at most {MAX_PEM} characters")
+        if not pem.isascii():
+            raise ValueError(f"{where}: certificates must be ASCII PEM")
+    return list(value)
+
+
+def _parse_signature(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_SIGNATURE:
+        raise ValueError(f"{where}: signature must be a base64 string of at most {MAX_SIGNATURE} characters")
+    try:
+        base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{where}: signature is not valid base64") from None
+    return value
+
+
+#
+# Verdict
+#
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One failed check: which GPU (None for the node as a whole), a stable code, and what was found."""
+
+    gpu: str | None
+    check: str
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "check": self.check, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome, every reason for it, and what each GPU reported (for receipts and reports)."""
+
+    status: str
+    reasons: list[Reason]
+    gpus: list[dict[str, Any]]
+
+    @property
+    def checks(self) -> frozenset[str]:
+        return frozenset(reason.check for reason in self.reasons)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "reasons": [reason.to_dict() for reason in self.reasons], "gpus": self.gpus}
+
+
+@dataclass(frozen=True)
+class NonceRecord:
+    """The challenge as the database holds it: the value sent, its lifetime, and whether it was spent."""
+
+    value: str
+    issued_at: datetime
+    expires_at: datetime
+    used: bool
+
+
+#
+# Chain cache
+#
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    """The device certificate with what every verification reads from it, parsed once."""
+
+    cert: x509.Certificate
+    public_key: Any
+    common_names: tuple[str, ...]
+    serial_numbers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _PathCert:
+    """What a cached path keeps of each certificate: enough to re-check revocation."""
+
+    subject: str
+    issuer: str
+    serial_number: int
+
+
+@dataclass(frozen=True)
+class _ChainEntry:
+    leaf: _Leaf
+    path: tuple[_PathCert, ...]
+    valid_from: datetime
+    valid_until: datetime
+
+
+class ChainCache:
+    """
+    Remembers chains already verified, so a node attesting every few minutes pays for its chains
+    once. The key is a digest of the presented PEMs and of the trusted roots and intermediates, so
+    a changed anchor set is a miss; revocation is re-checked against the caller's set on every hit
+    (a set lookup per certificate), and an entry is served only while every certificate of its
+    path is within its validity period. Only chains that passed every check are stored. The
+    evidence signature, identity, nonce and measurements are checked on every call regardless.
+    ``clear()`` drops everything, e.g. after an operator edits trust anchors.
+    """
+
+    def __init__(self, maxsize: int = 4096):
+        self.maxsize = maxsize
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[bytes, _ChainEntry] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def get(self, key: bytes, now: datetime) -> _ChainEntry | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and not entry.valid_from <= now <= entry.valid_until:
+                del self._entries[key]
+                entry = None
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry
+
+    def put(self, key: bytes, entry: _ChainEntry) -> None:
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.maxsize:
+                self._entries.popitem(last=False)
+
+
+#
+# Verification
+#
+
+
+@dataclass
+class _Context:
+    """Everything one verify() call checks against, prepared once for all the node's GPUs."""
+
+    nonce: NonceRecord
+    revoked: set[tuple[str, int]]
+    references: Mapping[tuple[str, str, str], Mapping[int, str]]
+    now: datetime
+    max_age_s: int
+    cache: ChainCache | None
+    roots: set[x509.Certificate]
+    issuers_by_subject: dict[x509.Name, list[x509.Certificate]]
+    anchors_digest: bytes = b""
+    normalised_references: dict[tuple[str, str, str], dict[int, str] | None] = field(default_factory=dict)
+
+
+def verify(
+    evidence: NodeEvidence,
+    *,
+    nonce: NonceRecord,
+    roots: list[x509.Certificate],
+    intermediates: Iterable[x509.Certificate] = (),
+    revoked: set[tuple[str, int]],
+    references: Mapping[tuple[str, str, str], Mapping[int, str]],
+    node_gpus: Mapping[str, tuple[str, str]],
+    now: datetime,
+    max_age_s: int = 300,
+    cache: ChainCache | None = None,
+) -> Verdict:
+    """
+    Check a node's evidence against the challenge, the trust anchors, the revocations, the
+    reference measurements and the GPUs the database says the node owns. Every check runs, so a
+    verdict lists all that is wrong, not just the first thing.
+    """
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    context = _context(nonce, roots, list(intermediates), revoked, references, now, max_age_s, cache)
+    reasons = _nonce_checks(evidence, nonce, now) + _membership_checks(evidence, node_gpus)
+    for gpu in evidence.gpus:
+        reasons += _gpu_checks(gpu, context)
+    return Verdict(status=_status(reasons), reasons=reasons, gpus=[_summary(gpu) for gpu in evidence.gpus])
+
+
+def _context(nonce, roots, intermediates, revoked, references, now, max_age_s, cache) -> _Context:
+    issuers: dict[x509.Name, list[x509.Certificate]] = {}
+    # Roots first, so a path ends at a trusted root as soon as one signed it.
+    for cert in [*roots, *intermediates]:
+        issuers.setdefault(cert.subject, []).append(cert)
+    context = _Context(nonce=nonce, revoked=revoked, references=references, now=now, max_age_s=max_age_s,
+                       cache=cache, roots=set(roots), issuers_by_subject=issuers)
+    if cache is not None:
+        digest = hashlib.sha256(b"roots")
+        for cert in sorted(cert.fingerprint(hashes.SHA256()) for cert in roots):
+            digest.update(cert)
+        digest.update(b"intermediates")
+        for cert in sorted(cert.fingerprint(hashes.SHA256()) for cert in intermediates):
+            digest.update(cert)
+        context.anchors_digest = digest.digest()
+    return context
+
+
+def _status(reasons: list[Reason]) -> str:
+    if not reasons:
+        return PASS
+    if all(reason.check == "reference_missing" for reason in reasons):
+        return REFERENCE_UNAVAILABLE
+    return FAIL
+
+
+def _summary(gpu: GPUEvidence) -> dict[str, Any]:
+    return {"uuid": gpu.uuid, "serial": gpu.serial, "model": gpu.gpu_model, "vbios": gpu.vbios,
+            "driver": gpu.driver, "measurements": _measurements_json(gpu.measurements)}
+
+
+def _nonce_checks(evidence: NodeEvidence, nonce: NonceRecord, now: datetime) -> list[Reason]:
+    reasons = []
+    if evidence.nonce != nonce.value:
+        reasons.append(Reason(None, "nonce_mismatch", "the evidence answers another challenge"))
+    if nonce.used:
+        reasons.append(Reason(None, "nonce_replayed", "this challenge was answered before"))
+    if now > nonce.expires_at:
+        reasons.append(Reason(None, "nonce_expired", f"the challenge expired at {nonce.expires_at.isoformat()}"))
+    return reasons
+
+
+def _membership_checks(evidence: NodeEvidence, node_gpus: Mapping[str, tuple[str, str]]) -> list[Reason]:
+    """The evidence covers exactly the node's GPUs, each once, each as the database knows it."""
+    reasons = []
+    seen_uuids: set[str] = set()
+    seen_serials: set[str] = set()
+    for gpu in evidence.gpus:
+        if gpu.uuid in seen_uuids or gpu.serial in seen_serials:
+            reasons.append(Reason(gpu.uuid, "duplicate_gpu", f"GPU {gpu.uuid} (serial {gpu.serial}) reported twice"))
+        seen_uuids.add(gpu.uuid)
+        seen_serials.add(gpu.serial)
+        owned = node_gpus.get(gpu.uuid)
+        if owned is None:
+            reasons.append(Reason(gpu.uuid, "foreign_gpu", "this GPU is not registered to this node"))
+        elif tuple(owned) != (gpu.serial, gpu.gpu_model):
+            reasons.append(Reason(gpu.uuid, "foreign_gpu", f"registered as serial {owned[0]}, model {owned[1]}; "
+                                                           f"reported serial {gpu.serial}, model {gpu.gpu_model}"))
+    for uuid in node_gpus:
+        if uuid not in seen_uuids:
+            reasons.append(Reason(uuid, "gpu_missing", "a GPU of this node sent no evidence"))
+    return reasons
+
+
+def _gpu_checks(gpu: GPUEvidence, context: _Context) -> list[Reason]:
+    leaf, reasons = _verified_chain(gpu, context)
+    if leaf is not None:
+        reasons += _identity_checks(gpu, leaf)
+        reasons += _signature_checks(gpu, leaf)
+    reasons += _freshness_checks(gpu, context)
+    reasons += _measurement_checks(gpu, context)
+    return reasons
+
+
+def _freshness_checks(gpu: GPUEvidence, context: _Context) -> list[Reason]:
+    reasons = []
+    if gpu.nonce != context.nonce.value:
+        reasons.append(Reason(gpu.uuid, "nonce_mismatch", "this GPU's evidence carries another nonce"))
+    issued = context.nonce.issued_at.timestamp()
+    now = context.now.timestamp()
+    generated = gpu.generated_at
+    if generated < issued - CLOCK_SKEW_S:
+        reasons.append(Reason(gpu.uuid, "stale", "generated before the challenge was issued"))
+    elif generated > now + CLOCK_SKEW_S:
+        reasons.append(Reason(gpu.uuid, "stale", f"generated {generated - now:.0f} s in the future"))
+    elif now - generated > context.max_age_s:
+        reasons.append(Reason(gpu.uuid, "stale", f"generated {now - generated:.0f} s ago, "
+                                                 f"more than {context.max_age_s} s"))
+    return reasons
+
+
+def _measurement_checks(gpu: GPUEvidence, context: _Context) -> list[Reason]:
+    version = (gpu.gpu_model, gpu.vbios, gpu.driver)
+    reference = _reference(version, context)
+    if reference is None:
+        return [Reason(gpu.uuid, "reference_missing",
+                       f"no reference measurements for {gpu.gpu_model} VBIOS {gpu.vbios} driver {gpu.driver}")]
+    reasons = []
+    reported = {int(index): digest for index, digest in gpu.measurements.items()}
+    for index in sorted(reference.keys() | reported.keys()):
+        expected, got = reference.get(index), reported.get(index)
+        if expected == got:
+            continue
+        if got is None:
+            detail = f"measurement {index} is missing"
+        elif expected is None:
+            detail = f"measurement {index} is not in the reference"
+        else:
+            detail = f"measurement {index} is {got[:16]}..., the reference is {expected[:16]}..."
+        reasons.append(Reason(gpu.uuid, "measurement_mismatch", detail))
+    return reasons
+
+
+def _reference(version: tuple[str, str, str], context: _Context) -> dict[int, str] | None:
+    """The reference with int keys and lower-case digests (the database stores JSON, string keys)."""
+    if version not in context.normalised_references:
+        raw = context.references.get(version)
+        context.normalised_references[version] = (
+            None if raw is None else {int(index): str(digest).lower() for index, digest in raw.items()})
+    return context.normalised_references[version]
+
+
+def _identity_checks(gpu: GPUEvidence, leaf: _Leaf) -> list[Reason]:
+    if leaf.common_names == (gpu.uuid,) and leaf.serial_numbers == (gpu.serial,):
+        return []
+    return [Reason(gpu.uuid, "identity_mismatch",
+                   f"the device certificate is for CN={','.join(leaf.common_names) or '-'} "
+                   f"serialNumber={','.join(leaf.serial_numbers) or '-'}, "
+                   f"the evidence for {gpu.uuid} serial {gpu.serial}")]
+
+
+def _signature_checks(gpu: GPUEvidence, leaf: _Leaf) -> list[Reason]:
+    key = leaf.public_key
+    if not (isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP384R1)):
+        return [Reason(gpu.uuid, "bad_signature", "the device key is not ECDSA P-384")]
+    try:
+        signature = base64.b64decode(gpu.signature, validate=True)
+        key.verify(signature, canonical_bytes(gpu), ec.ECDSA(hashes.SHA384()))
+    except (binascii.Error, ValueError):
+        return [Reason(gpu.uuid, "bad_signature", "the signature is not valid base64")]
+    except InvalidSignature:
+        return [Reason(gpu.uuid, "bad_signature", "the evidence signature does not verify with the device key")]
+    return []
+
+
+#
+# Certificate chains
+#
+
+
+def _verified_chain(gpu: GPUEvidence, context: _Context) -> tuple[_Leaf | None, list[Reason]]:
+    """The device certificate, and what is wrong with its chain; from the cache when it holds it."""
+    key = None
+    if context.cache is not None:
+        key = _cache_key(gpu.certificate_chain, context.anchors_digest)
+        entry = context.cache.get(key, context.now)
+        if entry is not None:
+            return entry.leaf, _revocation_checks(entry.path, context.revoked, gpu.uuid)
+    certs, reasons = _load_chain(gpu)
+    if not certs:
+        return None, reasons
+    leaf = _leaf(certs[0])
+    if leaf is None:
+        return None, [Reason(gpu.uuid, "malformed_certificate", "the device certificate's key cannot be read")]
+    path, reasons = _build_path(certs[0], certs[1:], context, gpu.uuid)
+    ids = tuple(_path_cert(cert) for cert in path)
+    reasons += _path_checks(path, context.now, gpu.uuid)
+    reasons += _revocation_checks(ids, context.revoked, gpu.uuid)
+    if key is not None and not reasons:
+        context.cache.put(key, _ChainEntry(leaf=leaf, path=ids,
+                                           valid_from=max(cert.not_valid_before_utc for cert in path),
+                                           valid_until=min(cert.not_valid_after_utc for cert in path)))
+    return leaf, reasons
+
+
+def _cache_key(pems: list[str], anchors_digest: bytes) -> bytes:
+    digest = hashlib.sha256(anchors_digest)
+    for pem in pems:
+        digest.update(len(pem).to_bytes(4, "big"))
+        digest.update(pem.encode("ascii", "replace"))
+    return digest.digest()
+
+
+def _load_chain(gpu: GPUEvidence) -> tuple[list[x509.Certificate], list[Reason]]:
+    certs = []
+    for position, pem in enumerate(gpu.certificate_chain):
+        try:
+            cert = x509.load_pem_x509_certificate(pem.encode("ascii"))
+            cert.extensions  # noqa: B018 -- parsed here so a malformed extension is reported, not raised later
+        except (ValueError, UnicodeEncodeError) as error:
+            return [], [Reason(gpu.uuid, "malformed_certificate", f"certificate {position} does not parse: {error}")]
+        certs.append(cert)
+    if not certs:
+        return [], [Reason(gpu.uuid, "malformed_certificate", "no device certificate")]
+    return certs, []
+
+
+def _leaf(cert: x509.Certificate) -> _Leaf | None:
+    try:
+        public_key = cert.public_key()
+    except (ValueError, UnsupportedAlgorithm):
+        return None
+    subject = cert.subject
+    return _Leaf(cert=cert, public_key=public_key,
+                 common_names=tuple(str(a.value) for a in subject.get_attributes_for_oid(NameOID.COMMON_NAME)),
+                 serial_numbers=tuple(str(a.value) for a in subject.get_attributes_for_oid(NameOID.SERIAL_NUMBER)))
+
+
+def _path_cert(cert: x509.Certificate) -> _PathCert:
+    return _PathCert(subject=cert.subject.rfc4514_string(), issuer=cert.issuer.rfc4514_string(),
+                     serial_number=cert.serial_number)
+
+
+def _issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    """Whether ``issuer``'s key signed ``cert`` (and the names agree): the one test of a chain link."""
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (InvalidSignature, ValueError, TypeError, UnsupportedAlgorithm):
+        return False
+    return True
+
+
+def _build_path(leaf: x509.Certificate, presented: list[x509.Certificate], context: _Context,
+                uuid: str) -> tuple[list[x509.Certificate], list[Reason]]:
+    """
+    Walk from the device certificate up to a trusted root, each step to a certificate whose key
+    signed the one below. Returns the path (partial when it breaks) and why it broke.
+    """
+    path = [leaf]
+    current = leaf
+    while current not in context.roots:
+        if len(path) > MAX_PATH:
+            return path, [Reason(uuid, "chain_too_long", f"no trusted root within {MAX_PATH} certificates")]
+        subject = current.subject.rfc4514_string()
+        if current.issuer == current.subject:
+            return path, [Reason(uuid, "untrusted_root", f"the chain ends at {subject}, self-signed and not trusted")]
+        candidates = [cert for cert in context.issuers_by_subject.get(current.issuer, []) if cert not in path]
+        candidates += [cert for cert in presented if cert.subject == current.issuer and cert not in path]
+        if not candidates:
+            return path, [Reason(uuid, "untrusted_root", f"the chain ends at {subject}, whose issuer "
+                                                          f"{current.issuer.rfc4514_string()} is not trusted")]
+        issuer = next((cert for cert in candidates if _issued_by(current, cert)), None)
+        if issuer is None:
+            return path, [Reason(uuid, "chain_signature", f"{subject} names {current.issuer.rfc4514_string()} "
+                                                           "as issuer, but that certificate's key did not sign it")]
+        path.append(issuer)
+        current = issuer
+    return path, []
+
+
+def _path_checks(path: list[x509.Certificate], now: datetime, uuid: str) -> list[Reason]:
+    reasons = []
+    for cert in path:
+        reasons += _validity_checks(cert, now, uuid)
+    leaf_constraints = _extension(path[0], x509.BasicConstraints)
+    if leaf_constraints is not None and leaf_constraints.ca:
+        reasons.append(Reason(uuid, "leaf_is_ca", "the device certificate is a CA certificate"))
+    for depth, issuer in enumerate(path[1:], start=1):
+        reasons += _issuer_checks(issuer, depth, uuid)
+    return reasons
+
+
+def _validity_checks(cert: x509.Certificate, now: datetime, uuid: str) -> list[Reason]:
+    subject = cert.subject.rfc4514_string()
+    if now > cert.not_valid_after_utc:
+        return [Reason(uuid, "expired", f"{subject} expired at {cert.not_valid_after_utc.isoformat()}")]
+    if now < cert.not_valid_before_utc:
+        return [Reason(uuid, "not_yet_valid", f"{subject} is valid from {cert.not_valid_before_utc.isoformat()}")]
+    return []
+
+
+def _issuer_checks(issuer: x509.Certificate, depth: int, uuid: str) -> list[Reason]:
+    """An issuer must be a CA allowed to sign certificates, with room for the CAs below it."""
+    subject = issuer.subject.rfc4514_string()
+    constraints = _extension(issuer, x509.BasicConstraints)
+    usage = _extension(issuer, x509.KeyUsage)
+    problems = []
+    if constraints is None or not constraints.ca:
+        problems.append("BasicConstraints CA is not true")
+    if usage is None or not usage.key_cert_sign:
+        problems.append("KeyUsage lacks keyCertSign")
+    if problems:
+        return [Reason(uuid, "not_a_ca", f"{subject} signed a certificate but is not a CA: {'; '.join(problems)}")]
+    # depth 1 issued the leaf; the CAs between it and the leaf are depth - 1.
+    if constraints.path_length is not None and depth - 1 > constraints.path_length:
+        return [Reason(uuid, "path_length", f"{subject} allows {constraints.path_length} intermediate CAs "
+                                            f"below it, the chain has {depth - 1}")]
+    return []
+
+
+def _extension(cert: x509.Certificate, kind: type) -> Any:
+    try:
+        return cert.extensions.get_extension_for_class(kind).value
+    except x509.ExtensionNotFound:
+        return None
+
+
+def _revocation_checks(path: Iterable[_PathCert], revoked: set[tuple[str, int]], uuid: str) -> list[Reason]:
+    return [Reason(uuid, "revoked", f"{cert.subject} (serial {cert.serial_number:x} of {cert.issuer}) is revoked")
+            for cert in path if (cert.issuer, cert.serial_number) in revoked]
