@@ -4,6 +4,7 @@ import uuid
 
 from django.db import models
 
+from cloud.models import PlatformQuerySet
 from tenants.scoping import TenantScopedQuerySet
 
 from .crypto import EncryptedTextField
@@ -95,6 +96,8 @@ class TrustAnchor(models.Model):
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = PlatformQuerySet.as_manager()
+
     class Meta:
         ordering = ["kind", "name"]
 
@@ -105,11 +108,13 @@ class TrustAnchor(models.Model):
 class RevokedCertificate(models.Model):
     """A revoked certificate, as a CRL names it: its issuer and serial number (any certificate in a chain)."""
 
-    id = models.BigAutoField(primary_key=True)
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     issuer = models.CharField(max_length=500, help_text="The issuer's distinguished name (RFC 4514).")
     serial_number = models.CharField(max_length=64, help_text="Hex, lower case, no leading zeros.")
     reason = models.CharField(max_length=200, blank=True)
     revoked_at = models.DateTimeField(auto_now_add=True)
+
+    objects = PlatformQuerySet.as_manager()
 
     class Meta:
         ordering = ["-revoked_at"]
@@ -125,13 +130,15 @@ class ReferenceMeasurement(models.Model):
     by staff (from the vendor's reference integrity manifest): index -> SHA-384 hex digest.
     """
 
-    id = models.BigAutoField(primary_key=True)
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     gpu_model = models.CharField(max_length=64, help_text="The GPU model's slug.")
     vbios_version = models.CharField(max_length=64)
     driver_version = models.CharField(max_length=64)
     measurements = models.JSONField()
     registered_by_id = models.UUIDField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = PlatformQuerySet.as_manager()
 
     class Meta:
         ordering = ["gpu_model", "vbios_version", "driver_version"]
@@ -173,6 +180,8 @@ class AttestationReport(models.Model):
     gpus = models.JSONField(default=list)  # [{"uuid", "serial", "model", "vbios", "driver", "measurements"}]
     evidence_sha384 = models.CharField(max_length=96, blank=True)
     verified_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = PlatformQuerySet.as_manager()
 
     class Meta:
         ordering = ["-verified_at"]

@@ -39,6 +39,10 @@ POLICIES: dict[str, dict[str, str]] = {
     "fabrics": {"read": PLATFORM, "write": PLATFORM_ADMIN},
     "nodes": {"read": PLATFORM, "write": PLATFORM_ADMIN},
     "gpus": {"read": PLATFORM, "write": PLATFORM_ADMIN},
+    "trust-anchors": {"read": PLATFORM, "write": PLATFORM_ADMIN},
+    "revocations": {"read": PLATFORM, "write": PLATFORM_ADMIN},
+    "reference-measurements": {"read": PLATFORM, "write": PLATFORM_ADMIN},
+    "attestation-reports": {"read": PLATFORM, "write": NOBODY},
 }
 
 READ_ONLY_TOKEN = "This API token is read-only."

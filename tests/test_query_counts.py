@@ -7,6 +7,7 @@ added later cannot slip past the guard.
 from __future__ import annotations
 
 import secrets
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -21,7 +22,7 @@ from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region, Switch
 from provisioning.models import VPC, Instance, Operation, PortMembership, Reservation
-from security.models import AuditEvent
+from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
 from tenants.choices import QuotaResource, TeamRole, TenantRole
 from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, secret_digest
 from tests.world import World, fleet_node, h100, make_user, unique, vm_offering
@@ -203,7 +204,36 @@ def make_vpcs(world, n):
         PortMembership.objects.create(vpc=vpc, instance=instance, guid=f"{0x1000 + base + i:016x}", address=None)
 
 
+def make_trust_anchors(world, n):
+    from security import device_pki
+    from security.services import trust_anchor_add
+
+    for _ in range(n):
+        _, cert = device_pki.make_root(f"Root {secrets.token_hex(4)}")
+        trust_anchor_add(actor=None, name="root", certificate_pem=device_pki.cert_to_pem(cert))
+
+
+def make_revocations(world, n):
+    RevokedCertificate.objects.bulk_create([RevokedCertificate(issuer="CN=CA", serial_number=secrets.token_hex(8))
+                                            for _ in range(n)])
+
+
+def make_references(world, n):
+    ReferenceMeasurement.objects.bulk_create([ReferenceMeasurement(
+        gpu_model="h100-80gb-sxm", vbios_version=secrets.token_hex(4), driver_version="1", measurements={"0": "a" * 96})
+        for _ in range(n)])
+
+
+def make_attestation_reports(world, n):
+    AttestationReport.objects.bulk_create([AttestationReport(node_id=uuid.uuid4(), nonce="0" * 64, status="fail",
+                                                             reasons=[{"check": "stale"}]) for _ in range(n)])
+
+
 ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
+    TrustAnchor: make_trust_anchors,
+    RevokedCertificate: make_revocations,
+    ReferenceMeasurement: make_references,
+    AttestationReport: make_attestation_reports,
     VPC: make_vpcs,
     Reservation: make_reservations,
     Operation: make_operations,

@@ -22,7 +22,8 @@ from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region
 from provisioning.admission import Ask
 from provisioning.models import VPC, Instance, Operation, Reservation
 from provisioning.services import reservation_create
-from security.models import AuditEvent
+from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
+from security.simulated_devices import trust_simulated_fleet
 from tenants import services
 from tenants.choices import TenantRole
 from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership
@@ -102,6 +103,23 @@ def node_enrolment(w: World) -> dict:
             "gpus": [{"index": i, "uuid": f"GPU-{uuid.uuid4()}", "serial": f"SN{uuid.uuid4().hex[:10]}",
                       "pci_bus_id": f"00000000:{0x18 + i:02x}:00.0"} for i in range(8)],
             "ib_port_guids": [f"b83fd2{uuid.uuid4().hex[:10]}" for _ in range(8)]}
+
+
+def anchor_body(w: World) -> dict:
+    from security import device_pki
+
+    _, cert = device_pki.make_root(unique("Vendor GPU Root CA"))
+    return {"name": "Vendor root", "certificate_pem": device_pki.cert_to_pem(cert)}
+
+
+def attestation_row(model):
+    """A row of each attestation record: the simulated fleet's trust, a revocation, a report."""
+    trust_simulated_fleet()
+    if not RevokedCertificate.objects.exists():
+        RevokedCertificate.objects.create(issuer="CN=Old GPU CA", serial_number="abc")
+    if not AttestationReport.objects.exists():
+        AttestationReport.objects.create(node_id=uuid.uuid4(), nonce="0" * 64, status="pass")
+    return model.objects.order_by("pk").first().pk
 
 
 def vpc_body(w: World) -> dict:
@@ -259,6 +277,29 @@ MATRIX: dict[tuple[str, str], Case] = {
         "401 403 403 403 403 403 200 200", lambda w: available_node(w).replace("maintenance", "steps")),
     ("GET", "gpus-list"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/gpus/"),
     ("GET", "gpus-detail"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/gpus/{first(GPU)(w)}/"),
+    ("GET", "trust-anchors-list"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/trust-anchors/"),
+    ("POST", "trust-anchors-list"): Case("401 403 403 403 403 403 403 201", lambda w: f"{V1}/trust-anchors/",
+                                         anchor_body),
+    ("GET", "trust-anchors-detail"): Case(
+        "401 403 403 403 403 403 200 200", lambda w: f"{V1}/trust-anchors/{attestation_row(TrustAnchor)}/"),
+    ("GET", "revocations-list"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/revocations/"),
+    ("POST", "revocations-list"): Case("401 403 403 403 403 403 403 201", lambda w: f"{V1}/revocations/",
+                                       lambda w: {"issuer": "CN=Some GPU CA", "serial_number": "0x1f2e"}),
+    ("GET", "revocations-detail"): Case(
+        "401 403 403 403 403 403 200 200", lambda w: f"{V1}/revocations/{attestation_row(RevokedCertificate)}/"),
+    ("GET", "reference-measurements-list"): Case(
+        "401 403 403 403 403 403 200 200", lambda w: f"{V1}/reference-measurements/"),
+    ("POST", "reference-measurements-list"): Case(
+        "401 403 403 403 403 403 403 201", lambda w: f"{V1}/reference-measurements/",
+        lambda w: {"gpu_model": "h100-80gb-sxm", "vbios_version": unique("vbios"), "driver_version": "570.1",
+                   "measurements": {"0": "a" * 96, "1": "b" * 96}}),
+    ("GET", "reference-measurements-detail"): Case(
+        "401 403 403 403 403 403 200 200",
+        lambda w: f"{V1}/reference-measurements/{attestation_row(ReferenceMeasurement)}/"),
+    ("GET", "attestation-reports-list"): Case(
+        "401 403 403 403 403 403 200 200", lambda w: f"{V1}/attestation-reports/"),
+    ("GET", "attestation-reports-detail"): Case(
+        "401 403 403 403 403 403 200 200", lambda w: f"{V1}/attestation-reports/{attestation_row(AttestationReport)}/"),
 }
 
 

@@ -22,9 +22,10 @@ from tenants.scoping import TenantScopedQuerySet
 from tests.routes import api_routes
 from tests.world import issue_token
 
-# Platform-owned resources: the catalogue (every tenant reads the same rows) and the fleet
-# (staff only; tenants get 403, proven cell by cell in the role matrix).
-PLATFORM_RESOURCES = {"regions", "gpu-models", "offerings", "fabrics", "nodes", "gpus"}
+# Platform-owned resources: the catalogue (every tenant reads the same rows), the fleet and what
+# attestation trusts (staff only; tenants get 403, proven cell by cell in the role matrix).
+PLATFORM_RESOURCES = {"regions", "gpu-models", "offerings", "fabrics", "nodes", "gpus", "trust-anchors", "revocations",
+                      "reference-measurements", "attestation-reports"}
 # Plain views that are not about a tenant's objects: the caller itself, and accepting an
 # invitation (scoped by its secret).
 NOT_TENANT_SCOPED_VIEWS = {"me", "invitation-accept"}

@@ -5,6 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from provisioning.api import networks
 from provisioning.api import views as provisioning
+from security.api import views as security
 from security.api.views import AuditEventViewSet
 from tenants.api import views as tenants
 
@@ -34,6 +35,10 @@ router.register("offerings", cloud.OfferingViewSet, basename="offerings")
 router.register("fabrics", cloud.FabricViewSet, basename="fabrics")
 router.register("nodes", cloud.NodeViewSet, basename="nodes")
 router.register("gpus", cloud.GPUViewSet, basename="gpus")
+router.register("trust-anchors", security.TrustAnchorViewSet, basename="trust-anchors")
+router.register("revocations", security.RevocationViewSet, basename="revocations")
+router.register("reference-measurements", security.ReferenceMeasurementViewSet, basename="reference-measurements")
+router.register("attestation-reports", security.AttestationReportViewSet, basename="attestation-reports")
 
 urlpatterns = [
     path("me/", tenants.MeView.as_view(), name="me"),

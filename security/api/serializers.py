@@ -1,6 +1,9 @@
 from rest_framework import serializers
 
-from ..models import AuditEvent
+from cloud.api.base import StrictSerializer
+from cloud.models import GPUModel
+
+from ..models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -10,4 +13,59 @@ class AuditEventSerializer(serializers.ModelSerializer):
         model = AuditEvent
         fields = ["id", "occurred_at", "actor_id", "actor_email", "token_id", "tenant_id", "action", "target_type",
                   "target_id", "before", "after", "request_id"]
+        read_only_fields = fields
+
+
+class TrustAnchorSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TrustAnchor
+        fields = ["id", "name", "kind", "subject", "fingerprint_sha256", "not_after", "is_active", "created_at",
+                  "certificate_pem"]
+        read_only_fields = fields
+
+
+class TrustAnchorCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=200)
+    kind = serializers.ChoiceField(choices=TrustAnchor.Kind.choices, default=TrustAnchor.Kind.ROOT)
+    certificate_pem = serializers.CharField(max_length=16_384, trim_whitespace=False)
+
+
+class RevocationSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RevokedCertificate
+        fields = ["id", "issuer", "serial_number", "reason", "revoked_at"]
+        read_only_fields = fields
+
+
+class RevocationCreateSerializer(StrictSerializer):
+    issuer = serializers.CharField(max_length=500, help_text="The issuer's DN as RFC 4514 writes it.")
+    serial_number = serializers.RegexField(r"^(0x)?[0-9a-fA-F]{1,40}$", max_length=42, help_text="Hex.")
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class ReferenceMeasurementSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ReferenceMeasurement
+        fields = ["id", "gpu_model", "vbios_version", "driver_version", "measurements", "registered_by_id",
+                  "created_at"]
+        read_only_fields = fields
+
+
+class ReferenceMeasurementCreateSerializer(StrictSerializer):
+    gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GPUModel.objects.all())
+    vbios_version = serializers.RegexField(r"^[0-9A-Za-z.\-_]{1,64}$", max_length=64)
+    driver_version = serializers.RegexField(r"^[0-9A-Za-z.\-_]{1,64}$", max_length=64)
+    measurements = serializers.DictField(child=serializers.CharField(max_length=96), allow_empty=False,
+                                         help_text='Index -> SHA-384 hex digest, e.g. {"0": "9f2c..."}.')
+
+    def validate_measurements(self, value):
+        if len(value) > 64:
+            raise serializers.ValidationError("At most 64 measurements.")
+        return value
+
+
+class AttestationReportSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AttestationReport
+        fields = ["id", "node_id", "status", "reasons", "gpus", "nonce", "evidence_sha384", "verified_at"]
         read_only_fields = fields
