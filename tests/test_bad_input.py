@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from urllib.parse import quote, urlencode
 
 import pytest
@@ -119,6 +120,25 @@ def _vpc_body(w: World) -> dict:
     return {"name": "training", "region": "us-east-1", "cidr": "10.30.0.0/24", "mtu": 4096, "service_level": 0}
 
 
+def _ca(**kwargs):
+    from security import device_pki
+
+    return device_pki.make_root("Vendor GPU Root CA", **kwargs)[1]
+
+
+def _pem(cert) -> str:
+    from security import device_pki
+
+    return device_pki.cert_to_pem(cert)
+
+
+def _device_cert() -> str:
+    from security import device_pki
+
+    root_key, root = device_pki.make_root("Vendor GPU Root CA")
+    return _pem(device_pki.make_device(root_key, root, gpu_uuid="GPU-1", serial="1")[1])
+
+
 def _membership_path(w: World) -> str:
     return f"/api/v1/memberships/{Membership.objects.get(user=w.users['t1_viewer']).pk}/"
 
@@ -152,6 +172,13 @@ ENDPOINTS = {
                  lambda w: f"/api/v1/nodes/{maintainable_node().pk}/maintenance/",
                  lambda w: {"reason": "firmware update"}, 200),
         Endpoint("vpc-create", "t1_member", "post", lambda w: "/api/v1/vpcs/", _vpc_body, 201),
+        Endpoint("trust-anchor-create", "platform_admin", "post", lambda w: "/api/v1/trust-anchors/",
+                 lambda w: {"name": "Vendor root", "certificate_pem": _pem(_ca())}, 201),
+        Endpoint("revocation-create", "platform_admin", "post", lambda w: "/api/v1/revocations/",
+                 lambda w: {"issuer": "CN=Vendor GPU CA", "serial_number": "1f2e3d", "reason": "key compromise"}, 201),
+        Endpoint("reference-create", "platform_admin", "post", lambda w: "/api/v1/reference-measurements/",
+                 lambda w: {"gpu_model": "h100-80gb-sxm", "vbios_version": "96.00.aa.00.01", "driver_version": "575.1",
+                            "measurements": {"0": "a" * 96, "1": "b" * 96}}, 201),
     ]
 }
 
@@ -195,6 +222,12 @@ def _string_cases(field: str, *, choice: bool = False) -> list:
 
 def _read_only(*fields: str) -> list:
     return [(f"read-only-{f}", lambda w, v, f=f: {**v, f: str(uuid.uuid4())}, 400, "read_only", f) for f in fields]
+
+
+def _not_accepted(*fields: str) -> list:
+    """Fields of the answer that a create does not take (its input is its own serializer)."""
+    return [(f"not-accepted-{f}", lambda w, v, f=f: {**v, f: str(uuid.uuid4())}, 400, ("read_only", "unknown_field"),
+             f) for f in fields]
 
 
 def _case(case_id, body, status=400, code=None, attr=None):
@@ -363,6 +396,44 @@ SPECIFIC_CASES = {
               attr="tenant"),
         _case("state-field", lambda w, v: {**v, "state": "active"}, code="unknown_field", attr="state"),
         _case("is-default-field", lambda w, v: {**v, "is_default": True}, code="unknown_field", attr="is_default"),
+    ],
+    "trust-anchor-create": [
+        *_string_cases("name"),
+        _case("pem-garbage", lambda w, v: {**v, "certificate_pem": "-----BEGIN CERTIFICATE-----\nnope\n"},
+              code="invalid_certificate", attr="certificate_pem"),
+        _case("pem-not-a-ca", lambda w, v: {**v, "certificate_pem": _device_cert()}, code="not_a_ca",
+              attr="certificate_pem"),
+        _case("pem-expired", lambda w, v: {**v, "certificate_pem": _pem(_ca(
+            not_before=datetime(2020, 1, 1, tzinfo=UTC), not_after=datetime(2021, 1, 1, tzinfo=UTC)))},
+              code="expired", attr="certificate_pem"),
+        _case("pem-20kb", lambda w, v: {**v, "certificate_pem": "A" * 20_000}, code="max_length",
+              attr="certificate_pem"),
+        _case("kind-superuser", lambda w, v: {**v, "kind": "superuser"}, code="invalid_choice", attr="kind"),
+        _case("pem-missing", lambda w, v: {"name": "x"}, code="required", attr="certificate_pem"),
+        *_not_accepted("id", "fingerprint_sha256"),
+    ],
+    "revocation-create": [
+        *_string_cases("issuer"),
+        _case("serial-not-hex", lambda w, v: {**v, "serial_number": "xyz"}, code="invalid", attr="serial_number"),
+        _case("serial-huge", lambda w, v: {**v, "serial_number": "f" * 100}, attr="serial_number"),
+        _case("serial-missing", lambda w, v: {"issuer": "CN=x"}, code="required", attr="serial_number"),
+        *_not_accepted("id", "revoked_at"),
+    ],
+    "reference-create": [
+        _case("model-unknown", lambda w, v: {**v, "gpu_model": "no-such-gpu"}, code="does_not_exist",
+              attr="gpu_model"),
+        _case("vbios-spaces", lambda w, v: {**v, "vbios_version": "96 00"}, code="invalid", attr="vbios_version"),
+        _case("vbios-10kb", lambda w, v: {**v, "vbios_version": LONG}, attr="vbios_version"),
+        _case("digest-short", lambda w, v: {**v, "measurements": {"0": "abc"}}, code="invalid", attr="measurements"),
+        _case("digest-not-hex", lambda w, v: {**v, "measurements": {"0": "z" * 96}}, code="invalid",
+              attr="measurements"),
+        _case("index-not-numeric", lambda w, v: {**v, "measurements": {"first": "a" * 96}}, code="invalid",
+              attr="measurements"),
+        _case("measurements-empty", lambda w, v: {**v, "measurements": {}}, attr="measurements"),
+        _case("measurements-list", lambda w, v: {**v, "measurements": ["a" * 96]}, attr="measurements"),
+        _case("measurements-65", lambda w, v: {**v, "measurements": {str(i): "a" * 96 for i in range(65)}},
+              attr="measurements"),
+        *_not_accepted("id", "created_at", "registered_by_id"),
     ],
     "node-maintenance": [
         *_string_cases("reason"),
