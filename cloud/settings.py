@@ -297,6 +297,7 @@ SPECTACULAR_SETTINGS = {
         "ReservationStateEnum": "provisioning.choices.ReservationState.choices",
         "OperationStateEnum": "provisioning.choices.OperationState.choices",
         "GPUStateEnum": "cloud.choices.GPUState.choices",
+        "TrustAnchorKindEnum": "security.choices.TrustAnchorKind.choices",
     },
     "POSTPROCESSING_HOOKS": ["drf_standardized_errors.openapi_hooks.postprocess_schema_enums"],
 }

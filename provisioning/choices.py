@@ -41,6 +41,7 @@ class OperationKind(models.TextChoices):
     EXTEND = "extend", "Extend"
     PREEMPT = "preempt", "Preempt"
     VALIDATE = "validate", "Validate a node"
+    ATTEST = "attest", "Attest an idle node"
 
 
 class OperationState(models.TextChoices):

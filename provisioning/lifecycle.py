@@ -273,6 +273,29 @@ def node_validate(*, actor, node: Node) -> Operation:
     return operation
 
 
+def node_attest(node: Node) -> Operation | None:
+    """Attest an idle node again (it stays in the pool meanwhile); None when one is already under way."""
+    if Operation.objects.filter(node=node, kind__in=[OperationKind.ATTEST, OperationKind.VALIDATE],
+                                state__in=UNFINISHED).exists():
+        return None
+    steps = PIPELINES[(OperationKind.ATTEST, None)]
+    operation = Operation.objects.create(node=node, kind=OperationKind.ATTEST, step=steps[0].name)
+    _enqueue(operation, steps[0].name)
+    return operation
+
+
+def idle_nodes_due(now, limit: int):
+    """Idle nodes (available bare metal, in-service shared hosts) with no passing attestation for a while."""
+    from security.models import AttestationReport
+
+    since = now - settings.MERIDIAN_ATTESTATION_IDLE_INTERVAL
+    recent = AttestationReport.objects.filter(node_id=OuterRef("pk"), status=AttestationReport.Status.PASS,
+                                              verified_at__gte=since)
+    attesting = Operation.objects.filter(node=OuterRef("pk"), kind=OperationKind.ATTEST, state__in=UNFINISHED)
+    return (Node.objects.filter(state__in=[N.AVAILABLE, N.IN_SERVICE]).exclude(Exists(recent))
+            .exclude(Exists(attesting)).order_by("hostname")[:limit])
+
+
 #
 # Running steps
 #
@@ -464,7 +487,7 @@ def _node_failed(node: Node, reason: str) -> None:
 
 def _finish(operation: Operation) -> None:
     {OperationKind.PROVISION: _provisioned, OperationKind.RELEASE: _released,
-     OperationKind.VALIDATE: _validated}[operation.kind](operation)
+     OperationKind.VALIDATE: _validated, OperationKind.ATTEST: _attested}[operation.kind](operation)
 
 
 def _provisioned(operation: Operation) -> None:
@@ -559,8 +582,19 @@ def _validation_failed(operation: Operation, fault: NodeFault, message: str) -> 
     _close(operation, OperationState.FAILED, message)
 
 
+def _attested(operation: Operation) -> None:
+    _close(operation, OperationState.SUCCEEDED)
+
+
+def _attestation_failed(operation: Operation, fault: NodeFault, message: str) -> None:
+    """An idle node that fails (or cannot answer) is held: quarantined by its verdict, or faulty."""
+    if not fault.held:
+        _node_failed(operation.node, f"Attestation could not run: {fault.cause}")
+    _close(operation, OperationState.FAILED, message)
+
+
 FAILURES = {OperationKind.PROVISION: _provision_failed, OperationKind.RELEASE: _release_failed,
-            OperationKind.VALIDATE: _validation_failed}
+            OperationKind.VALIDATE: _validation_failed, OperationKind.ATTEST: _attestation_failed}
 
 
 #
@@ -569,12 +603,15 @@ FAILURES = {OperationKind.PROVISION: _provision_failed, OperationKind.RELEASE: _
 
 
 def tick(*, now=None, limit: int = 200) -> dict:
-    """Start due reservations, release ended ones, validate waiting nodes, resume or fail stuck work."""
+    """
+    Start due reservations, release ended ones, validate waiting nodes, attest idle ones that are
+    due (MERIDIAN_ATTESTATION_IDLE_INTERVAL, a few per tick), resume or fail stuck work.
+    """
     from .services import reservation_expire
 
     now = now or timezone.now()
-    report = {"started": 0, "expired": 0, "releases": 0, "validations": 0, "resumed": 0, "failed_stuck": 0,
-              "errors": 0}
+    report = {"started": 0, "expired": 0, "releases": 0, "validations": 0, "attestations": 0, "resumed": 0,
+              "failed_stuck": 0, "errors": 0}
 
     def each(items, act, counter):
         # One bad item is logged and skipped: it must not stop the rest of the tick.
@@ -605,6 +642,7 @@ def tick(*, now=None, limit: int = 200) -> dict:
     validating = Operation.objects.filter(node=OuterRef("pk"), kind=OperationKind.VALIDATE, state__in=UNFINISHED)
     each(Node.objects.filter(state=N.VALIDATING).exclude(Exists(validating))[:limit],
          lambda node: node_validate(actor=None, node=node), "validations")
+    each(idle_nodes_due(now, limit=max(1, limit // 10)), lambda node: node_attest(node) is not None, "attestations")
     stuck_before = now - settings.MERIDIAN_STUCK_AFTER
     each(Operation.objects.filter(state__in=UNFINISHED, updated_at__lt=stuck_before)[:limit],
          lambda operation: "resumed" if _resume(operation) else "failed_stuck", "resumed")

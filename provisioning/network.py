@@ -149,6 +149,10 @@ def ports_leave(instance: Instance) -> None:
     # Every partition it ever joined (a retry finds the rows closed by the first try).
     rows = list(PortMembership.objects.filter(instance=instance).select_related("vpc"))
     guids = set(instance_ports(instance, assign=False)) | {row.guid for row in rows}
+    # A retry after its virtual function went to another instance must leave that one's port alone.
+    guids -= set(PortMembership.objects.filter(guid__in=guids, left_at__isnull=True).exclude(
+        instance=instance).values_list("guid", flat=True))
+    rows = [row for row in rows if row.guid in guids]
     PortMembership.objects.filter(instance=instance, left_at__isnull=True).update(left_at=timezone.now())
     fabric = instance.node.fabric
     driver = fabric_driver_for(fabric)
@@ -191,15 +195,20 @@ def fabric_reconcile(fabric: Fabric) -> FabricReconciliation:
     """
     run = FabricReconciliation.objects.create(fabric=fabric, started_at=timezone.now())
     drift: list[dict] = []
-    try:
-        for vpc_id in VPC.objects.filter(fabric=fabric, state__in=[V.PENDING, V.DELETING, V.ERROR]).values_list(
-                "pk", flat=True):
+    failed = []
+    for vpc_id in VPC.objects.filter(fabric=fabric, state__in=[V.PENDING, V.DELETING, V.ERROR]).values_list(
+            "pk", flat=True):
+        try:
             vpc_sync(vpc_id)
+        except DriverError as exc:  # one VPC the fabric will not take must not stop the repair of the others
+            failed.append(f"VPC {vpc_id}: {exc}")
+    try:
         driver = fabric_driver_for(fabric)
         _repair(fabric, driver, driver.read(), drift)
-        run.ok = True
+        run.ok = not failed
+        run.error = "; ".join(failed)[:2000]
     except DriverError as exc:
-        run.error = str(exc)
+        run.error = "; ".join([*failed, str(exc)])[:2000]
     run.drift, run.finished_at = drift, timezone.now()
     run.save(update_fields=["drift", "finished_at", "ok", "error"])
     return run
@@ -212,6 +221,9 @@ def _repair(fabric: Fabric, driver, actual: dict[int, Partition], drift: list[di
     for pkey, guid, left_at in PortMembership.objects.filter(vpc__fabric=fabric).filter(
             Q(left_at__isnull=True) | Q(left_at__gt=now - LEAVING_GRACE)).values_list("vpc__pkey", "guid", "left_at"):
         (leaving if left_at else desired)[pkey].add(guid)
+    live = set().union(*desired.values()) if desired else set()
+    for pkey in leaving:
+        leaving[pkey] -= live - desired[pkey]  # a port live in another partition now has no grace here
     for pkey, vpc in sorted(vpcs.items()):
         if vpc.state != V.ACTIVE:
             continue

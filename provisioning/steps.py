@@ -189,7 +189,7 @@ def _attest(ctx: Context, node, gpus: list, *, instances: list, shared: bool = F
                                 gpu_uuids=[g.uuid for g in gpus] if shared else None)
     if report.status != AttestationReport.Status.PASS:
         attestation_outcome(node=node, report=report, gpus=gpus if shared else None)
-        why = "; ".join(f"{r['check']}: {r['detail']}" for r in report.reasons[:3])
+        why = "; ".join(dict.fromkeys(f"{r['check']}: {r['detail']}" for r in report.reasons))[:900]
         raise NodeFault(node, f"attestation {report.status}: {why}", transient=False, held=True)
     if ctx.operation.kind == OperationKind.PROVISION:
         from .receipts import receipt_store
@@ -370,4 +370,6 @@ PIPELINES: dict[tuple[str, str | None], list[Step]] = {
              Step("verify", verify)],
     (OperationKind.VALIDATE, None): [Step("check_bmc", check_bmc), Step("clear_node", clear_node),
                                      Step("verify", verify), Step("burn_in", burn_in)],
+    # An idle node proves itself again now and then without leaving the pool.
+    (OperationKind.ATTEST, None): [Step("verify", verify)],
 }

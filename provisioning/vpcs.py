@@ -246,7 +246,11 @@ def vpc_sync(vpc_id) -> str:
         if exc.transient:
             raise
         log.warning("Fabric refused VPC %s: %s", vpc.pk, exc)
-        if vpc.state != V.ERROR:
+        if vpc.state == V.DELETING:
+            # Never parked in error: a VPC in error is programmed again, and this one was asked to go.
+            VPC.objects.filter(pk=vpc.pk, state=V.DELETING).update(
+                state_reason=f"The fabric refused to delete the partition (retried by the reconciler): {exc}"[:500])
+        elif vpc.state != V.ERROR:
             _move(vpc, V.ERROR, reason=f"The fabric refused the partition: {exc}"[:500])
     return vpc.state
 

@@ -7,6 +7,7 @@ from django.db import models
 from cloud.models import PlatformQuerySet
 from tenants.scoping import TenantScopedQuerySet
 
+from .choices import TrustAnchorKind
 from .crypto import EncryptedTextField
 
 
@@ -82,9 +83,7 @@ class Incident(models.Model):
 class TrustAnchor(models.Model):
     """A certificate authority the operator trusts for GPU device certificates: a root, or an intermediate."""
 
-    class Kind(models.TextChoices):
-        ROOT = "root", "Root"
-        INTERMEDIATE = "intermediate", "Intermediate"
+    Kind = TrustAnchorKind
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=200)

@@ -145,7 +145,7 @@ def attestation_outcome(*, node, report: AttestationReport, gpus=None) -> None:
 
     if report.status == Status.PASS:
         return
-    summary = "; ".join(f"{r['check']}: {r['detail']}" for r in report.reasons[:5])[:450]
+    summary = "; ".join(dict.fromkeys(f"{r['check']}: {r['detail']}" for r in report.reasons))[:450]
     if gpus is not None:
         GPU.objects.filter(pk__in=[g.pk for g in gpus]).exclude(state=GPUState.QUARANTINED).update(
             state=GPUState.QUARANTINED)

@@ -25,3 +25,19 @@ def world(db) -> World:
 @pytest.fixture
 def api() -> APIClient:
     return APIClient()
+
+
+@pytest.fixture
+def steps(monkeypatch, settings):
+    """
+    The lifecycle's tasks, collected and run here in order (``steps.run()``) instead of by Celery,
+    one step per task (tests of chained steps turn MERIDIAN_STEP_CHAIN_SECONDS back on).
+    """
+    from provisioning import lifecycle
+    from tests.provisioning.pipeline import Steps
+
+    settings.MERIDIAN_STEP_CHAIN_SECONDS = 0
+    collected = Steps()
+    monkeypatch.setattr(lifecycle, "_enqueue", collected.enqueue)
+    monkeypatch.setattr(lifecycle, "provision_when_due", collected.when_due)
+    return collected

@@ -348,7 +348,7 @@ def test_a_worker_killed_while_writing_the_image_is_redelivered_and_provisions_o
     assert Simulated.calls("disk", hostname) == {"write_image": 2}
     assert Simulated.calls("bmc", hostname) == {"insert_media": 1, "set_boot_device": 2, "set_power": 1,
                                                 "eject_media": 1}
-    assert Simulated.calls("host", hostname) == {"use": 1}
+    assert Simulated.calls("host", hostname) == {"use": 1, "attest": 1}  # attested once, before the hand-over
 
     # The node is this reservation's alone.
     assert Node.objects.get(pk=node.pk).state == "allocated"

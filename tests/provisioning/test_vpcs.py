@@ -293,3 +293,19 @@ def test_provisioning_through_ufm_joins_and_leaves_by_its_rest_api(world, fleet,
         assert still_members(fabric_driver_for(vpc.fabric).read(), [guid]) == []
     finally:
         server.stop()
+
+
+def test_a_late_retry_of_a_release_leaves_the_next_vms_port_alone(world, fleet, steps):
+    """A redelivered leave_network after its virtual function went to the next VM must not cut that VM off."""
+    from provisioning.network import ports_leave
+
+    host = Node.objects.filter(pool="shared", is_spare=False).order_by("hostname").first()
+    Node.objects.filter(pool="shared").exclude(pk=host.pk).update(state="maintenance")
+    first = provision(world, steps, vm_offering(1), gpus=1)
+    vf = VirtualFunction.objects.get(instance__reservation_id=first)
+    release(world, steps, first)
+    second = provision(world, steps, vm_offering(1), persona="t2_member", gpus=1)
+    assert VirtualFunction.objects.get(instance__reservation_id=second).pk == vf.pk  # reused
+    ports_leave(Instance.objects.get(reservation_id=first))  # the late redelivery
+    theirs = VPC.objects.get(tenant=world.t2.tenant, is_default=True)
+    assert fabric_driver_for(host.fabric).read()[theirs.pkey].members.get(vf.guid) == FULL
