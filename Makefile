@@ -26,7 +26,7 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 
 bench: $(VENV)/.dev services
-	for b in seed_fleet api_latency ranking planner scheduler_cycle claims trace_replay; do \
+	for b in seed_fleet api_latency ranking planner scheduler_cycle claims trace_replay provisioning attestation; do \
 	  DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python bench/$$b.py || exit 1; done
 
 services:
