@@ -141,8 +141,12 @@ def test_run_command_serves_console_and_api_and_stops_cleanly(tmp_path):
         instance = api(f"instances/?reservation={now['id']}")["results"][0]
         assert instance["state"] == "active" and instance["address"] and instance["ssh_user"]
         operation = api(f"operations/?reservation={now['id']}&kind=provision")["results"][0]
-        assert operation["state"] == "succeeded" and [s["name"] for s in operation["steps"]] == [
-            "define_domain", "start_domain", "join_network", "hand_over"]
+        # verify waits (a run per look) until the node's agent answers the attestation challenge.
+        assert operation["state"] == "succeeded" and list(dict.fromkeys(s["name"] for s in operation["steps"])) == [
+            "define_domain", "start_domain", "join_network", "verify", "hand_over"]
+        assert [s["state"] for s in operation["steps"] if s["name"] == "verify"][-1] == "succeeded"
+        receipts = api(f"reservations/{now['id']}/receipts/")
+        assert len(receipts) == 1 and receipts[0]["receipt"].count(".") == 2  # signed before the hand-over
         # Released, it is cleaned: the GPU scrub goes through the node's (simulated) agent.
         api(f"reservations/{now['id']}/release/", {})
         deadline = time.monotonic() + 90
