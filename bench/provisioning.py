@@ -72,10 +72,12 @@ def seed():
 def reset():
     """Give everything back: no reservations, every node and GPU as the fleet builder left it."""
     from cloud.models import GPU
-    from provisioning.models import Reservation, SimulatedDevice
+    from provisioning.models import VPC, Reservation, SimulatedDevice
 
     Reservation.objects.all().delete()
-    SimulatedDevice.objects.all().delete()
+    VPC.objects.all().delete()  # and the fabric's partitions with the simulated hardware below
+    # The hardware forgets what tenants did; the GPUs' device identities (and their CA) stay.
+    SimulatedDevice.objects.exclude(key__startswith="pki:").exclude(key__startswith="gpu-identity:").delete()
     GPU.objects.update(state="available")
 
 

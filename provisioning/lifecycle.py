@@ -37,6 +37,7 @@ from .choices import InstanceState, OperationKind, OperationState, StepState
 from .choices import ReservationState as R
 from .drivers import NotYet, drivers_for
 from .models import Instance, Operation, Reservation, StepRun
+from .network import ports_abandon
 from .steps import PIPELINES, Context, NodeFault
 
 log = logging.getLogger(__name__)
@@ -534,11 +535,13 @@ def _validated(operation: Operation) -> None:
 def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> None:
     """The node is faulty; the others are cleaned; the reservation is placed again or fails."""
     reservation = Reservation.objects.select_for_update().select_related("offering").get(pk=operation.reservation_id)
-    if not fault.held:  # attestation holds the node (or its GPUs) itself
+    if fault.blame:  # attestation holds the node (or its GPUs) itself; a request fault leaves it be
         _node_failed(fault.node, f"Provisioning failed: {fault.cause}")
     _close(operation, OperationState.FAILED, message)
     instances = list(_instances_of(operation))
-    on_faulty = [i for i in instances if i.node_id == fault.node.pk]
+    on_faulty = [i for i in instances if i.node_id == fault.node.pk and (fault.blame or fault.held)]
+    # Never cleaned (their node is held): their ports still leave the tenant's network now.
+    ports_abandon(on_faulty)
     Instance.objects.filter(pk__in=[i.pk for i in on_faulty]).update(state=InstanceState.FAILED)
     if reservation.offering.kind != OfferingKind.BARE_METAL and reservation.offering.slots_per_gpu == 1:
         # Never scrubbed, maybe half set up: held out until the node is repaired and validated.
@@ -562,10 +565,11 @@ def _release_failed(operation: Operation, fault: NodeFault, message: str) -> Non
     Cleaning failed for good on one node: that node goes faulty (never back to the pool) with
     the reason, its instance is released; cleaning goes on for the others.
     """
-    if not fault.held:  # attestation holds the node (or its GPUs) itself
+    if fault.blame:  # attestation holds the node (or its GPUs) itself
         _node_failed(fault.node, f"Cleaning failed: {fault.cause}")
     reservation = operation.reservation
     on_node = list(_instances_of(operation).filter(node=fault.node))
+    ports_abandon(on_node)
     Instance.objects.filter(pk__in=[i.pk for i in on_node]).update(state=InstanceState.RELEASED)
     if reservation.offering.kind != OfferingKind.BARE_METAL:
         _move_gpus({d["gpu_id"] for i in on_node for d in i.devices}, GPUState.SCRUBBING, GPUState.QUARANTINED)
@@ -577,7 +581,7 @@ def _release_failed(operation: Operation, fault: NodeFault, message: str) -> Non
 
 
 def _validation_failed(operation: Operation, fault: NodeFault, message: str) -> None:
-    if not fault.held:  # attestation holds the node (or its GPUs) itself
+    if fault.blame:  # attestation holds the node itself
         _node_failed(operation.node, f"Validation failed: {fault.cause}")
     _close(operation, OperationState.FAILED, message)
 
@@ -588,7 +592,7 @@ def _attested(operation: Operation) -> None:
 
 def _attestation_failed(operation: Operation, fault: NodeFault, message: str) -> None:
     """An idle node that fails (or cannot answer) is held: quarantined by its verdict, or faulty."""
-    if not fault.held:
+    if fault.blame:
         _node_failed(operation.node, f"Attestation could not run: {fault.cause}")
     _close(operation, OperationState.FAILED, message)
 

@@ -17,6 +17,7 @@ Errors are DriverErrors (the pipeline's steps turn them into node faults, retrie
 from __future__ import annotations
 
 import ipaddress
+import logging
 import secrets
 from collections import defaultdict
 from datetime import timedelta
@@ -27,6 +28,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from cloud.choices import OfferingKind
+from cloud.errors import DomainError
 from cloud.models import Fabric, HCAPort
 from security.models import Incident
 
@@ -36,6 +38,7 @@ from .drivers.fabric import DEFAULT_PKEY, FULL, LIMITED, Partition, PartitionSpe
 from .models import VPC, FabricReconciliation, Instance, PortMembership, VirtualFunction
 from .vpcs import spec_of, vpc_sync
 
+log = logging.getLogger(__name__)
 # A port that left its partition this recently may still be on its way out of the fabric (a
 # release is between closing its rows and the fabric call): not drift yet.
 LEAVING_GRACE = timedelta(minutes=2)
@@ -99,6 +102,8 @@ def ports_join(instance: Instance, vpc: VPC) -> list[PortMembership]:
     if not guids:
         raise DriverError(f"{instance.node.hostname} has no InfiniBand ports recorded; enrol its port GUIDs.",
                           transient=False)
+    if vpc.state in (V.DELETING, V.DELETED):
+        raise DriverError(f"VPC {vpc.name} is {vpc.state}; it cannot take new members.", transient=False)
     if vpc.state != V.ACTIVE:
         vpc_sync(vpc.pk)  # its partition is made on first use (a default VPC, or a fabric that was down)
         vpc.refresh_from_db()
@@ -121,6 +126,8 @@ def ports_join(instance: Instance, vpc: VPC) -> list[PortMembership]:
 def _memberships(instance: Instance, vpc: VPC, guids: list[str]) -> list[PortMembership]:
     """The live membership rows of these ports in ``vpc`` for ``instance``, made with IPoIB addresses if new."""
     vpc = VPC.objects.select_for_update().get(pk=vpc.pk)  # addresses are handed out one join at a time
+    if vpc.state != V.ACTIVE:  # deleted meanwhile: joining it now would outlive its partition
+        raise DriverError(f"VPC {vpc.name} is {vpc.state}; it cannot take new members.", transient=False)
     live = {m.guid: m for m in PortMembership.objects.filter(guid__in=guids, left_at__isnull=True)}
     foreign = [m for m in live.values() if (m.vpc_id, m.instance_id) != (vpc.pk, instance.pk)]
     if foreign:
@@ -170,6 +177,27 @@ def ports_leave(instance: Instance) -> None:
     VirtualFunction.objects.filter(instance=instance).update(instance=None)
 
 
+def ports_abandon(instances) -> None:
+    """
+    Instances that will never be cleaned (their node failed or was quarantined) leave their
+    partitions at once: their memberships close, their virtual functions are freed, and the
+    fabric is asked to forget their ports (what it cannot do now, the reconciler removes as drift).
+    """
+    instances = list(instances)
+    rows = list(PortMembership.objects.filter(instance__in=instances, left_at__isnull=True).select_related(
+        "vpc__fabric__region"))
+    PortMembership.objects.filter(pk__in=[row.pk for row in rows]).update(left_at=timezone.now())
+    VirtualFunction.objects.filter(instance__in=instances).update(instance=None)
+    by_vpc = defaultdict(set)
+    for row in rows:
+        by_vpc[row.vpc].add(row.guid)
+    for vpc, guids in by_vpc.items():
+        try:
+            fabric_driver_for(vpc.fabric).remove_members(vpc.pkey, sorted(guids))
+        except DriverError as exc:
+            log.warning("Could not take %d port(s) out of %s now (the reconciler will): %s", len(guids), vpc, exc)
+
+
 def still_members(partitions: dict[int, Partition], guids) -> list[tuple[str, int]]:
     """Which of ``guids`` a tenant could still reach someone through: in a partition, or full in the default."""
     found = []
@@ -200,7 +228,7 @@ def fabric_reconcile(fabric: Fabric) -> FabricReconciliation:
             "pk", flat=True):
         try:
             vpc_sync(vpc_id)
-        except DriverError as exc:  # one VPC the fabric will not take must not stop the repair of the others
+        except (DriverError, DomainError) as exc:  # one stuck VPC must not stop the repair of the others
             failed.append(f"VPC {vpc_id}: {exc}")
     try:
         driver = fabric_driver_for(fabric)
@@ -218,7 +246,7 @@ def _repair(fabric: Fabric, driver, actual: dict[int, Partition], drift: list[di
     vpcs = {vpc.pkey: vpc for vpc in VPC.objects.filter(fabric=fabric).exclude(state=V.DELETED)}
     now = timezone.now()
     desired, leaving = defaultdict(set), defaultdict(set)
-    for pkey, guid, left_at in PortMembership.objects.filter(vpc__fabric=fabric).filter(
+    for pkey, guid, left_at in PortMembership.objects.filter(vpc__fabric=fabric).exclude(vpc__state=V.DELETED).filter(
             Q(left_at__isnull=True) | Q(left_at__gt=now - LEAVING_GRACE)).values_list("vpc__pkey", "guid", "left_at"):
         (leaving if left_at else desired)[pkey].add(guid)
     live = set().union(*desired.values()) if desired else set()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from cloud.choices import NodePool, OfferingKind
+from cloud.errors import DomainError
 
 from .choices import OperationKind
 from .drivers import DriverError, Drivers, Target
@@ -27,13 +28,17 @@ class NodeFault(Exception):
     """
     A driver call for one node failed; ``cause`` says how, ``transient`` whether to retry.
     ``held``: the node (or its GPUs) is held already -- attestation quarantined it -- so the
-    failure handlers must not mark it faulty on top.
+    failure handlers must not mark it faulty on top. ``blame``: whether the node is at fault.
     """
 
-    def __init__(self, node, cause: DriverError | str, *, transient: bool | None = None, held: bool = False):
+    def __init__(self, node, cause: DriverError | str, *, transient: bool | None = None, held: bool = False,
+                 blame: bool = True):
         self.node = node
         self.cause = str(cause)
         self.held = held
+        # False: the node is fine, the request is not (the tenant's network cannot be made, say):
+        # its instances are cleaned like the others and the node goes back to the pool.
+        self.blame = blame and not held
         self.transient = getattr(cause, "transient", False) if transient is None else transient
         self.wait_s = getattr(cause, "wait_s", None)  # NotYet: not a failure, ask again then
         super().__init__(f"{node.hostname}: {self.cause}")
@@ -124,10 +129,12 @@ def join_network(ctx: Context) -> None:
 
     reservation = ctx.reservation
     for instance in ctx.instances:
-        def join(target, instance=instance):
+        try:
             vpc = reservation.vpc or default_vpc(tenant_id=reservation.tenant_id, fabric=instance.node.fabric)
-            ports_join(instance, vpc)
-        ctx.on(instance.node, join)
+        except DomainError as exc:  # no P_Key or subnet left for the tenant: not the node's fault
+            raise NodeFault(instance.node, f"the tenant's default VPC cannot be made: {exc.detail}", transient=False,
+                            blame=False) from exc
+        ctx.on(instance.node, lambda target, instance=instance, vpc=vpc: ports_join(instance, vpc))
 
 
 def leave_network(ctx: Context) -> None:
@@ -152,7 +159,8 @@ def verify(ctx: Context) -> None:
     for node in nodes.values():
         _inventory_matches(ctx, node)
         if ctx.node is not None or node.pool != NodePool.SHARED:
-            _attest(ctx, node, list(node.gpus.select_related("model").order_by("index")), instances=ctx.instances)
+            _attest(ctx, node, list(node.gpus.select_related("model").order_by("index")),
+                    instances=[i for i in ctx.instances if i.node_id == node.pk])
             continue
         for instance in [i for i in ctx.instances if i.node_id == node.pk]:
             gpu_ids = {d["gpu_id"] for d in instance.devices}
@@ -182,7 +190,8 @@ def _attest(ctx: Context, node, gpus: list, *, instances: list, shared: bool = F
     from security.models import AttestationReport
     from security.services import attestation_challenge, attestation_outcome, attestation_submit
 
-    nonce = attestation_challenge(node_id=node.pk, reference=f"{ctx.operation.pk}:{node.pk}:{len(gpus)}")
+    indexes = ",".join(str(g.index) for g in gpus)
+    nonce = attestation_challenge(node_id=node.pk, reference=f"{ctx.operation.pk}:{node.pk}:{indexes}")
     evidence = ctx.on(node, lambda target: ctx.drivers.host.attest(target, nonce.value, [g.index for g in gpus],
                                                                    reference=f"attest:{nonce.value}"))
     report = attestation_submit(node=node, evidence=evidence, nonce=nonce.value,

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 AUDITED = ["name", "fabric_id", "pkey", "cidr", "mtu", "service_level", "rate_gbps", "state", "team_id"]
 # IPoIB subnets: large enough for a rack of 8-port nodes, no larger than a tenant could use.
 SMALLEST_PREFIX, LARGEST_PREFIX = 28, 16
+# RFC 1918: what the IPoIB subnets come from (ipaddress's is_private also admits loopback, link-local...).
+PRIVATE_RANGES = [ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")]
 
 
 def invalid(field: str, message: str, code: str) -> DomainError:
@@ -59,6 +61,9 @@ def vpc_create(*, actor, fabric: Fabric, name: str, cidr: str | None = None, pke
         raise Forbidden("VPCs are made inside a tenant; choose one with the X-Meridian-Tenant header.")
     _check_settings(mtu=mtu, service_level=service_level, rate_gbps=rate_gbps)
     tenant = Tenant.objects.select_for_update().get(pk=actor.tenant.pk)  # one create at a time per tenant
+    if name.startswith(DEFAULT_PREFIX):
+        raise invalid("name", f"Names starting with '{DEFAULT_PREFIX}' are kept for the default VPCs Meridian makes.",
+                      "name_reserved")
     if VPC.objects.filter(tenant=tenant, name=name).exclude(state=V.DELETED).exists():
         raise Conflict(f"You already have a VPC named '{name}'.", code="name_taken")
     quota_check(tenant=tenant, team=team, resource=QuotaResource.VPCS, asked=1,
@@ -84,6 +89,10 @@ def default_vpc(*, tenant_id, fabric: Fabric, team_id=None) -> VPC:
     try:
         with transaction.atomic():
             tenant = Tenant.objects.select_for_update().get(pk=tenant_id)
+            existing = VPC.objects.filter(tenant_id=tenant_id, fabric=fabric, is_default=True).exclude(
+                state=V.DELETED).first()
+            if existing is not None:  # made by a racing first use while this one waited for the lock
+                return existing
             vpc = _insert(tenant=tenant, team=None, fabric=fabric, name=_default_name(tenant, fabric), pkey=None,
                           cidr=_subnet(tenant, None), is_default=True)
             audit_record(actor=None, action="vpc.create", target=vpc, after=snapshot(vpc, AUDITED))
@@ -182,7 +191,7 @@ def parse_cidr(cidr: str) -> ipaddress.IPv4Network:
     if not LARGEST_PREFIX <= net.prefixlen <= SMALLEST_PREFIX:
         raise invalid("cidr", f"A VPC subnet is /{LARGEST_PREFIX} to /{SMALLEST_PREFIX}; /{net.prefixlen} is "
                               f"{'too small' if net.prefixlen > SMALLEST_PREFIX else 'too large'}.", "cidr_size")
-    if not net.is_private:
+    if not any(net.subnet_of(private) for private in PRIVATE_RANGES):
         raise invalid("cidr", f"{net} is not a private range (10/8, 172.16/12 or 192.168/16).",
                       "cidr_not_private")
     return net
@@ -204,8 +213,11 @@ def _counted(tenant: Tenant, team) -> int:
     return qs.filter(team=team).count() if team is not None else qs.count()
 
 
+DEFAULT_PREFIX = "default-"
+
+
 def _default_name(tenant: Tenant, fabric: Fabric) -> str:
-    return f"default-{fabric.region.slug}-{fabric.slug}"[:63]
+    return f"{DEFAULT_PREFIX}{fabric.region.slug}-{fabric.slug}"[:63]
 
 
 #
@@ -232,6 +244,9 @@ def vpc_sync(vpc_id) -> str:
     try:
         driver = fabric_driver_for(vpc.fabric)
         if vpc.state == V.DELETING:
+            live = PortMembership.objects.filter(vpc=vpc, left_at__isnull=True).count()
+            if live:  # a join that raced the delete: the partition stays until its ports have left
+                raise DriverError(f"VPC {vpc.name} still has {live} port(s) in it; deleting it waits.")
             driver.delete_partition(vpc.pkey)
             if vpc.pkey in driver.read():
                 raise DriverError(f"The fabric still shows partition {vpc.pkey:#06x} after deleting it.")
@@ -262,6 +277,12 @@ def _sync_after_commit(vpc: VPC) -> None:
 
 
 def _move(vpc: VPC, target: str, *, reason: str, **also) -> None:
-    compare_and_set(VPC.objects.all(), vpc.pk, table=VPC_TRANSITIONS, target=target, state_reason=reason, **also)
+    """Compare-and-set; another sync that got there first is not an error."""
+    try:
+        compare_and_set(VPC.objects.all(), vpc.pk, table=VPC_TRANSITIONS, target=target, state_reason=reason, **also)
+    except Conflict:
+        vpc.refresh_from_db(fields=["state"])
+        if vpc.state != target:
+            raise
     vpc.refresh_from_db(fields=["state", "state_reason", *also])
 

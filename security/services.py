@@ -51,8 +51,10 @@ def attestation_challenge(*, node_id, reference: str) -> AttestationNonce:
     same outstanding one for a repeated ``reference`` (a retried step asks again).
     """
     now = timezone.now()
+    # Reused only while it leaves the agent time to answer: a nonce that expires in flight would fail a good node.
     outstanding = AttestationNonce.objects.filter(node_id=node_id, reference=reference, used_at__isnull=True,
-                                                  expires_at__gt=now).first()
+                                                  expires_at__gt=now + settings.MERIDIAN_ATTESTATION_NONCE_TTL / 2
+                                                  ).first()
     if outstanding is not None and reference:
         return outstanding
     return AttestationNonce.objects.create(value=secrets.token_hex(NONCE_BYTES), node_id=node_id, reference=reference,
@@ -206,6 +208,12 @@ def certificate_revoke(*, actor, issuer: str, serial_number: str, reason: str = 
         serial = f"{int(str(serial_number), 16):x}"
     except ValueError:
         raise DomainError({"serial_number": ["A serial number is hex."]}, code="invalid") from None
+    try:
+        # The verifier compares issuers as cryptography writes them: spacing or escaping must not make it miss.
+        issuer = x509.Name.from_rfc4514_string(issuer).rfc4514_string()
+    except ValueError:
+        raise DomainError({"issuer": ["Not a distinguished name (RFC 4514), like CN=GPU CA,O=Vendor."]},
+                          code="invalid") from None
     revoked, _ = RevokedCertificate.objects.get_or_create(issuer=issuer, serial_number=serial,
                                                           defaults={"reason": reason[:200]})
     audit_record(actor=actor, action="attestation.revoke", target=revoked, after={"issuer": issuer, "serial": serial})

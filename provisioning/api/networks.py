@@ -33,7 +33,7 @@ NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 @extend_schema_field({"type": "string", "pattern": "^0x[0-9a-f]{4}$", "example": "0x0012"})
 class PKeyField(serializers.Field):
-    """A P_Key as a number or a hex string ("0x0012"); 0x0001-0x7FFE (0x7FFF is the default partition)."""
+    """A P_Key as a number, a decimal string or a hex string ("0x0012"); 0x0001-0x7FFE (0x7FFF is the default)."""
 
     default_error_messages = {"invalid": "A P_Key is a number or a hex string like 0x0012.",
                               "range": "A P_Key is 0x0001-0x7ffe (0x7fff is the default partition)."}
@@ -42,7 +42,10 @@ class PKeyField(serializers.Field):
         if isinstance(data, bool):
             self.fail("invalid")
         try:
-            value = int(data, 16) if isinstance(data, str) else int(data)
+            if isinstance(data, str):
+                value = int(data, 16) if data.lower().startswith("0x") else int(data, 10)
+            else:
+                value = int(data)
         except (TypeError, ValueError):
             self.fail("invalid")
         if isinstance(data, float) and data != value:

@@ -232,6 +232,41 @@ def _parse_flag(definition: _Definition, flag: str, value: str) -> None:
         definition.defmember = _membership(value)
 
 
+SAFE_DEFAULT_KEYWORDS = {("ALL", LIMITED), ("ALL_SWITCHES", FULL), ("SELF", FULL), ("ALL_CAS", LIMITED),
+                         ("ALL_SWITCHES", LIMITED), ("SELF", LIMITED)}
+
+
+def keyword_grants(text: str) -> list[str]:
+    """
+    Keyword memberships that could let tenants reach each other: any keyword in a tenant
+    partition, or a keyword other than the safe ones (ALL=limited, ALL_SWITCHES=full, SELF=full)
+    in the default partition. Empty for every file ``render`` writes.
+    """
+    found = []
+    for statement in "\n".join(line.split("#", 1)[0] for line in text.split("\n")).split(";"):
+        header, colon, ports = statement.partition(":")
+        if not colon:
+            continue
+        try:
+            definition = _parse_head(header)
+        except ValueError:
+            continue  # parse() reports it
+        for token in ports.split(","):
+            name, equals, flag = (part.strip() for part in token.partition("="))
+            if name == "mgid":
+                break
+            keyword = next((k for k in KEYWORDS if name and k.startswith(name) and not name.startswith("0")), None)
+            if keyword is None or keyword == "NONE":
+                continue
+            try:
+                membership = _membership(flag) if equals else definition.defmember
+            except ValueError:
+                membership = flag
+            if definition.pkey != DEFAULT_PKEY or (keyword, membership) not in SAFE_DEFAULT_KEYWORDS:
+                found.append(f"{keyword}={membership} in {definition.pkey:#06x}")
+    return found
+
+
 def _parse_ports(text: str, members: dict[str, str], defmember: str) -> None:
     """``PortGUID[=full|limited], ...`` into ``members``; keywords are skipped, ``mgid=`` ends the line."""
     for token in text.split(","):
@@ -305,7 +340,14 @@ class OpenSMFabric(FabricDriver):
         return f"OpenSMFabric({self.path})"
 
     def read(self) -> dict[int, Partition]:
-        return self._parse(self._load())
+        text = self._load()
+        unsafe = keyword_grants(text)
+        if unsafe:
+            # Fail closed: a keyword can make every port a full member, which no read-back of GUIDs shows.
+            raise DriverError(f"{self.path} grants membership by keyword ({'; '.join(unsafe)}); isolation cannot be "
+                              "proven. Remove those entries (Meridian writes only its own lines and the default "
+                              "line ALL=limited).", transient=False)
+        return self._parse(text)
 
     def ensure_partition(self, spec: PartitionSpec) -> None:
         try:

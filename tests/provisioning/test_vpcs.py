@@ -309,3 +309,40 @@ def test_a_late_retry_of_a_release_leaves_the_next_vms_port_alone(world, fleet, 
     ports_leave(Instance.objects.get(reservation_id=first))  # the late redelivery
     theirs = VPC.objects.get(tenant=world.t2.tenant, is_default=True)
     assert fabric_driver_for(host.fabric).read()[theirs.pkey].members.get(vf.guid) == FULL
+
+
+def test_a_join_that_races_a_delete_never_outlives_the_partition(world, fleet, steps):
+    """The delete waits while a port is in the VPC; a join finds a VPC being deleted closed to it."""
+    from provisioning.drivers import DriverError
+    from provisioning.network import ports_join
+
+    vpc = make_vpc(world)
+    vpc_sync(vpc["id"])
+    pk = provision(world, steps, vm_offering(1), gpus=1, vpc=vpc["id"])
+    VPC.objects.filter(pk=vpc["id"]).update(state="deleting")  # as if the delete had slipped in
+    with pytest.raises(DriverError):
+        vpc_sync(vpc["id"])  # transient: it waits for the port to leave
+    assert VPC.objects.get(pk=vpc["id"]).state == "deleting"
+    assert int(vpc["pkey"], 16) in fabric_driver_for(Fabric.objects.get(slug=vpc["fabric"])).read()
+    with pytest.raises(DriverError, match="cannot take new members"):
+        ports_join(Instance.objects.get(reservation_id=pk), VPC.objects.get(pk=vpc["id"]))
+
+
+def test_a_second_sync_that_finds_the_work_done_is_not_an_error(world, fleet):
+    from provisioning.vpcs import _move
+
+    vpc = VPC.objects.get(pk=make_vpc(world)["id"])
+    assert vpc_sync(vpc.pk) == "active"
+    _move(vpc, "active", reason="")  # a racing sync got there first
+    assert vpc.state == "active"
+
+
+def test_an_opensm_file_that_grants_membership_by_keyword_fails_closed(tmp_path):
+    from provisioning.drivers import DriverError
+    from provisioning.drivers.opensm import OpenSMFabric
+
+    conf = tmp_path / "partitions.conf"
+    conf.write_text("Default=0x7fff, ipoib : ALL=full, SELF=full;\nvpc_a=0x0001, ipoib : ALL_CAS=full;\n")
+    with pytest.raises(DriverError, match="ALL=full in 0x7fff.*ALL_CAS=full in 0x0001") as raised:
+        OpenSMFabric(path=str(conf), reread_command=None).read()
+    assert not raised.value.transient

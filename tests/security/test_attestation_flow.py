@@ -14,7 +14,9 @@ from django.test import Client
 
 from cloud.models import GPU, Node
 from provisioning import lifecycle
-from provisioning.models import Allocation, Instance, Operation, Reservation
+from provisioning.drivers import fabric_driver_for
+from provisioning.models import Allocation, Instance, Operation, PortMembership, Reservation
+from provisioning.network import still_members
 from provisioning.scheduler import run_cycle
 from security.models import AttestationReport, Incident
 from security.receipts import receipt_verify
@@ -92,6 +94,10 @@ def test_a_server_that_fails_attestation_is_quarantined_and_never_handed_over(wo
     assert any(r["check"] == check for r in incident.evidence["reasons"])
     failed = Instance.objects.get(reservation_id=pk, node=bad)
     assert failed.state == "failed" and not failed.address  # no access was ever given on it
+    # Its ports left the tenant's network at once: a held node is on nobody's partition.
+    assert not PortMembership.objects.filter(instance=failed, left_at__isnull=True).exists()
+    guids = list(bad.ib_ports.values_list("guid", flat=True))
+    assert still_members(fabric_driver_for(bad.fabric).read(), guids) == []
     assert not Allocation.objects.filter(reservation_id=pk, node=bad).exclude(attestation_receipt="").exists()
     # Placed again (the scheduler's next cycle) on a node that proves itself, and handed over there.
     assert reservation(pk).state == "queued"
@@ -157,3 +163,10 @@ def test_idle_nodes_are_attested_again_when_due(world, fleet, steps, misbehave, 
     assert Node.objects.get(pk=idle[1].pk).state == "available"
     assert Operation.objects.filter(kind="attest", state="succeeded").count() >= 2
     assert lifecycle.tick()["attestations"] == 0  # passed within the hour: not again yet
+
+
+def test_a_revocation_names_its_issuer_as_the_verifier_compares_it(world):
+    from security.services import certificate_revoke
+
+    revoked = certificate_revoke(actor=None, issuer="CN=Vendor\\2C Inc GPU CA,O=Vendor", serial_number="0x00ff")
+    assert (revoked.issuer, revoked.serial_number) == ("CN=Vendor\\, Inc GPU CA,O=Vendor", "ff")
