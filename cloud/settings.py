@@ -399,6 +399,8 @@ MERIDIAN_FABRICS = env.json("MERIDIAN_FABRICS", default={"default": {"driver": "
 # IPoIB subnets chosen for VPCs that do not name one: the first free /24 (per tenant) of this range.
 MERIDIAN_VPC_SUPERNET = env("MERIDIAN_VPC_SUPERNET", default="10.128.0.0/9")
 MERIDIAN_VPC_PREFIX = env.int("MERIDIAN_VPC_PREFIX", default=24)
+# A tenant's default VPC takes every instance that names no VPC: room for 65,534 ports.
+MERIDIAN_DEFAULT_VPC_PREFIX = env.int("MERIDIAN_DEFAULT_VPC_PREFIX", default=16)
 # SR-IOV virtual functions a shared host's HCA port may hand out (one per VM or container).
 MERIDIAN_VFS_PER_PORT = env.int("MERIDIAN_VFS_PER_PORT", default=16)
 # Device attestation: how long a challenge (nonce) may be answered, and how often idle nodes are

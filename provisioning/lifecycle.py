@@ -546,7 +546,7 @@ def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> N
     if reservation.offering.kind != OfferingKind.BARE_METAL and reservation.offering.slots_per_gpu == 1:
         # Never scrubbed, maybe half set up: held out until the node is repaired and validated.
         _move_gpus({d["gpu_id"] for i in on_faulty for d in i.devices}, GPUState.ALLOCATED, GPUState.QUARANTINED)
-    _clean(reservation, [i for i in instances if i.node_id != fault.node.pk])
+    _clean(reservation, [i for i in instances if i not in on_faulty])
     failures = reservation.provision_failures + 1
     Reservation.objects.filter(pk=reservation.pk).update(provision_failures=failures)
     if failures < settings.MERIDIAN_PROVISION_FAILURES:

@@ -39,6 +39,15 @@ from .models import VPC, FabricReconciliation, Instance, PortMembership, Virtual
 from .vpcs import spec_of, vpc_sync
 
 log = logging.getLogger(__name__)
+
+
+class VPCRefused(DriverError):
+    """The VPC cannot take the instance (its subnet is full, or it is being deleted): not the node's fault."""
+
+    def __init__(self, message: str):
+        super().__init__(message, transient=False)
+
+
 # A port that left its partition this recently may still be on its way out of the fabric (a
 # release is between closing its rows and the fabric call): not drift yet.
 LEAVING_GRACE = timedelta(minutes=2)
@@ -103,7 +112,7 @@ def ports_join(instance: Instance, vpc: VPC) -> list[PortMembership]:
         raise DriverError(f"{instance.node.hostname} has no InfiniBand ports recorded; enrol its port GUIDs.",
                           transient=False)
     if vpc.state in (V.DELETING, V.DELETED):
-        raise DriverError(f"VPC {vpc.name} is {vpc.state}; it cannot take new members.", transient=False)
+        raise VPCRefused(f"VPC {vpc.name} is {vpc.state}; it cannot take new members.")
     if vpc.state != V.ACTIVE:
         vpc_sync(vpc.pk)  # its partition is made on first use (a default VPC, or a fabric that was down)
         vpc.refresh_from_db()
@@ -127,7 +136,7 @@ def _memberships(instance: Instance, vpc: VPC, guids: list[str]) -> list[PortMem
     """The live membership rows of these ports in ``vpc`` for ``instance``, made with IPoIB addresses if new."""
     vpc = VPC.objects.select_for_update().get(pk=vpc.pk)  # addresses are handed out one join at a time
     if vpc.state != V.ACTIVE:  # deleted meanwhile: joining it now would outlive its partition
-        raise DriverError(f"VPC {vpc.name} is {vpc.state}; it cannot take new members.", transient=False)
+        raise VPCRefused(f"VPC {vpc.name} is {vpc.state}; it cannot take new members.")
     live = {m.guid: m for m in PortMembership.objects.filter(guid__in=guids, left_at__isnull=True)}
     foreign = [m for m in live.values() if (m.vpc_id, m.instance_id) != (vpc.pk, instance.pk)]
     if foreign:
@@ -142,7 +151,7 @@ def _memberships(instance: Instance, vpc: VPC, guids: list[str]) -> list[PortMem
             continue
         address = next(free, None)
         if address is None:
-            raise DriverError(f"VPC {vpc.name}'s subnet {vpc.cidr} has no free address left.", transient=False)
+            raise VPCRefused(f"VPC {vpc.name}'s subnet {vpc.cidr} has no free address left; use a larger VPC.")
         rows.append(PortMembership.objects.create(vpc=vpc, instance=instance, guid=guid, address=address))
     return rows
 

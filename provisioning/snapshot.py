@@ -18,8 +18,8 @@ from cloud.choices import GPUState, NodePool, OfferingKind
 from cloud.models import GPU, Node
 
 from .allocations import ALLOCATABLE_NODE_STATES
-from .choices import BillingTerm
-from .models import Allocation, Reservation
+from .choices import BillingTerm, OperationKind, OperationState
+from .models import Allocation, Operation, Reservation
 from .plan_types import Busy, GPUCapacity, NodeCapacity, Request, Snapshot
 
 UNUSABLE_GPU_STATES = [GPUState.QUARANTINED]
@@ -66,7 +66,11 @@ def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids
 
 def _sellable(*, now, until, regions, gpu_model_ids, pool, free_only):
     """The nodes that may take work and their usable GPUs (only those free in the window, if asked)."""
-    nodes = Node.objects.filter(is_spare=False, state__in=ALLOCATABLE_NODE_STATES, health__in=SELLABLE_HEALTH)
+    # A node whose idle attestation is under way is not sold until it has passed.
+    attesting = Operation.objects.filter(node=OuterRef("pk"), kind=OperationKind.ATTEST,
+                                         state__in=[OperationState.PENDING, OperationState.RUNNING])
+    nodes = Node.objects.filter(is_spare=False, state__in=ALLOCATABLE_NODE_STATES, health__in=SELLABLE_HEALTH).exclude(
+        Exists(attesting))
     if regions is not None:
         nodes = nodes.filter(region__slug__in=list(regions))
     if pool is not None:

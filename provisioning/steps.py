@@ -124,7 +124,7 @@ def join_network(ctx: Context) -> None:
     the reservation's IB-VPC partition as full members -- the tenant's default VPC on the node's
     fabric when the reservation names none -- and read the fabric back.
     """
-    from .network import ports_join
+    from .network import VPCRefused, ports_join
     from .vpcs import default_vpc
 
     reservation = ctx.reservation
@@ -134,7 +134,12 @@ def join_network(ctx: Context) -> None:
         except DomainError as exc:  # no P_Key or subnet left for the tenant: not the node's fault
             raise NodeFault(instance.node, f"the tenant's default VPC cannot be made: {exc.detail}", transient=False,
                             blame=False) from exc
-        ctx.on(instance.node, lambda target, instance=instance, vpc=vpc: ports_join(instance, vpc))
+        try:
+            ctx.on(instance.node, lambda target, instance=instance, vpc=vpc: ports_join(instance, vpc))
+        except NodeFault as fault:
+            if isinstance(fault.__cause__, VPCRefused):
+                fault.blame = False  # the VPC is full or going away: the node is fine
+            raise
 
 
 def leave_network(ctx: Context) -> None:

@@ -94,7 +94,7 @@ def default_vpc(*, tenant_id, fabric: Fabric, team_id=None) -> VPC:
             if existing is not None:  # made by a racing first use while this one waited for the lock
                 return existing
             vpc = _insert(tenant=tenant, team=None, fabric=fabric, name=_default_name(tenant, fabric), pkey=None,
-                          cidr=_subnet(tenant, None), is_default=True)
+                          cidr=_subnet(tenant, None, prefix=settings.MERIDIAN_DEFAULT_VPC_PREFIX), is_default=True)
             audit_record(actor=None, action="vpc.create", target=vpc, after=snapshot(vpc, AUDITED))
             return vpc
     except IntegrityError:
@@ -155,17 +155,17 @@ def _draw_pkey(fabric: Fabric, wanted: int | None) -> int:
                    "operator to widen the pool.", code="pkey_pool_exhausted")
 
 
-def _subnet(tenant: Tenant, cidr: str | None) -> str:
+def _subnet(tenant: Tenant, cidr: str | None, *, prefix: int | None = None) -> str:
     """The given subnet checked (``parse_cidr``, overlapping none of the tenant's), or the first free one."""
     mine = [ipaddress.ip_network(c) for c in VPC.objects.filter(tenant=tenant).exclude(
         state=V.DELETED).values_list("cidr", flat=True)]
     if cidr is None:
         supernet = ipaddress.ip_network(settings.MERIDIAN_VPC_SUPERNET)
-        for candidate in supernet.subnets(new_prefix=settings.MERIDIAN_VPC_PREFIX):
+        prefix = prefix or settings.MERIDIAN_VPC_PREFIX
+        for candidate in supernet.subnets(new_prefix=prefix):
             if not any(candidate.overlaps(other) for other in mine):
                 return str(candidate)
-        raise Conflict(f"No free /{settings.MERIDIAN_VPC_PREFIX} is left in {supernet}; name a subnet.",
-                       code="no_free_subnet")
+        raise Conflict(f"No free /{prefix} is left in {supernet}; name a subnet.", code="no_free_subnet")
     net = parse_cidr(cidr)
     clash = next((other for other in mine if net.overlaps(other)), None)
     if clash is not None:

@@ -341,7 +341,7 @@ class OpenSMFabric(FabricDriver):
 
     def read(self) -> dict[int, Partition]:
         text = self._load()
-        unsafe = keyword_grants(text)
+        unsafe = keyword_grants(text or "")
         if unsafe:
             # Fail closed: a keyword can make every port a full member, which no read-back of GUIDs shows.
             raise DriverError(f"{self.path} grants membership by keyword ({'; '.join(unsafe)}); isolation cannot be "

@@ -346,3 +346,20 @@ def test_an_opensm_file_that_grants_membership_by_keyword_fails_closed(tmp_path)
     with pytest.raises(DriverError, match="ALL=full in 0x7fff.*ALL_CAS=full in 0x0001") as raised:
         OpenSMFabric(path=str(conf), reread_command=None).read()
     assert not raised.value.transient
+
+
+def test_a_full_vpc_fails_the_request_not_the_node(world, fleet, steps):
+    vpc = make_vpc(world, cidr="10.60.0.0/28")  # 14 addresses: one 8-port server fits, a second does not
+    vpc_sync(vpc["id"])
+    provision(world, steps, offering("bare_metal", 8), nodes=1, vpc=vpc["id"])
+    response = world.client("t1_member").post(RESERVATIONS, {
+        "name": "big", "offering": offering("bare_metal", 8).slug, "regions": ["us-east-1"], "duration_hours": 2,
+        "nodes": 1, "vpc": vpc["id"]}, format="json")
+    steps.run()
+    run = Reservation.objects.get(pk=response.json()["id"]).operations.get(kind="provision").steps.get(
+        name="join_network")
+    assert "no free address" in run.error
+    node = Instance.objects.get(reservation_id=response.json()["id"]).node
+    node.refresh_from_db()
+    assert node.state == "available"  # cleaned and back in the pool: the VPC was full, not the node broken
+    assert not PortMembership.objects.filter(instance__node=node, left_at__isnull=True).exists()
