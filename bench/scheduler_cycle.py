@@ -151,7 +151,7 @@ def reset() -> None:
     tables = ", ".join(connection.ops.quote_name(m._meta.db_table)
                        for m in (StepRun, Instance, Allocation, Operation, Reservation))
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {tables}")
+        cursor.execute(f"TRUNCATE {tables} CASCADE")  # and whatever else points at them (memberships...)
 
 
 def prefill(world: World, fill: int, rng: random.Random) -> int:
