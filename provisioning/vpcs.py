@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from cloud.errors import Conflict, DomainError, Forbidden
+from cloud.errors import Conflict, Forbidden
 from cloud.models import Fabric
 from cloud.transitions import compare_and_set
 from security.audit import audit_record, snapshot
@@ -26,6 +26,7 @@ from tenants.choices import QuotaResource
 from tenants.models import Tenant
 from tenants.quotas import quota_check
 
+from .admission import invalid
 from .choices import VPCState as V
 from .drivers import DriverError, fabric_driver_for
 from .drivers.fabric import MTUS, RATE_CODES, PartitionSpec
@@ -38,10 +39,6 @@ AUDITED = ["name", "fabric_id", "pkey", "cidr", "mtu", "service_level", "rate_gb
 SMALLEST_PREFIX, LARGEST_PREFIX = 28, 16
 # RFC 1918: what the IPoIB subnets come from (ipaddress's is_private also admits loopback, link-local...).
 PRIVATE_RANGES = [ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")]
-
-
-def invalid(field: str, message: str, code: str) -> DomainError:
-    return DomainError({field: [message]}, code=code)
 
 
 #
