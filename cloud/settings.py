@@ -339,6 +339,8 @@ CELERY_BEAT_SCHEDULE = {
     # operations stuck past their deadline.
     "provisioning.lifecycle_tick": {"task": "provisioning.lifecycle_tick", "schedule": 5.0},
     "provisioning.agent_nonce_prune": {"task": "provisioning.agent_nonce_prune", "schedule": 60.0},
+    # Chain the audit events in commit order and sign a checkpoint of the head.
+    "security.audit_seal": {"task": "security.audit_seal", "schedule": 5.0},
     # Compare every fabric's partitions with the database and repair drift (IB-VPCs), every
     # MERIDIAN_FABRIC_RECONCILE_SECONDS.
     "provisioning.fabrics_reconcile": {"task": "provisioning.fabrics_reconcile",

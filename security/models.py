@@ -35,6 +35,10 @@ class AuditEvent(models.Model):
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)
     request_id = models.CharField(max_length=64, blank=True)
+    # Written by the sealer (security.audit_chain), never by the writer: the event's place in the
+    # chain and the keyed hash over it and the previous link.
+    seal_seq = models.BigIntegerField(null=True, blank=True, unique=True)
+    chain_hash = models.CharField(max_length=64, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
     tenant_path = "tenant_id"
@@ -42,6 +46,7 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        indexes = [models.Index(fields=["id"], condition=models.Q(seal_seq__isnull=True), name="audit_unsealed_idx")]
 
     def __str__(self):
         return f"{self.action} {self.target_type}:{self.target_id} by {self.actor_email or 'system'}"
@@ -207,3 +212,26 @@ class ReceiptKey(models.Model):
 
     def __str__(self):
         return self.kid
+
+
+class AuditCheckpoint(models.Model):
+    """
+    A signed statement of the audit chain's head: after ``seq`` events the chain hash is
+    ``head_hash``. Signed with Meridian's receipt key (ES384), so an edit, a deletion or a
+    truncation of sealed events is detectable against it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    seq = models.BigIntegerField(unique=True)
+    head_hash = models.CharField(max_length=64)
+    signed_at = models.DateTimeField()
+    kid = models.CharField(max_length=64)
+    signature = models.TextField()
+
+    objects = PlatformQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-seq"]
+
+    def __str__(self):
+        return f"audit checkpoint at {self.seq}"

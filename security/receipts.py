@@ -153,6 +153,30 @@ def _lock_keys() -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
 
 
+def sign_bytes(data: bytes) -> tuple[str, str]:
+    """Sign ``data`` (ECDSA P-384 over SHA-384) with the current key: (kid, base64 DER signature)."""
+    from cryptography.hazmat.primitives import hashes
+
+    key = signing_key()
+    signature = _private_key(key).sign(data, ec.ECDSA(hashes.SHA384()))
+    return key.kid, base64.b64encode(signature).decode()
+
+
+def verify_bytes(data: bytes, *, kid: str, signature: str) -> bool:
+    """Whether ``signature`` over ``data`` verifies with key ``kid`` (published or not: the record is ours)."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+
+    key = ReceiptKey.objects.filter(kid=kid).first()
+    if key is None:
+        return False
+    try:
+        _private_key(key).public_key().verify(base64.b64decode(signature), data, ec.ECDSA(hashes.SHA384()))
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
 def _private_key(key: ReceiptKey):
     return serialization.load_pem_private_key(key.private_key_pem.encode(), password=None)
 

@@ -29,6 +29,7 @@ POLICIES: dict[str, dict[str, str]] = {
     "api-tokens": {"read": ANY, "write": ANY},  # one's own; admins see the tenant's (queryset)
     "quotas": {"read": VIEWER, "write": PLATFORM_ADMIN},
     "audit-events": {"read": ADMIN, "write": NOBODY},
+    "audit-chain": {"read": PLATFORM_ADMIN, "write": NOBODY},
     "reservations": {"read": VIEWER, "write": MEMBER},
     "operations": {"read": VIEWER, "write": NOBODY},
     "instances": {"read": VIEWER, "write": NOBODY},

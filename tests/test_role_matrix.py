@@ -142,6 +142,7 @@ def available_node(w: World) -> str:
 MATRIX: dict[tuple[str, str], Case] = {
     # ------------------------------------------------------------- anon vie mem adm own t2m apr pad
     ("GET", "me"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/me/"),
+    ("GET", "audit-chain"): Case("401 403 403 403 403 403 403 200", lambda w: f"{V1}/audit-chain/"),
     ("POST", "invitation-accept"): Case(
         "400 201 201 201 201 201 201 201", lambda w: f"{V1}/invitations/accept/", invitation_body),
     ("GET", "tenants-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/tenants/"),

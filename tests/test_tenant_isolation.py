@@ -26,9 +26,9 @@ from tests.world import issue_token
 # attestation trusts (staff only; tenants get 403, proven cell by cell in the role matrix).
 PLATFORM_RESOURCES = {"regions", "gpu-models", "offerings", "fabrics", "nodes", "gpus", "trust-anchors", "revocations",
                       "reference-measurements", "attestation-reports"}
-# Plain views that are not about a tenant's objects: the caller itself, and accepting an
-# invitation (scoped by its secret).
-NOT_TENANT_SCOPED_VIEWS = {"me", "invitation-accept"}
+# Plain views that are not about a tenant's objects: the caller itself, accepting an invitation
+# (scoped by its secret), and the audit chain's verification (platform admins only).
+NOT_TENANT_SCOPED_VIEWS = {"me", "invitation-accept", "audit-chain"}
 
 ATTACKER = "t2_owner"
 TENANT_RESOURCES = sorted(basename for _, _, basename in router.registry if basename not in PLATFORM_RESOURCES)

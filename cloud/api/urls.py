@@ -42,6 +42,7 @@ router.register("attestation-reports", security.AttestationReportViewSet, basena
 
 urlpatterns = [
     path("me/", tenants.MeView.as_view(), name="me"),
+    path("audit-chain/", security.AuditChainView.as_view(), name="audit-chain"),
     path("invitations/accept/", tenants.InvitationAcceptView.as_view(), name="invitation-accept"),
     *router.urls,
 ]

@@ -69,3 +69,18 @@ class AttestationReportSerializer(serializers.ModelSerializer):
         model = AttestationReport
         fields = ["id", "node_id", "status", "reasons", "gpus", "nonce", "evidence_sha384", "verified_at"]
         read_only_fields = fields
+
+
+class BrokenLinkSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
+    event = serializers.UUIDField(allow_null=True)
+    reason = serializers.CharField()
+
+
+class AuditChainSerializer(serializers.Serializer):
+    ok = serializers.BooleanField()
+    events_checked = serializers.IntegerField()
+    unsealed = serializers.IntegerField(help_text="Written since the last seal (sealed every few seconds).")
+    checkpoints_checked = serializers.IntegerField()
+    first_broken = BrokenLinkSerializer(allow_null=True)
+    problems = serializers.ListField(child=serializers.CharField())

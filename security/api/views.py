@@ -2,9 +2,11 @@
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from cloud.api.base import PlatformViewSet, TenantScopedViewSet
+from cloud.api.base import PlatformViewSet, PrincipalAPIView, TenantScopedViewSet
+from tenants.permissions import RolePolicy
 
 from .. import services
 from ..models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
@@ -21,6 +23,19 @@ class AuditEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
     ordering = ["-occurred_at", "-id"]
     lookup_field = "public_id"
     lookup_url_kwarg = "pk"
+
+
+class AuditChainView(PrincipalAPIView):
+    """Staff: verify the audit chain and its signed checkpoints; the first broken link is named."""
+
+    policy = "audit-chain"
+    permission_classes = [IsAuthenticated, RolePolicy]
+
+    @extend_schema(responses=s.AuditChainSerializer)
+    def get(self, request):
+        from ..audit_chain import audit_verify
+
+        return Response(s.AuditChainSerializer(audit_verify().as_dict()).data)
 
 
 class TrustAnchorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PlatformViewSet):
