@@ -14,12 +14,14 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from rest_framework.exceptions import NotFound
 
+from cloud.choices import GPUState
 from cloud.errors import Conflict, DomainError, Forbidden
-from cloud.models import Node
+from cloud.models import GPU, Node
 from security.audit import audit_record
 
 from .agent.signing import HEADER_KEY, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIME, MAX_SKEW_S, valid
-from .models import AgentCommand, AgentNonce, AgentState, NodeCredential
+from .choices import InstanceState
+from .models import AgentCommand, AgentNonce, AgentState, Instance, NodeCredential
 
 
 class AgentAuthFailed(DomainError):
@@ -118,3 +120,61 @@ def command_enqueue(*, node_id, kind: str, reference: str, payload: dict) -> Age
 def prune_nonces(*, older_than: timedelta = timedelta(seconds=4 * MAX_SKEW_S)) -> int:
     """Nonces older than any fresh request can be are forgotten (their request would be stale)."""
     return AgentNonce.objects.filter(seen_at__lt=timezone.now() - older_than).delete()[0]
+
+
+#
+# GPU isolation: the policy the agent enforces, and what it reports
+#
+
+
+def node_policy(*, node: Node) -> list[dict]:
+    """
+    Each GPU's isolation policy (security.isolation.GPUPolicy as dicts) from the live instances on
+    the node: their names are the owners the host knows their processes by (a VM's domain, a
+    pod); a shared GPU caps each owner at its slot's memory; a GPU nobody holds has no owner.
+    """
+    from cloud.choices import IsolationMode
+    from security.isolation import EXCLUSIVE, MIG, SHARED
+
+    owners: dict[str, dict] = {}
+    modes: dict[str, str] = {}
+    live = Instance.objects.filter(node=node, state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE]
+                                   ).select_related("reservation__offering")
+    for instance in live:
+        offering = instance.reservation.offering
+        for device in instance.devices:
+            cap = device["mem_hi"] - device["mem_lo"] if offering.slots_per_gpu > 1 else None
+            owners.setdefault(device["gpu_id"], {})[instance.name] = cap
+            modes[device["gpu_id"]] = {IsolationMode.MIG: MIG, IsolationMode.SHARED: SHARED}.get(
+                offering.isolation_mode, EXCLUSIVE)
+    return [{"index": index, "mode": modes.get(str(gpu_id), EXCLUSIVE), "owners": owners.get(str(gpu_id), {}),
+             "mig_layout": "mig" if modes.get(str(gpu_id)) == MIG else None}
+            for gpu_id, index in node.gpus.order_by("index").values_list("pk", "index")]
+
+
+@transaction.atomic
+def violations_report(*, node: Node, violations: list[dict]) -> int:
+    """
+    What the agent's watchdog found and did: each violation is an incident (for the tenants whose
+    GPU it was) and an audit event; a GPU whose MIG layout is wrong is quarantined.
+    """
+    from security.models import Incident
+
+    gpus = {gpu.index: gpu for gpu in node.gpus.all()}
+    for violation in violations:
+        gpu = gpus.get(int(violation["index"]))
+        if gpu is None:
+            raise Forbidden(f"This node has no GPU {violation['index']}.", code="foreign_gpu")
+        holders = Instance.objects.filter(node=node, state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE],
+                                          devices__contains=[{"gpu_id": str(gpu.pk)}])
+        tenants = sorted({str(t) for t in holders.values_list("tenant_id", flat=True)})
+        summary = f"{node.hostname} GPU {gpu.index}: {violation['kind']} -- {violation['detail']}"[:500]
+        Incident.objects.create(kind=f"isolation_{violation['kind']}", node_id=node.pk, summary=summary,
+                                tenant_id=tenants[0] if len(tenants) == 1 else None,
+                                evidence={"gpu": gpu.uuid, **{k: violation.get(k) for k in
+                                                              ("kind", "action", "detail", "owner", "pids")}})
+        audit_record(actor=None, action="isolation.violation", target=node, tenant_id=None,
+                     after={"gpu": gpu.index, "kind": violation["kind"], "action": violation["action"]})
+        if violation["action"] == "quarantine_gpu" and gpu.state != GPUState.QUARANTINED:
+            GPU.objects.filter(pk=gpu.pk).update(state=GPUState.QUARANTINED)
+    return len(violations)

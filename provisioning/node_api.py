@@ -53,7 +53,17 @@ def heartbeat(node, payload):
     if not isinstance(gpus, list) or not all(isinstance(g, dict) and isinstance(g.get("uuid"), str) for g in gpus):
         raise ValueError("gpus must be a list of objects with a uuid")
     node_agents.heartbeat(node=node, agent_version=str(payload.get("agent_version", "")), gpus=gpus)
-    return {"ok": True, "interval_s": settings.MERIDIAN_AGENT_INTERVAL}
+    # The desired state rides on the answer (the agent pulls it): each GPU's isolation policy.
+    return {"ok": True, "interval_s": settings.MERIDIAN_AGENT_INTERVAL, "policy": node_agents.node_policy(node=node)}
+
+
+def violations(node, payload):
+    found = payload["violations"]
+    if not isinstance(found, list) or len(found) > 256 or not all(
+            isinstance(v, dict) and isinstance(v.get("index"), int) and isinstance(v.get("kind"), str)
+            and isinstance(v.get("action"), str) and isinstance(v.get("detail"), str) for v in found):
+        raise ValueError("violations must be a list of objects with index, kind, action and detail")
+    return {"recorded": node_agents.violations_report(node=node, violations=found)}
 
 
 def commands(node, payload):
@@ -69,6 +79,7 @@ def result(node, payload, command_id: uuid.UUID):
 urlpatterns = [
     path("heartbeat/", require_http_methods(["POST"])(_signed(heartbeat)), name="agent-heartbeat"),
     path("commands/", require_http_methods(["GET"])(_signed(commands)), name="agent-commands"),
+    path("violations/", require_http_methods(["POST"])(_signed(violations)), name="agent-violations"),
     path("commands/<uuid:command_id>/result/", require_http_methods(["POST"])(_signed(result)),
          name="agent-command-result"),
 ]

@@ -1,6 +1,7 @@
 """
-``python -m provisioning.agent``: run one node's agent. The NVML backend is the simulated one for
-now (``--gpus`` of them); the real pynvml backend comes with the GPU isolation work.
+``python -m provisioning.agent``: run one node's agent. ``--nvml real`` reads the host's GPUs
+through pynvml (nvidia-ml-py) and polices them by their processes' cgroups; ``--nvml simulated``
+(the default) makes ``--gpus`` simulated ones.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import threading
 import uuid
 from pathlib import Path
 
-from .agent import Agent, ControlPlane
-from .nvml import SimulatedGPU, SimulatedNVML
+from .agent import Agent, ControlPlane, simulated_host
+from .nvml import RealNVML, SimulatedGPU, SimulatedNVML
 
 
 def main(argv=None) -> None:
@@ -22,19 +23,28 @@ def main(argv=None) -> None:
     parser.add_argument("--key-id", required=True, help="This node's key id (nk_...), from enrolment.")
     parser.add_argument("--secret-file", required=True, type=Path, help="A file holding this node's secret.")
     parser.add_argument("--interval", type=float, default=10.0, help="Seconds between turns (10).")
+    parser.add_argument("--nvml", choices=["simulated", "real"], default="simulated",
+                        help="The NVML backend: simulated GPUs, or the host's through pynvml.")
     parser.add_argument("--gpus", type=int, default=8, help="Simulated GPUs (the simulated NVML backend).")
     parser.add_argument("--memory-mib", type=int, default=81920, help="Memory of each simulated GPU (81920).")
     parser.add_argument("--gpu-uuid", action="append", default=[],
                         help="UUIDs of the simulated GPUs, in index order (as enrolled).")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    uuids = args.gpu_uuid or [f"GPU-{uuid.uuid4()}" for _ in range(args.gpus)]
-    nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=args.memory_mib) for i, u in enumerate(uuids)])
+    host = {}
+    if args.nvml == "real":
+        nvml = RealNVML()
+    else:
+        uuids = args.gpu_uuid or [f"GPU-{uuid.uuid4()}" for _ in range(args.gpus)]
+        nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=args.memory_mib)
+                              for i, u in enumerate(uuids)])
+        host = dict(zip(("process_owner", "kill"), simulated_host(nvml), strict=True))
     secret = args.secret_file.read_text().strip()
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    Agent(ControlPlane(args.url, args.key_id, secret), nvml).run(interval=args.interval, stop=stopping.is_set)
+    Agent(ControlPlane(args.url, args.key_id, secret), nvml, **host).run(interval=args.interval,
+                                                                        stop=stopping.is_set)
 
 
 if __name__ == "__main__":

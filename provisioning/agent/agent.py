@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import re
+import signal
 import time
 import urllib.error
 import urllib.request
 
+from security.isolation import KILL_PROCESS, STOP_CONTAINER, GPUPolicy, Process, evaluate
+
+from .nvml import NVMLReadError
 from .signing import signed_headers
 
 log = logging.getLogger("meridian.agent")
@@ -44,14 +51,21 @@ class ControlPlane:
 class Agent:
     """One node's agent: ``run_once`` is one turn of the loop; ``run`` turns every ``interval``."""
 
-    def __init__(self, control_plane, nvml, *, version: str = "1", attester=None, hostname: str = ""):
+    def __init__(self, control_plane, nvml, *, version: str = "1", attester=None, hostname: str = "",
+                 process_owner=None, kill=None):
         self.control_plane, self.nvml, self.version = control_plane, nvml, version
         self.attester, self.hostname = attester, hostname
+        # Who runs a process (its cgroup: a VM's domain, a pod) and how to stop one: the host's, by default.
+        self.process_owner = process_owner or cgroup_owner
+        self.kill = kill or kill_process
 
     def run_once(self) -> int:
-        """Heartbeat, then run every waiting command; returns how many ran."""
-        self.control_plane.call("POST", "/heartbeat/", {"agent_version": self.version,
-                                                       "gpus": self.nvml.inventory()})
+        """Heartbeat, the isolation watchdog on the policy it brought back, then every waiting command."""
+        answer = self.control_plane.call("POST", "/heartbeat/", {"agent_version": self.version,
+                                                                "gpus": self.nvml.inventory()})
+        found = self.watchdog(answer.get("policy") or [])
+        if found:
+            self.control_plane.call("POST", "/violations/", {"violations": [v.to_dict() for v in found]})
         commands = self.control_plane.call("GET", "/commands/").get("commands", [])
         for command in commands:
             self.control_plane.call("POST", f"/commands/{command['id']}/result/", self.execute(command))
@@ -77,10 +91,67 @@ class Agent:
             log.exception("command %s failed", command.get("id"))
             return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
 
+    def watchdog(self, policy: list[dict]) -> list:
+        """
+        Judge what runs on each GPU against its policy (security.isolation) and act at once: a
+        foreign process is killed, an owner over its cap has its processes on that GPU stopped;
+        a wrong MIG layout is reported (the control plane quarantines the GPU).
+        """
+        found = []
+        for entry in policy:
+            gpu = GPUPolicy.from_dict(entry)
+            processes = [Process(pid=p["pid"], owner=self.process_owner(p["pid"]),
+                                 used_memory_mib=p.get("used_memory_mib") or 0)
+                         for p in (self.nvml.processes(gpu.index) or [])]
+            mig = self.nvml.mig_mode(gpu.index)
+            violations = evaluate(gpu, processes, mig_layout="mig" if mig and mig[0] else None)
+            for violation in violations:
+                if violation.action in (KILL_PROCESS, STOP_CONTAINER):
+                    for pid in violation.pids:
+                        self.kill(gpu.index, pid)
+            found += violations
+        return found
+
     def run(self, interval: float = 10.0, stop=lambda: False) -> None:
         while not stop():
             try:
                 self.run_once()
             except ControlPlaneError as exc:
                 log.warning("control plane: %s", exc)
+            except NVMLReadError as exc:  # a GPU gone: say so and keep the loop (the heartbeat stops showing it)
+                log.error("NVML: %s", exc)
             time.sleep(interval)
+
+
+# A process's cgroup names what runs it: a libvirt domain (machine-qemu\x2dN\x2d<domain>.scope) or
+# a container scope whose name Meridian gave it. Anything else belongs to no instance Meridian knows.
+_DOMAIN = re.compile(r"machine-qemu\\x2d\d+\\x2d(?P<name>[^/]+?)\.scope")
+_MERIDIAN_NAME = re.compile(r"(?P<name>r[0-9a-f]{12}-\d+)")
+
+
+def cgroup_owner(pid: int) -> str | None:
+    """The instance a host process belongs to, from /proc/<pid>/cgroup; None when it is nobody's."""
+    try:
+        with open(f"/proc/{int(pid)}/cgroup", encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    match = _DOMAIN.search(text) or _MERIDIAN_NAME.search(text)
+    return match.group("name").replace("\\x2d", "-") if match else None
+
+
+def kill_process(index: int, pid: int) -> None:
+    """Stop a process on GPU ``index`` at once (the agent runs as the host's root)."""
+    with contextlib.suppress(ProcessLookupError):  # gone already
+        os.kill(int(pid), signal.SIGKILL)
+
+
+def simulated_host(nvml) -> tuple:
+    """(process_owner, kill) over a SimulatedNVML's processes, each of which may carry its "owner"."""
+    def owner(pid: int) -> str | None:
+        return next((p.get("owner") for gpu in nvml.gpus.values() for p in gpu.processes if p["pid"] == pid), None)
+
+    def kill(index: int, pid: int) -> None:
+        gpu = nvml.gpus[index]
+        gpu.processes = [p for p in gpu.processes if p["pid"] != pid]
+    return owner, kill

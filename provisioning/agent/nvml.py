@@ -1,12 +1,81 @@
 """
-What the agent reads of its GPUs, through one interface. The simulated backend serves the
-embedded default and the tests; the real one (pynvml, from nvidia-ml-py) comes with the GPU
-isolation work and is exercised against a patched pynvml and, when one is lent, a real GPU.
+What the agent reads of its GPUs, through one interface (``NVMLBackend``) with two implementations:
+
+- ``SimulatedNVML``: GPUs in memory, for the embedded default and the tests.
+- ``RealNVML``: pynvml, from nvidia-ml-py, imported only when it is used so that the agent runs
+  without it. It is tested against a patched pynvml and, when one is lent, a real GPU
+  (tests/device/test_nvml_probe.py).
+
+Every reading is read-only. A reading the GPU or driver does not offer is None, never a crash:
+the control plane decides what a missing reading means.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+MIB = 1024 * 1024
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset",
+                    5: "recover_imex_domain", 6: "bus_reset", 7: "system_reboot"}
+
+
+@runtime_checkable
+class NVMLBackend(Protocol):
+    """
+    The agent's view of its GPUs. ``index`` is NVML's device index. Readings that return None mean
+    "not offered by this GPU or driver".
+
+    - ``inventory()``: one dict per GPU: index, uuid, name, serial, memory_mib, healthy.
+    - ``processes(index)``: compute and graphics processes merged, one dict per pid: pid,
+      used_memory_mib (None where the driver hides it), types.
+    - ``memory(index)``: total_mib, used_mib, free_mib.
+    - ``ecc(index)``: volatile totals since the driver loaded: corrected, uncorrected.
+    - ``xid_errors(index)``: NVML's read-only traces of serious XIDs (see ``RealNVML.xid_errors``).
+    - ``versions()``: driver, nvml, cuda_driver.
+    - ``vbios(index)``, ``mig_mode(index)`` -> (current, pending) as booleans.
+    - ``scrub(index, mem_lo, mem_hi)``: True when the range holds nothing of a tenant's afterwards.
+    """
+
+    def inventory(self) -> list[dict]: ...
+
+    def processes(self, index: int) -> list[dict] | None: ...
+
+    def memory(self, index: int) -> dict | None: ...
+
+    def ecc(self, index: int) -> dict | None: ...
+
+    def xid_errors(self, index: int) -> dict | None: ...
+
+    def versions(self) -> dict: ...
+
+    def vbios(self, index: int) -> str | None: ...
+
+    def mig_mode(self, index: int) -> tuple[bool, bool] | None: ...
+
+    def scrub(self, index: int, mem_lo: int, mem_hi: int) -> bool: ...
+
+
+class NVMLUnavailable(RuntimeError):
+    """NVML cannot be used on this host at all (no nvidia-ml-py, no library, no driver)."""
+
+
+class NVMLReadError(RuntimeError):
+    """A reading failed for a reason other than "not supported" (a lost GPU, a permission)."""
+
+
+def healthy_from(ecc: dict | None, xid: dict | None) -> bool:
+    """
+    A GPU is fit for the next tenant unless it reports an uncorrected ECC error since the driver
+    loaded, asks for a recovery action, or has memory that failed or waits to be remapped or retired.
+    Readings a GPU does not offer count as nothing wrong: their absence is visible on their own.
+    """
+    if ecc and (ecc.get("uncorrected") or 0) > 0:
+        return False
+    if not xid:
+        return True
+    return (xid.get("recovery_action") in (None, "none") and not xid.get("row_remap_failure")
+            and not xid.get("row_remap_pending") and not xid.get("retired_pages_pending"))
 
 
 @dataclass
@@ -16,20 +85,246 @@ class SimulatedGPU:
     memory_mib: int
     healthy: bool = True
     used: set = field(default_factory=set)  # memory ranges (lo, hi) a tenant wrote to
+    name: str = "Simulated GPU"
+    serial: str | None = None
+    vbios: str | None = "96.00.00.00.00"
+    processes: list[dict] = field(default_factory=list)  # {"pid", "used_memory_mib"}, as tests need them
+    ecc: dict | None = field(default_factory=lambda: {"corrected": 0, "uncorrected": 0})
+    xid: dict | None = field(default_factory=lambda: {"recovery_action": "none", "retired_pages_pending": False,
+                                                      "row_remap_pending": False, "row_remap_failure": False})
+    mig: tuple[bool, bool] | None = None
 
 
 class SimulatedNVML:
-    """GPUs in memory: inventory, and a scrub that clears what tenants wrote."""
+    """GPUs in memory: the readings of ``NVMLBackend``, and a scrub that clears what tenants wrote."""
 
-    def __init__(self, gpus: list[SimulatedGPU]):
+    def __init__(self, gpus: list[SimulatedGPU], *, versions: dict | None = None):
         self.gpus = {gpu.index: gpu for gpu in gpus}
+        self._versions = versions or {"driver": "570.00.00", "nvml": "12.570.00", "cuda_driver": "12.8"}
 
     def inventory(self) -> list[dict]:
-        return [{"index": g.index, "uuid": g.uuid, "memory_mib": g.memory_mib, "healthy": g.healthy,
-                 "memory_used_ranges": sorted(g.used)} for g in self.gpus.values()]
+        return [{"index": g.index, "uuid": g.uuid, "name": g.name, "serial": g.serial, "memory_mib": g.memory_mib,
+                 "healthy": g.healthy, "memory_used_ranges": sorted(g.used)} for g in self.gpus.values()]
+
+    def processes(self, index: int) -> list[dict]:
+        return [{"pid": p["pid"], "used_memory_mib": p.get("used_memory_mib"), "types": p.get("types", ["compute"])}
+                for p in self.gpus[index].processes]
+
+    def memory(self, index: int) -> dict:
+        """Used memory is what the simulated processes hold."""
+        gpu = self.gpus[index]
+        used = min(gpu.memory_mib, sum(p.get("used_memory_mib") or 0 for p in gpu.processes))
+        return {"total_mib": gpu.memory_mib, "used_mib": used, "free_mib": gpu.memory_mib - used}
+
+    def ecc(self, index: int) -> dict | None:
+        return None if self.gpus[index].ecc is None else dict(self.gpus[index].ecc)
+
+    def xid_errors(self, index: int) -> dict | None:
+        return None if self.gpus[index].xid is None else dict(self.gpus[index].xid)
+
+    def versions(self) -> dict:
+        return dict(self._versions)
+
+    def vbios(self, index: int) -> str | None:
+        return self.gpus[index].vbios
+
+    def mig_mode(self, index: int) -> tuple[bool, bool] | None:
+        return self.gpus[index].mig
 
     def scrub(self, index: int, mem_lo: int, mem_hi: int) -> bool:
         """Clear the range; True when nothing is left in it (a real scrub resets and re-reads)."""
         gpu = self.gpus[index]
         gpu.used = {(lo, hi) for lo, hi in gpu.used if hi <= mem_lo or lo >= mem_hi}
         return not any(lo < mem_hi and mem_lo < hi for lo, hi in gpu.used)
+
+
+def _text(value) -> str | None:
+    """nvidia-ml-py returns str in current versions and bytes in old ones; None stays None (not offered)."""
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _cuda_version(number: int) -> str:
+    """NVML encodes CUDA 12.8 as 12080."""
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
+def _unavailable_hint(pynvml, error) -> str:
+    """What an operator should install or check, by the reason NVML gave."""
+    hints = {
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "install the NVIDIA driver, which provides libnvidia-ml.so.1",
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "load the NVIDIA kernel driver (check `nvidia-smi` and `lsmod`)",
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "the NVML library and kernel driver differ: reload the driver "
+                                                   "or reboot after the driver upgrade",
+        pynvml.NVML_ERROR_NO_PERMISSION: "run the agent as a user that may open /dev/nvidia*",
+    }
+    return hints.get(getattr(error, "value", None), "check that `nvidia-smi` works on this host")
+
+
+class RealNVML:
+    """
+    NVML through pynvml (nvidia-ml-py). ``nvmlInit`` runs once, here; ``shutdown`` ends it. Handles
+    are taken by index once. A reading NVML reports as not supported (or a function the installed
+    driver lacks) is None; any other NVML error is an ``NVMLReadError`` naming the reading and GPU.
+    """
+
+    UNSUPPORTED = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND")
+
+    def __init__(self, pynvml=None):
+        self._nvml = pynvml or self._import()
+        self._unsupported = {getattr(self._nvml, name) for name in self.UNSUPPORTED}
+        self._init()
+        self._open = True
+        try:
+            count = self._read("device count", self._nvml.nvmlDeviceGetCount)
+            self._handles = {i: self._read(f"handle of GPU {i}", self._nvml.nvmlDeviceGetHandleByIndex, i)
+                             for i in range(count or 0)}
+        except NVMLReadError:
+            self.shutdown()
+            raise
+
+    @staticmethod
+    def _import():
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise NVMLUnavailable("The real NVML backend needs nvidia-ml-py (`pip install nvidia-ml-py`), "
+                                  "which provides the pynvml module.") from exc
+        return pynvml
+
+    def _init(self) -> None:
+        try:
+            self._nvml.nvmlInit()
+        except self._nvml.NVMLError as exc:
+            raise NVMLUnavailable(f"NVML could not start ({exc}): {_unavailable_hint(self._nvml, exc)}.") from exc
+
+    def shutdown(self) -> None:
+        """End NVML once; later calls do nothing."""
+        if self._open:
+            self._open = False
+            self._nvml.nvmlShutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
+    def _handle(self, index: int):
+        if index not in self._handles:
+            raise LookupError(f"NVML has no GPU {index} (it sees {len(self._handles)})")
+        return self._handles[index]
+
+    def _read(self, what: str, call, *args):
+        """One NVML call: None where unsupported, a clear error otherwise."""
+        try:
+            return call(*args)
+        except self._nvml.NVMLError as exc:
+            if getattr(exc, "value", None) in self._unsupported:
+                return None
+            raise NVMLReadError(f"NVML {what}: {exc}") from exc
+
+    def _device(self, what: str, name: str, index: int, *args):
+        return self._read(f"{what} of GPU {index}", getattr(self._nvml, name), self._handle(index), *args)
+
+    def inventory(self) -> list[dict]:
+        return [self._describe(index) for index in sorted(self._handles)]
+
+    def _describe(self, index: int) -> dict:
+        memory = self.memory(index)
+        return {"index": index, "uuid": _text(self._device("UUID", "nvmlDeviceGetUUID", index)),
+                "name": _text(self._device("name", "nvmlDeviceGetName", index)),
+                "serial": _text(self._device("serial", "nvmlDeviceGetSerial", index)),
+                "memory_mib": None if memory is None else memory["total_mib"],
+                "healthy": healthy_from(self.ecc(index), self.xid_errors(index))}
+
+    def processes(self, index: int) -> list[dict] | None:
+        """Compute and graphics processes, one entry per pid (a process can be both); None if neither is offered."""
+        lists = {kind: self._device(f"{kind} processes", name, index)
+                 for kind, name in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                                    ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"))}
+        if all(found is None for found in lists.values()):
+            return None
+        merged: dict[int, dict] = {}
+        for kind, found in lists.items():
+            for process in found or []:
+                used = getattr(process, "usedGpuMemory", None)
+                entry = merged.setdefault(process.pid, {"pid": process.pid, "used_memory_mib": None, "types": []})
+                entry["types"].append(kind)
+                if used is not None:
+                    entry["used_memory_mib"] = max(entry["used_memory_mib"] or 0, used // MIB)
+        return [merged[pid] for pid in sorted(merged)]
+
+    def memory(self, index: int) -> dict | None:
+        info = self._device("memory", "nvmlDeviceGetMemoryInfo", index)
+        if info is None:
+            return None
+        return {"total_mib": info.total // MIB, "used_mib": info.used // MIB, "free_mib": info.free // MIB}
+
+    def ecc(self, index: int) -> dict | None:
+        """Volatile totals (since the driver loaded); None where ECC is off or not offered."""
+        counts = {key: self._device(f"{key} ECC errors", "nvmlDeviceGetTotalEccErrors", index, error_type,
+                                    self._nvml.NVML_VOLATILE_ECC)
+                  for key, error_type in (("corrected", self._nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                                          ("uncorrected", self._nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))}
+        return None if all(v is None for v in counts.values()) else counts
+
+    def xid_errors(self, index: int) -> dict | None:
+        """
+        NVML keeps no read-only XID history: XIDs reach NVML only as events, which need a registered
+        event set and see only XIDs after it, and the history itself is in the kernel log. What NVML
+        does keep, and ``nvmlDeviceGetFieldValues`` reads without side effects, is what serious XIDs
+        leave behind: the recovery action the driver asks for (XIDs 79, 119, 154...), pages pending
+        retirement (XIDs 48, 63, 64) and row remapping pending or failed (XIDs 94, 95). Each is None
+        where not offered; the whole reading is None when none is.
+        """
+        nvml = self._nvml
+        fields = {"recovery_action": nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+                  "retired_pages_pending": nvml.NVML_FI_DEV_RETIRED_PENDING,
+                  "row_remap_pending": nvml.NVML_FI_DEV_REMAPPED_PENDING,
+                  "row_remap_failure": nvml.NVML_FI_DEV_REMAPPED_FAILURE}
+        values = self._device("XID-related fields", "nvmlDeviceGetFieldValues", index, list(fields.values()))
+        if values is None:
+            return None
+        read = {key: self._field_value(value) for key, value in zip(fields, values, strict=True)}
+        if all(v is None for v in read.values()):
+            return None
+        action = read.pop("recovery_action")
+        return {"recovery_action": None if action is None else RECOVERY_ACTIONS.get(action, str(action)),
+                **{key: None if value is None else bool(value) for key, value in read.items()}}
+
+    def _field_value(self, value):
+        """A field's own status says whether it is offered; the value sits in the union member its type names."""
+        if value.nvmlReturn != self._nvml.NVML_SUCCESS:
+            return None
+        members = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+        return getattr(value.value, members[value.valueType]) if 0 <= value.valueType < len(members) else None
+
+    def versions(self) -> dict:
+        nvml = self._nvml
+        driver = self._read("driver version", nvml.nvmlSystemGetDriverVersion)
+        library = self._read("NVML version", nvml.nvmlSystemGetNVMLVersion)
+        cuda = self._read("CUDA driver version", nvml.nvmlSystemGetCudaDriverVersion)
+        return {"driver": _text(driver), "nvml": _text(library),
+                "cuda_driver": None if cuda is None else _cuda_version(cuda)}
+
+    def vbios(self, index: int) -> str | None:
+        return _text(self._device("VBIOS version", "nvmlDeviceGetVbiosVersion", index))
+
+    def mig_mode(self, index: int) -> tuple[bool, bool] | None:
+        """(current, pending): a pending mode differs from the current one until the GPU is reset."""
+        modes = self._device("MIG mode", "nvmlDeviceGetMigMode", index)
+        if modes is None:
+            return None
+        current, pending = modes
+        enabled = self._nvml.NVML_DEVICE_MIG_ENABLE
+        return current == enabled, pending == enabled
+
+    def scrub(self, index: int, mem_lo: int, mem_hi: int) -> bool:
+        """
+        Not done through NVML: clearing a GPU needs a reset, which needs privileges and is the
+        host's configured scrub command, run outside this backend.
+        """
+        raise NotImplementedError(f"RealNVML does not scrub GPU {index}: a scrub is a GPU reset, run by the "
+                                  "host's configured scrub command, not through NVML reads.")

@@ -209,3 +209,20 @@ def test_a_heartbeat_without_gpus_says_which_field_is_missing(world, fleet):
     assert response.status_code == 400
     error = response.json()["errors"][0]
     assert error["code"] == "required" and "gpus" in error["detail"]
+
+
+def test_violations_are_reported_only_for_the_nodes_own_gpus_and_in_shape(world, fleet):
+    client, node = Client(), shared_host()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    bad = send(client, credential.key_id, secret, "POST", "/violations/", {"violations": "all of them"})
+    assert bad.status_code == 400
+    missing = send(client, credential.key_id, secret, "POST", "/violations/", {"violations": [{"index": 0}]})
+    assert missing.status_code == 400
+    foreign = send(client, credential.key_id, secret, "POST", "/violations/", {"violations": [
+        {"index": 99, "kind": "foreign_process", "action": "kill_process", "detail": "x"}]})
+    assert foreign.status_code == 403
+    good = send(client, credential.key_id, secret, "POST", "/violations/", {"violations": [
+        {"index": 0, "kind": "foreign_process", "action": "kill_process", "detail": "pid 9", "pids": [9]}]})
+    assert good.status_code == 200 and good.json() == {"recorded": 1}
+    answer = send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node))
+    assert [p["index"] for p in answer.json()["policy"]] == list(range(node.gpus.count()))

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from cloud.models import Node
-from provisioning.agent.agent import Agent, ControlPlane, ControlPlaneError
+from provisioning.agent.agent import Agent, ControlPlane, ControlPlaneError, simulated_host
 from provisioning.agent.attester import SimulatedAttester
 from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
 from provisioning.models import NodeCredential
@@ -38,7 +38,8 @@ class Command(BaseCommand):
         stopping = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stopping.set())
-        agents = [Agent(ControlPlane(url, key_id, secret), nvml, attester=attester, hostname=hostname)
+        agents = [Agent(ControlPlane(url, key_id, secret), nvml, attester=attester, hostname=hostname,
+                        **dict(zip(("process_owner", "kill"), simulated_host(nvml), strict=True)))
                   for key_id, secret, nvml, hostname, attester in self._fleet()]
         self.stdout.write(f"{len(agents)} simulated node agents, a turn every {interval:g} s, against {url}")
         self._wait_for(url, stopping)

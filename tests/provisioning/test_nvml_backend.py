@@ -1,0 +1,267 @@
+"""
+The NVML backends. RealNVML runs here against pynvml with its functions replaced by fakes over a
+table of two GPUs, so it is tested everywhere, GPU or not: str and bytes answers, readings a GPU
+does not support, a missing library, processes, MIG mode. The simulated backend's readings follow.
+tests/device/test_nvml_probe.py reads a real GPU when there is one.
+"""
+
+import sys
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+
+from provisioning.agent.agent import Agent
+from provisioning.agent.nvml import (
+    NVMLBackend,
+    NVMLReadError,
+    NVMLUnavailable,
+    RealNVML,
+    SimulatedGPU,
+    SimulatedNVML,
+)
+
+MIB = 1024 * 1024
+
+
+def not_supported():
+    return pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+def fields_answer(answers: dict):
+    """A real c_nvmlFieldValue_t array, as nvmlDeviceGetFieldValues returns it; an answer of None is unsupported."""
+    def read(handle, field_ids):
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for slot, field_id in zip(values, field_ids, strict=True):
+            slot.fieldId, answer = field_id, answers.get(field_id)
+            slot.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED if answer is None else pynvml.NVML_SUCCESS
+            slot.valueType, slot.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, answer or 0
+        return values
+    return read
+
+
+def table() -> list[dict]:
+    """GPU 0 answers everything in str; GPU 1 answers in bytes (an old nvidia-ml-py) and supports little."""
+    return [
+        {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "name": "NVIDIA H100 80GB HBM3", "serial": "1650123456789",
+         "vbios": "96.00.99.00.01", "memory": (81559 * MIB, 2048 * MIB), "ecc": {0: 3, 1: 0}, "mig": [1, 0],
+         "compute": [SimpleNamespace(pid=4242, usedGpuMemory=2048 * MIB),
+                     SimpleNamespace(pid=4343, usedGpuMemory=None)],
+         "graphics": [SimpleNamespace(pid=4242, usedGpuMemory=1024 * MIB)],
+         "fields": {pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0, pynvml.NVML_FI_DEV_RETIRED_PENDING: 0,
+                    pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0, pynvml.NVML_FI_DEV_REMAPPED_FAILURE: 0}},
+        {"uuid": b"GPU-11111111-aaaa-bbbb-cccc-111111111111", "name": b"NVIDIA A10", "serial": not_supported(),
+         "vbios": b"94.02.5C.00.01", "memory": (22731 * MIB, 0), "ecc": not_supported(), "mig": not_supported(),
+         "compute": [], "graphics": not_supported(), "fields": {pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0}},
+    ]
+
+
+class FakeNVML:
+    """The pynvml functions RealNVML calls, answered from ``gpus``; an exception in the table is raised."""
+
+    def __init__(self, gpus: list[dict]):
+        self.gpus, self.calls = gpus, []
+
+    def answer(self, value):
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    def install(self, monkeypatch) -> None:
+        def device(key, transform=lambda v: v):
+            return lambda handle, *args: transform(self.answer(self.gpus[handle][key]), *args)
+
+        functions = {
+            "nvmlInit": lambda: self.calls.append("init"),
+            "nvmlShutdown": lambda: self.calls.append("shutdown"),
+            "nvmlDeviceGetCount": lambda: len(self.gpus),
+            "nvmlDeviceGetHandleByIndex": lambda index: index,
+            "nvmlDeviceGetUUID": device("uuid"),
+            "nvmlDeviceGetName": device("name"),
+            "nvmlDeviceGetSerial": device("serial"),
+            "nvmlDeviceGetVbiosVersion": device("vbios"),
+            "nvmlDeviceGetMigMode": device("mig"),
+            "nvmlDeviceGetComputeRunningProcesses": device("compute"),
+            "nvmlDeviceGetGraphicsRunningProcesses": device("graphics"),
+            "nvmlDeviceGetMemoryInfo": device("memory", lambda m: pynvml.c_nvmlMemory_t(
+                total=m[0], used=m[1], free=m[0] - m[1])),
+            "nvmlDeviceGetTotalEccErrors": device("ecc", lambda counts, error_type, counter: counts[error_type]),
+            "nvmlDeviceGetFieldValues": lambda handle, ids: fields_answer(self.gpus[handle]["fields"])(handle, ids),
+            "nvmlSystemGetDriverVersion": lambda: "570.124.06",
+            "nvmlSystemGetNVMLVersion": lambda: b"12.570.124.06",
+            "nvmlSystemGetCudaDriverVersion": lambda: 12080,
+        }
+        for name, function in functions.items():
+            monkeypatch.setattr(pynvml, name, function)
+
+
+@pytest.fixture
+def fake(monkeypatch) -> FakeNVML:
+    nvml = FakeNVML(table())
+    nvml.install(monkeypatch)
+    return nvml
+
+
+@pytest.fixture
+def real(fake) -> RealNVML:
+    backend = RealNVML()
+    yield backend
+    backend.shutdown()
+
+
+def test_both_backends_are_nvml_backends(real):
+    assert isinstance(real, NVMLBackend)
+    assert isinstance(SimulatedNVML([]), NVMLBackend)
+
+
+def test_inventory_decodes_str_and_bytes_and_leaves_unsupported_readings_empty(real):
+    first, second = real.inventory()
+    assert first == {"index": 0, "uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "name": "NVIDIA H100 80GB HBM3",
+                     "serial": "1650123456789", "memory_mib": 81559, "healthy": True}
+    assert second == {"index": 1, "uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "name": "NVIDIA A10",
+                      "serial": None, "memory_mib": 22731, "healthy": True}
+
+
+def test_processes_merge_compute_and_graphics_by_pid(real):
+    assert real.processes(0) == [{"pid": 4242, "used_memory_mib": 2048, "types": ["compute", "graphics"]},
+                                 {"pid": 4343, "used_memory_mib": None, "types": ["compute"]}]
+    assert real.processes(1) == []  # graphics not supported, no compute process
+
+
+def test_processes_are_none_when_neither_list_is_supported(fake, real):
+    fake.gpus[1]["compute"] = not_supported()
+    assert real.processes(1) is None
+
+
+def test_memory_ecc_vbios_mig_and_versions(real):
+    assert real.memory(0) == {"total_mib": 81559, "used_mib": 2048, "free_mib": 79511}
+    assert real.ecc(0) == {"corrected": 3, "uncorrected": 0}
+    assert real.ecc(1) is None  # NVMLError_NotSupported: no crash, no reading
+    assert (real.vbios(0), real.vbios(1)) == ("96.00.99.00.01", "94.02.5C.00.01")
+    assert real.mig_mode(0) == (True, False)  # enabled, and disabling is pending a reset
+    assert real.mig_mode(1) is None
+    assert real.versions() == {"driver": "570.124.06", "nvml": "12.570.124.06", "cuda_driver": "12.8"}
+
+
+def test_xid_traces_are_read_per_field(real):
+    assert real.xid_errors(0) == {"recovery_action": "none", "retired_pages_pending": False,
+                                  "row_remap_pending": False, "row_remap_failure": False}
+    assert real.xid_errors(1) == {"recovery_action": None, "retired_pages_pending": None,
+                                  "row_remap_pending": False, "row_remap_failure": None}
+
+
+def test_xid_reading_is_none_when_no_field_is_offered(fake, real):
+    fake.gpus[1]["fields"] = {}
+    assert real.xid_errors(1) is None
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (lambda gpu: gpu.update(ecc={0: 0, 1: 2}), "uncorrected ECC"),
+    (lambda gpu: gpu["fields"].update({pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 1}), "asks for a reset"),
+    (lambda gpu: gpu["fields"].update({pynvml.NVML_FI_DEV_REMAPPED_FAILURE: 1}), "row remapping failed"),
+    (lambda gpu: gpu["fields"].update({pynvml.NVML_FI_DEV_RETIRED_PENDING: 1}), "pages pending retirement"),
+])
+def test_a_gpu_with_errors_is_not_healthy(fake, real, change, reason):
+    change(fake.gpus[0])
+    assert [gpu["healthy"] for gpu in real.inventory()] == [False, True], reason
+
+
+def test_a_function_the_driver_lacks_is_an_empty_reading(monkeypatch, real):
+    def missing():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlSystemGetCudaDriverVersion", missing)
+    assert real.versions()["cuda_driver"] is None
+
+
+def test_other_nvml_errors_name_the_reading_and_the_gpu(fake, real):
+    fake.gpus[1]["memory"] = pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+    with pytest.raises(NVMLReadError, match="memory of GPU 1: GPU is lost"):
+        real.memory(1)
+    with pytest.raises(LookupError, match="no GPU 7"):
+        real.ecc(7)
+
+
+@pytest.mark.parametrize(("code", "hint"), [
+    (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "install the NVIDIA driver, which provides libnvidia-ml.so.1"),
+    (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "load the NVIDIA kernel driver"),
+    (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "reload the driver"),
+])
+def test_init_without_a_usable_library_says_what_to_install_or_check(fake, monkeypatch, code, hint):
+    def fail():
+        raise pynvml.NVMLError(code)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", fail)
+    with pytest.raises(NVMLUnavailable, match="NVML could not start") as raised:
+        RealNVML()
+    assert hint in str(raised.value)
+    assert isinstance(raised.value.__cause__, pynvml.NVMLError)
+
+
+def test_without_nvidia_ml_py_the_error_names_the_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml now raises ImportError
+    with pytest.raises(NVMLUnavailable, match=r"pip install nvidia-ml-py"):
+        RealNVML()
+
+
+def test_init_once_and_shutdown_once(fake):
+    with RealNVML() as backend:
+        backend.inventory()
+        backend.versions()
+    backend.shutdown()
+    assert fake.calls == ["init", "shutdown"]
+
+
+def test_a_failed_device_listing_still_shuts_nvml_down(fake, monkeypatch):
+    def lost(index):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lost)
+    with pytest.raises(NVMLReadError, match="handle of GPU 0"):
+        RealNVML()
+    assert fake.calls == ["init", "shutdown"]
+
+
+def test_the_agent_reports_real_inventory_and_refuses_a_real_scrub(real):
+    agent = Agent(None, real)
+    assert [gpu["uuid"] for gpu in agent.execute({"id": "c1", "kind": "inventory"})["gpus"]] == [
+        "GPU-00000000-aaaa-bbbb-cccc-000000000000", "GPU-11111111-aaaa-bbbb-cccc-111111111111"]
+    answer = agent.execute({"id": "c2", "kind": "scrub", "payload": {"devices": [{"index": 0, "mem_lo": 0,
+                                                                                   "mem_hi": 1024}]}})
+    assert answer["ok"] is False and answer["detail"].startswith("NotImplementedError: RealNVML does not scrub")
+
+
+# The simulated backend
+
+
+def simulated() -> SimulatedNVML:
+    return SimulatedNVML([
+        SimulatedGPU(index=0, uuid="GPU-sim-0", memory_mib=81920, serial="S0",
+                     processes=[{"pid": 7, "used_memory_mib": 1000}, {"pid": 8, "used_memory_mib": 24}]),
+        SimulatedGPU(index=1, uuid="GPU-sim-1", memory_mib=81920, ecc=None, xid=None, mig=(True, True)),
+    ])
+
+
+def test_simulated_inventory_keeps_its_used_ranges_and_adds_identity():
+    nvml = simulated()
+    nvml.gpus[1].used.add((0, 512))
+    assert nvml.inventory()[1] == {"index": 1, "uuid": "GPU-sim-1", "name": "Simulated GPU", "serial": None,
+                                   "memory_mib": 81920, "healthy": True, "memory_used_ranges": [(0, 512)]}
+    assert nvml.scrub(1, 0, 1024) is True and nvml.inventory()[1]["memory_used_ranges"] == []
+
+
+def test_simulated_readings_follow_the_processes_tests_add():
+    nvml = simulated()
+    assert nvml.processes(0) == [{"pid": 7, "used_memory_mib": 1000, "types": ["compute"]},
+                                 {"pid": 8, "used_memory_mib": 24, "types": ["compute"]}]
+    assert nvml.memory(0) == {"total_mib": 81920, "used_mib": 1024, "free_mib": 80896}
+    nvml.gpus[1].processes.append({"pid": 9, "used_memory_mib": 4096})
+    assert nvml.memory(1)["used_mib"] == 4096
+
+
+def test_simulated_unsupported_readings_are_none_like_the_real_ones():
+    nvml = simulated()
+    assert nvml.ecc(0) == {"corrected": 0, "uncorrected": 0} and nvml.ecc(1) is None
+    assert nvml.xid_errors(0)["recovery_action"] == "none" and nvml.xid_errors(1) is None
+    assert (nvml.mig_mode(0), nvml.mig_mode(1)) == (None, (True, True))
+    assert nvml.vbios(0) and set(nvml.versions()) == {"driver", "nvml", "cuda_driver"}
