@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import signal
 import threading
 import uuid
@@ -25,6 +26,9 @@ def main(argv=None) -> None:
     parser.add_argument("--interval", type=float, default=10.0, help="Seconds between turns (10).")
     parser.add_argument("--nvml", choices=["simulated", "real"], default="simulated",
                         help="The NVML backend: simulated GPUs, or the host's through pynvml.")
+    parser.add_argument("--scrub-command", default="",
+                        help='How a real GPU is cleared between tenants, {index} its index, e.g. '
+                             '"nvidia-smi --gpu-reset -i {index}".')
     parser.add_argument("--gpus", type=int, default=8, help="Simulated GPUs (the simulated NVML backend).")
     parser.add_argument("--memory-mib", type=int, default=81920, help="Memory of each simulated GPU (81920).")
     parser.add_argument("--gpu-uuid", action="append", default=[],
@@ -34,6 +38,7 @@ def main(argv=None) -> None:
     host = {}
     if args.nvml == "real":
         nvml = RealNVML()
+        host = {"scrub_command": shlex.split(args.scrub_command) or None}
     else:
         uuids = args.gpu_uuid or [f"GPU-{uuid.uuid4()}" for _ in range(args.gpus)]
         nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=args.memory_mib)

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -52,12 +53,15 @@ class Agent:
     """One node's agent: ``run_once`` is one turn of the loop; ``run`` turns every ``interval``."""
 
     def __init__(self, control_plane, nvml, *, version: str = "1", attester=None, hostname: str = "",
-                 process_owner=None, kill=None):
+                 process_owner=None, kill=None, scrub_command: list[str] | None = None, baseline_mib: int = 1024):
         self.control_plane, self.nvml, self.version = control_plane, nvml, version
         self.attester, self.hostname = attester, hostname
         # Who runs a process (its cgroup: a VM's domain, a pod) and how to stop one: the host's, by default.
         self.process_owner = process_owner or cgroup_owner
         self.kill = kill or kill_process
+        # Real GPUs are cleared by a reset the host is configured with ({index} is the GPU), e.g.
+        # ["nvidia-smi", "--gpu-reset", "-i", "{index}"]; simulated ones clear their memory.
+        self.scrub_command, self.baseline_mib = scrub_command, baseline_mib
 
     def run_once(self) -> int:
         """Heartbeat, the isolation watchdog on the policy it brought back, then every waiting command."""
@@ -74,9 +78,8 @@ class Agent:
     def execute(self, command: dict) -> dict:
         try:
             if command["kind"] == "scrub":
-                devices = command["payload"]["devices"]
-                clean = all(self.nvml.scrub(d["index"], d["mem_lo"], d["mem_hi"]) for d in devices)
-                return {"ok": clean, "detail": "" if clean else "memory still in use after the scrub"}
+                problems = [p for d in command["payload"]["devices"] if (p := self.scrub(d))]
+                return {"ok": not problems, "detail": "; ".join(problems)}
             if command["kind"] == "inventory":
                 return {"ok": True, "gpus": self.nvml.inventory()}
             if command["kind"] == "attest":
@@ -90,6 +93,27 @@ class Agent:
         except Exception as exc:  # one bad command must not stop the agent: report it
             log.exception("command %s failed", command.get("id"))
             return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+
+    def scrub(self, device: dict) -> str:
+        """
+        Clear one GPU (or slot) after its tenant, then verify: no process on it, memory in use back
+        to the baseline. Returns what is wrong ("" when clean); the control plane quarantines it then.
+        """
+        index = device["index"]
+        if self.scrub_command:
+            command = [part.replace("{index}", str(index)) for part in self.scrub_command]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)  # noqa: S603
+            if done.returncode:
+                return f"GPU {index}: the scrub command failed ({done.returncode}): {done.stderr.strip()[:200]}"
+        elif not self.nvml.scrub(index, device["mem_lo"], device["mem_hi"]):
+            return f"GPU {index}: memory still in use after the scrub"
+        left = self.nvml.processes(index) or []
+        if left:
+            return f"GPU {index}: {len(left)} process(es) still running after the scrub"
+        memory = self.nvml.memory(index)
+        if memory is not None and memory["used_mib"] > self.baseline_mib:
+            return f"GPU {index}: {memory['used_mib']} MiB in use after the scrub (baseline {self.baseline_mib} MiB)"
+        return ""
 
     def watchdog(self, policy: list[dict]) -> list:
         """

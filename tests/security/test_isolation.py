@@ -167,3 +167,36 @@ def test_a_wrong_mig_layout_quarantines_the_gpu(world, fleet, steps):
     agent.run_once()
     assert GPU.objects.get(pk=instance.devices[0]["gpu_id"]).state == "quarantined"
     assert Incident.objects.filter(kind="isolation_wrong_mig_layout").exists()
+
+
+#
+# Scrubbing between tenants, verified
+#
+
+
+def scrub(agent, index):
+    return agent.execute({"id": "c1", "kind": "scrub", "payload": {"devices": [
+        {"index": index, "mem_lo": 0, "mem_hi": 81920}]}})
+
+
+def test_a_scrub_is_verified_no_process_and_memory_back_to_baseline(world, fleet):
+    host = Node.objects.get(pool="shared", is_spare=False)
+    agent = agent_for(host)
+    agent.nvml.gpus[0].used = {(0, 81920)}
+    assert scrub(agent, 0) == {"ok": True, "detail": ""}
+    agent.nvml.gpus[1].processes = [{"pid": 5, "used_memory_mib": 4096, "owner": "r000000000000-0"}]
+    failed = scrub(agent, 1)
+    assert not failed["ok"] and "process(es) still running" in failed["detail"]
+
+
+def test_a_real_hosts_scrub_runs_its_configured_reset_command(world, fleet, tmp_path):
+    import sys
+
+    host = Node.objects.get(pool="shared", is_spare=False)
+    agent = agent_for(host)
+    marker = tmp_path / "reset"
+    agent.scrub_command = [sys.executable, "-c", f"open({str(marker)!r} + '{{index}}', 'w').write('done')"]
+    assert scrub(agent, 3)["ok"] and (tmp_path / "reset3").read_text() == "done"
+    agent.scrub_command = [sys.executable, "-c", "import sys; sys.stderr.write('reset refused'); sys.exit(3)"]
+    failed = scrub(agent, 3)
+    assert not failed["ok"] and "reset refused" in failed["detail"]
