@@ -563,21 +563,39 @@ def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> N
 def _release_failed(operation: Operation, fault: NodeFault, message: str) -> None:
     """
     Cleaning failed for good on one node: that node goes faulty (never back to the pool) with
-    the reason, its instance is released; cleaning goes on for the others.
+    the reason, its instance is released; cleaning goes on for the others. A scrub that cannot be
+    verified quarantines what held the tenant's memory instead: the GPUs of a shared host (its
+    other tenants go on), or the whole bare-metal node -- never re-sold until validated again.
     """
-    if fault.blame:  # attestation holds the node (or its GPUs) itself
-        _node_failed(fault.node, f"Cleaning failed: {fault.cause}")
     reservation = operation.reservation
+    shared = reservation.offering.kind != OfferingKind.BARE_METAL
+    if fault.blame and operation.step == "scrub":
+        _scrub_unverified(fault.node, fault.cause, whole_node=not shared)
+    elif fault.blame:  # attestation holds the node (or its GPUs) itself
+        _node_failed(fault.node, f"Cleaning failed: {fault.cause}")
     on_node = list(_instances_of(operation).filter(node=fault.node))
     ports_abandon(on_node)
     Instance.objects.filter(pk__in=[i.pk for i in on_node]).update(state=InstanceState.RELEASED)
-    if reservation.offering.kind != OfferingKind.BARE_METAL:
+    if shared:
         _move_gpus({d["gpu_id"] for i in on_node for d in i.devices}, GPUState.SCRUBBING, GPUState.QUARANTINED)
     if _instances_of(operation).exists():
         Operation.objects.filter(pk=operation.pk).update(attempt=0, error=message)
         _enqueue(operation, operation.step)
         return
     _released(operation, outcome=OperationState.FAILED, error=message)
+
+
+def _scrub_unverified(node: Node, cause: str, *, whole_node: bool) -> None:
+    from security.models import Incident
+
+    Incident.objects.create(kind="scrub_unverified", node_id=node.pk, summary=f"{node.hostname}: {cause}"[:500],
+                            evidence={"cause": cause[:1000], "whole_node": whole_node})
+    if whole_node:
+        node.refresh_from_db(fields=["state"])
+        try:
+            node_transition(actor=None, node=node, target=N.QUARANTINED, reason=f"Scrub not verified: {cause}")
+        except Conflict:
+            _node_failed(node, f"Scrub not verified: {cause}")
 
 
 def _validation_failed(operation: Operation, fault: NodeFault, message: str) -> None:

@@ -15,6 +15,7 @@ from provisioning import lifecycle
 from provisioning.drivers.simulated import Simulated, SimulatedHost
 from provisioning.models import Allocation, Instance, Operation, Reservation, StepRun
 from provisioning.steps import target_of
+from security.models import Incident
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY, reservation
 from tests.world import small_fleet
@@ -189,6 +190,21 @@ def test_an_unscrubbable_gpu_of_a_vm_is_quarantined(world, fleet, steps, simulat
     steps.run()
     assert GPU.objects.get(pk=instance.devices[0]["gpu_id"]).state == "quarantined"
     assert reservation(pk).state == "released"
+    # Only that GPU is held: the host and its other tenants go on.
+    assert Node.objects.get(pk=instance.node_id).state == "in_service"
+    assert Incident.objects.filter(kind="scrub_unverified", node_id=instance.node_id).exists()
+
+
+def test_a_server_whose_scrub_cannot_be_verified_is_quarantined_not_resold(world, fleet, steps, simulation):
+    pk = create(world)
+    steps.run()
+    node = Instance.objects.get(reservation_id=pk).node
+    simulation(broken_rate={"scrub": 1.0})
+    world.client("t1_member").post(f"{URL}{pk}/release/")
+    steps.run()
+    held = Node.objects.get(pk=node.pk)
+    assert held.state == "quarantined" and "Scrub not verified" in held.state_reason
+    assert Incident.objects.get(kind="scrub_unverified", node_id=node.pk).evidence["whole_node"] is True
 
 
 def test_validation_sells_a_healthy_node_and_holds_one_missing_a_gpu(world, fleet, steps):
