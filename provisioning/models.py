@@ -332,6 +332,7 @@ class AgentCommand(models.Model):
         SCRUB = "scrub", "Scrub GPU memory"
         INVENTORY = "inventory", "Report inventory"
         ATTEST = "attest", "Sign attestation evidence"
+        MIG = "mig", "Set a GPU's MIG layout"
 
     class State(models.TextChoices):
         PENDING = "pending", "Pending"

@@ -136,8 +136,11 @@ def node_policy(*, node: Node) -> list[dict]:
     from cloud.choices import IsolationMode
     from security.isolation import EXCLUSIVE, MIG, SHARED
 
+    from .steps import mig_layout_for
+
     owners: dict[str, dict] = {}
     modes: dict[str, str] = {}
+    layouts: dict[str, str] = {}
     live = Instance.objects.filter(node=node, state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE]
                                    ).select_related("reservation__offering")
     for instance in live:
@@ -147,8 +150,10 @@ def node_policy(*, node: Node) -> list[dict]:
             owners.setdefault(device["gpu_id"], {})[instance.name] = cap
             modes[device["gpu_id"]] = {IsolationMode.MIG: MIG, IsolationMode.SHARED: SHARED}.get(
                 offering.isolation_mode, EXCLUSIVE)
+            if offering.isolation_mode == IsolationMode.MIG:
+                layouts[device["gpu_id"]] = mig_layout_for(offering)
     return [{"index": index, "mode": modes.get(str(gpu_id), EXCLUSIVE), "owners": owners.get(str(gpu_id), {}),
-             "mig_layout": "mig" if modes.get(str(gpu_id)) == MIG else None}
+             "mig_layout": layouts.get(str(gpu_id))}
             for gpu_id, index in node.gpus.order_by("index").values_list("pk", "index")]
 
 

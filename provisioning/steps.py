@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from cloud.choices import NodePool, OfferingKind
+from cloud.choices import IsolationMode, NodePool, OfferingKind
 from cloud.errors import DomainError
 
 from .choices import OperationKind
@@ -298,6 +298,30 @@ def undefine_domain(ctx: Context) -> None:
 #
 
 
+def mig_layout_for(offering) -> str:
+    """The MIG layout a fractional MIG offering's GPUs are cut into: one slice per slot."""
+    return f"{offering.slots_per_gpu}-way"
+
+
+def configure_mig(ctx: Context) -> None:
+    """
+    A MIG offering's GPUs are cut into its layout before the hand-over (the watchdog then checks
+    they stay so). A GPU already in that layout is left alone: other tenants' slices may be on it,
+    and the planner only packs slots of one layout onto a GPU.
+    """
+    offering = ctx.reservation.offering
+    if offering.isolation_mode != IsolationMode.MIG:
+        return
+    layout, host = mig_layout_for(offering), ctx.drivers.host
+
+    def configure(instance, target):
+        for device in instance.devices:
+            if host.mig_layout(target, device["index"]) != layout:
+                host.set_mig_layout(target, device["index"], layout,
+                                    reference=f"{ctx.operation.pk}:{device['index']}:{layout}")
+    ctx.each(configure)
+
+
 def apply_pod(ctx: Context) -> None:
     pods = ctx.drivers.container
     reservation = ctx.reservation
@@ -374,8 +398,8 @@ PIPELINES: dict[tuple[str, str | None], list[Step]] = {
              Step("hand_over", hand_over)],
     (P, V): [Step("define_domain", define_domain), Step("start_domain", start_domain),
              Step("join_network", join_network), Step("verify", verify), Step("hand_over", hand_over)],
-    (P, C): [Step("apply_pod", apply_pod), Step("join_network", join_network), Step("verify", verify),
-             Step("hand_over", hand_over)],
+    (P, C): [Step("configure_mig", configure_mig), Step("apply_pod", apply_pod), Step("join_network", join_network),
+             Step("verify", verify), Step("hand_over", hand_over)],
     (R, B): [Step("power_off", power_off), Step("wipe", wipe), Step("leave_network", leave_network),
              Step("scrub", scrub), Step("verify", verify), Step("reset_power", reset_power)],
     (R, V): [Step("stop_domain", stop_domain), Step("undefine_domain", undefine_domain),

@@ -29,6 +29,8 @@ def main(argv=None) -> None:
     parser.add_argument("--scrub-command", default="",
                         help='How a real GPU is cleared between tenants, {index} its index, e.g. '
                              '"nvidia-smi --gpu-reset -i {index}".')
+    parser.add_argument("--mig-command", default="",
+                        help='How a real GPU is cut into a MIG layout, {index} and {layout} filled in.')
     parser.add_argument("--gpus", type=int, default=8, help="Simulated GPUs (the simulated NVML backend).")
     parser.add_argument("--memory-mib", type=int, default=81920, help="Memory of each simulated GPU (81920).")
     parser.add_argument("--gpu-uuid", action="append", default=[],
@@ -38,7 +40,8 @@ def main(argv=None) -> None:
     host = {}
     if args.nvml == "real":
         nvml = RealNVML()
-        host = {"scrub_command": shlex.split(args.scrub_command) or None}
+        host = {"scrub_command": shlex.split(args.scrub_command) or None,
+                "mig_command": shlex.split(args.mig_command) or None}
     else:
         uuids = args.gpu_uuid or [f"GPU-{uuid.uuid4()}" for _ in range(args.gpus)]
         nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=args.memory_mib)

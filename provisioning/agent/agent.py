@@ -53,7 +53,8 @@ class Agent:
     """One node's agent: ``run_once`` is one turn of the loop; ``run`` turns every ``interval``."""
 
     def __init__(self, control_plane, nvml, *, version: str = "1", attester=None, hostname: str = "",
-                 process_owner=None, kill=None, scrub_command: list[str] | None = None, baseline_mib: int = 1024):
+                 process_owner=None, kill=None, scrub_command: list[str] | None = None, baseline_mib: int = 1024,
+                 mig_command: list[str] | None = None):
         self.control_plane, self.nvml, self.version = control_plane, nvml, version
         self.attester, self.hostname = attester, hostname
         # Who runs a process (its cgroup: a VM's domain, a pod) and how to stop one: the host's, by default.
@@ -62,11 +63,14 @@ class Agent:
         # Real GPUs are cleared by a reset the host is configured with ({index} is the GPU), e.g.
         # ["nvidia-smi", "--gpu-reset", "-i", "{index}"]; simulated ones clear their memory.
         self.scrub_command, self.baseline_mib = scrub_command, baseline_mib
+        # How a real GPU is cut into a MIG layout ({index}, {layout}), and what each GPU was cut into.
+        self.mig_command = mig_command
+        self.mig_layouts: dict[int, str] = {}
 
     def run_once(self) -> int:
         """Heartbeat, the isolation watchdog on the policy it brought back, then every waiting command."""
         answer = self.control_plane.call("POST", "/heartbeat/", {"agent_version": self.version,
-                                                                "gpus": self.nvml.inventory()})
+                                                                "gpus": self.inventory()})
         found = self.watchdog(answer.get("policy") or [])
         if found:
             self.control_plane.call("POST", "/violations/", {"violations": [v.to_dict() for v in found]})
@@ -81,7 +85,10 @@ class Agent:
                 problems = [p for d in command["payload"]["devices"] if (p := self.scrub(d))]
                 return {"ok": not problems, "detail": "; ".join(problems)}
             if command["kind"] == "inventory":
-                return {"ok": True, "gpus": self.nvml.inventory()}
+                return {"ok": True, "gpus": self.inventory()}
+            if command["kind"] == "mig":
+                problem = self.set_mig_layout(int(command["payload"]["index"]), str(command["payload"]["layout"]))
+                return {"ok": not problem, "detail": problem}
             if command["kind"] == "attest":
                 if self.attester is None:
                     return {"ok": False, "detail": "this agent has no attestation backend"}
@@ -93,6 +100,28 @@ class Agent:
         except Exception as exc:  # one bad command must not stop the agent: report it
             log.exception("command %s failed", command.get("id"))
             return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+
+    def inventory(self) -> list[dict]:
+        """The GPUs as NVML sees them, with the MIG layout each was cut into (when MIG is on)."""
+        return [{**gpu, "mig_layout": self.current_layout(gpu["index"])} for gpu in self.nvml.inventory()]
+
+    def current_layout(self, index: int) -> str | None:
+        mode = self.nvml.mig_mode(index)
+        return self.mig_layouts.get(index) if mode and mode[0] else None
+
+    def set_mig_layout(self, index: int, layout: str) -> str:
+        """Cut GPU ``index`` into ``layout``: the host's MIG command, or the simulated GPU's mode; "" when done."""
+        if self.mig_command:
+            command = [p.replace("{index}", str(index)).replace("{layout}", layout) for p in self.mig_command]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)  # noqa: S603
+            if done.returncode:
+                return f"GPU {index}: the MIG command failed ({done.returncode}): {done.stderr.strip()[:200]}"
+        elif hasattr(self.nvml, "gpus"):
+            self.nvml.gpus[index].mig = (True, True)
+        else:
+            return "this host has no MIG command configured (--mig-command)"
+        self.mig_layouts[index] = layout
+        return ""
 
     def scrub(self, device: dict) -> str:
         """
@@ -127,8 +156,7 @@ class Agent:
             processes = [Process(pid=p["pid"], owner=self.process_owner(p["pid"]),
                                  used_memory_mib=p.get("used_memory_mib") or 0)
                          for p in (self.nvml.processes(gpu.index) or [])]
-            mig = self.nvml.mig_mode(gpu.index)
-            violations = evaluate(gpu, processes, mig_layout="mig" if mig and mig[0] else None)
+            violations = evaluate(gpu, processes, mig_layout=self.current_layout(gpu.index))
             for violation in violations:
                 if violation.action in (KILL_PROCESS, STOP_CONTAINER):
                     for pid in violation.pids:

@@ -37,6 +37,24 @@ class AgentHost(HostDriver):
         command_enqueue(node_id=target.node_id, kind=AgentCommand.Kind.SCRUB, reference=reference,
                         payload={"devices": [{k: d[k] for k in ("index", "mem_lo", "mem_hi")} for d in devices]})
 
+    def mig_layout(self, target, index):
+        return next((g.get("mig_layout") for g in self._state(target).gpus if g.get("index") == index), None)
+
+    def set_mig_layout(self, target, index, layout, reference=""):
+        """The agent cuts the GPU (its host's MIG command) and reports the layout in its next heartbeat."""
+        from ..models import AgentCommand
+        from ..node_agents import command_enqueue
+
+        command = command_enqueue(node_id=target.node_id, kind=AgentCommand.Kind.MIG, reference=reference,
+                                  payload={"index": index, "layout": layout})
+        if command.state == AgentCommand.State.FAILED:
+            detail = (command.result or {}).get("detail", "no detail")
+            raise DriverError(f"The agent of {target.hostname} could not set MIG on GPU {index}: {detail}.",
+                              transient=False)
+        if command.state != AgentCommand.State.DONE:
+            raise NotYet(f"Waiting for the agent of {target.hostname} to cut GPU {index} into {layout}.",
+                         wait_s=max(1.0, settings.MERIDIAN_AGENT_INTERVAL / 2))
+
     def attest(self, target, nonce, gpus, reference=""):
         """The agent is asked to sign evidence for the nonce; its answer is read back on a later call."""
         from ..models import AgentCommand

@@ -142,6 +142,14 @@ class HostDriver(ABC):
         """True when the memory is clear; NotYet while an agent is still at it."""
 
     @abstractmethod
+    def mig_layout(self, target: Target, index: int) -> str | None:
+        """The MIG layout GPU ``index`` is cut into (None: MIG off)."""
+
+    @abstractmethod
+    def set_mig_layout(self, target: Target, index: int, layout: str, reference: str = "") -> None:
+        """Cut GPU ``index`` into ``layout`` (it holds no one's work then); NotYet while an agent is at it."""
+
+    @abstractmethod
     def attest(self, target: Target, nonce: str, gpus: list[int], reference: str = "") -> dict:
         """
         The host's signed attestation evidence answering ``nonce`` for the GPUs at these indices

@@ -185,6 +185,12 @@ class SimulatedHost(Simulated, HostDriver):
         dirty = self._state(target).get("dirty", [])
         return not any(_slot(d) in dirty for d in devices)
 
+    def mig_layout(self, target, index):
+        return self._state(target).get("mig", {}).get(str(index))
+
+    def set_mig_layout(self, target, index, layout, reference=""):
+        self._act(target, "set_mig_layout", lambda s: s.setdefault("mig", {}).update({str(index): layout}))
+
     def attest(self, target, nonce, gpus, reference=""):
         """Evidence signed by each simulated GPU's own device key (security.simulated_devices)."""
         from cloud.models import GPU, Node

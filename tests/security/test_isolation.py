@@ -162,8 +162,14 @@ def test_a_wrong_mig_layout_quarantines_the_gpu(world, fleet, steps):
         "ssh_public_key": SSH_KEY}, format="json")
     steps.run()
     instance = Instance.objects.get(reservation_id=response.json()["id"], state="active")
+    index = instance.devices[0]["index"]
+    steps_run = [s.name for s in instance.reservation.operations.get(kind="provision").steps.order_by("pk")]
+    assert steps_run[0] == "configure_mig"  # cut before the hand-over
     agent = agent_for(instance.node)
-    agent.nvml.gpus[instance.devices[0]["index"]].mig = (False, False)  # MIG mode is off: not what was handed over
+    assert agent.set_mig_layout(index, "7-way") == ""  # the layout it was handed over in
+    agent.run_once()
+    assert GPU.objects.get(pk=instance.devices[0]["gpu_id"]).state != "quarantined"  # in its layout: fine
+    agent.nvml.gpus[index].mig = (False, False)  # MIG turned off under the tenant: not what was handed over
     agent.run_once()
     assert GPU.objects.get(pk=instance.devices[0]["gpu_id"]).state == "quarantined"
     assert Incident.objects.filter(kind="isolation_wrong_mig_layout").exists()
