@@ -222,6 +222,8 @@ class Instance(TeamOwnedModel):
     name = models.CharField(max_length=100, help_text="The domain or pod name on the host; the server's hostname.")
     address = models.CharField(max_length=64, blank=True)
     ssh_user = models.CharField(max_length=32, blank=True)
+    # The runtime's id of a container (its pod's UID): how the host's cgroups name its processes.
+    runtime_uid = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

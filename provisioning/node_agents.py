@@ -141,6 +141,7 @@ def node_policy(*, node: Node) -> list[dict]:
     owners: dict[str, dict] = {}
     modes: dict[str, str] = {}
     layouts: dict[str, str] = {}
+    aliases: dict[str, dict] = {}  # GPU -> {the runtime's id of an owner: the owner}
     live = Instance.objects.filter(node=node, state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE]
                                    ).select_related("reservation__offering")
     for instance in live:
@@ -148,12 +149,14 @@ def node_policy(*, node: Node) -> list[dict]:
         for device in instance.devices:
             cap = device["mem_hi"] - device["mem_lo"] if offering.slots_per_gpu > 1 else None
             owners.setdefault(device["gpu_id"], {})[instance.name] = cap
+            if instance.runtime_uid:
+                aliases.setdefault(device["gpu_id"], {})[instance.runtime_uid] = instance.name
             modes[device["gpu_id"]] = {IsolationMode.MIG: MIG, IsolationMode.SHARED: SHARED}.get(
                 offering.isolation_mode, EXCLUSIVE)
             if offering.isolation_mode == IsolationMode.MIG:
                 layouts[device["gpu_id"]] = mig_layout_for(offering)
     return [{"index": index, "mode": modes.get(str(gpu_id), EXCLUSIVE), "owners": owners.get(str(gpu_id), {}),
-             "mig_layout": layouts.get(str(gpu_id))}
+             "mig_layout": layouts.get(str(gpu_id)), "aliases": aliases.get(str(gpu_id), {})}
             for gpu_id, index in node.gpus.order_by("index").values_list("pk", "index")]
 
 

@@ -22,6 +22,7 @@ from .choices import OperationKind
 from .drivers import DriverError, Drivers, Target
 from .drivers.libvirt_vm import domain_xml
 from .drivers.pods import pod_manifest
+from .models import Instance
 
 
 class NodeFault(Exception):
@@ -328,8 +329,13 @@ def apply_pod(ctx: Context) -> None:
     offering = reservation.offering
 
     def apply(instance, target):
-        if pods.pod(target, instance.name) is not None:
-            return
+        if pods.pod(target, instance.name) is None:
+            pods.apply(target, manifest_of(instance))
+        # The host's cgroups name the pod's processes by its UID: the watchdog knows them by it.
+        uid = ((pods.pod(target, instance.name) or {}).get("metadata") or {}).get("uid") or ""
+        Instance.objects.filter(pk=instance.pk).update(runtime_uid=uid)
+
+    def manifest_of(instance):
         slot = offering.slots_per_gpu > 1
         manifest = pod_manifest(
             name=instance.name, namespace=f"tenant-{reservation.tenant_id}", node_name=instance.node.hostname,
@@ -340,7 +346,7 @@ def apply_pod(ctx: Context) -> None:
             labels={"meridian.cloud/reservation": str(reservation.pk),
                     "meridian.cloud/tenant": str(reservation.tenant_id)},
         )
-        pods.apply(target, manifest)
+        return manifest
     ctx.each(apply)
 
 

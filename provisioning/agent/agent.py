@@ -153,7 +153,8 @@ class Agent:
         found = []
         for entry in policy:
             gpu = GPUPolicy.from_dict(entry)
-            processes = [Process(pid=p["pid"], owner=self.process_owner(p["pid"]),
+            aliases = entry.get("aliases") or {}  # a pod's UID -> its instance
+            processes = [Process(pid=p["pid"], owner=_alias(aliases, self.process_owner(p["pid"])),
                                  used_memory_mib=p.get("used_memory_mib") or 0)
                          for p in (self.nvml.processes(gpu.index) or [])]
             violations = evaluate(gpu, processes, mig_layout=self.current_layout(gpu.index))
@@ -181,15 +182,31 @@ _DOMAIN = re.compile(r"machine-qemu\\x2d\d+\\x2d(?P<name>[^/]+?)\.scope")
 _MERIDIAN_NAME = re.compile(r"(?P<name>r[0-9a-f]{12}-\d+)")
 
 
+# Kubernetes puts a pod's processes under kubepods...pod<UID> (systemd writes the UID's dashes as _).
+_POD = re.compile(r"pod(?P<uid>[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+
+
 def cgroup_owner(pid: int) -> str | None:
     """The instance a host process belongs to, from /proc/<pid>/cgroup; None when it is nobody's."""
     try:
         with open(f"/proc/{int(pid)}/cgroup", encoding="utf-8") as handle:
-            text = handle.read()
+            return owner_from_cgroup(handle.read())
     except OSError:
         return None
-    match = _DOMAIN.search(text) or _MERIDIAN_NAME.search(text)
-    return match.group("name").replace("\\x2d", "-") if match else None
+
+
+def owner_from_cgroup(text: str) -> str | None:
+    """A libvirt domain's name, a pod's UID, or a scope Meridian named; None for anything else."""
+    if match := _DOMAIN.search(text):
+        return match.group("name").replace("\\x2d", "-")
+    if match := _POD.search(text):
+        return match.group("uid").replace("_", "-")
+    match = _MERIDIAN_NAME.search(text)
+    return match.group("name") if match else None
+
+
+def _alias(aliases: dict, owner: str | None) -> str | None:
+    return aliases.get(owner, owner) if owner else owner
 
 
 def kill_process(index: int, pid: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 
 from django.conf import settings
 from django.db import transaction
@@ -157,7 +158,9 @@ class SimulatedContainers(Simulated, ContainerDriver):
 
     def apply(self, target, manifest):
         name = manifest["metadata"]["name"]
-        self._act(target, "apply", lambda s: s.setdefault("pods", {}).__setitem__(name, manifest))
+        # The API server gives every pod a UID, as the simulated one does here.
+        applied = {**manifest, "metadata": {**manifest["metadata"], "uid": str(uuid.uuid4())}}
+        self._act(target, "apply", lambda s: s.setdefault("pods", {}).setdefault(name, applied))
 
     def delete(self, target, name):
         self._act(target, "delete", lambda s: s.setdefault("pods", {}).pop(name, None))

@@ -206,3 +206,30 @@ def test_a_real_hosts_scrub_runs_its_configured_reset_command(world, fleet, tmp_
     agent.scrub_command = [sys.executable, "-c", "import sys; sys.stderr.write('reset refused'); sys.exit(3)"]
     failed = scrub(agent, 3)
     assert not failed["ok"] and "reset refused" in failed["detail"]
+
+
+def test_the_host_names_a_processs_owner_from_its_cgroup():
+    from provisioning.agent.agent import owner_from_cgroup
+
+    vm = "0::/machine.slice/machine-qemu\\x2d4\\x2dr0123456789ab\\x2d0.scope/libvirt/vcpu0\n"
+    assert owner_from_cgroup(vm) == "r0123456789ab-0"
+    pod = ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+           "1f2e3d4c_5b6a_4789_9abc_def012345678.slice/cri-containerd-0a1b.scope\n")
+    assert owner_from_cgroup(pod) == "1f2e3d4c-5b6a-4789-9abc-def012345678"
+    assert owner_from_cgroup("0::/user.slice/user-1000.slice/session-2.scope\n") is None
+
+
+def test_a_containers_processes_are_known_by_its_pods_uid(world, fleet, steps):
+    shared = offering("container", 1, slots_per_gpu=4, isolation_mode="shared")
+    response = world.client("t1_member").post("/api/v1/reservations/", {
+        "name": "ct", "offering": shared.slug, "slots": 1, "regions": ["us-east-1"], "duration_hours": 1,
+        "ssh_public_key": SSH_KEY}, format="json")
+    steps.run()
+    instance = Instance.objects.get(reservation_id=response.json()["id"], state="active")
+    assert instance.runtime_uid  # the pod's UID, as the API server gave it
+    agent = agent_for(instance.node)
+    gpu = agent.nvml.gpus[instance.devices[0]["index"]]
+    gpu.processes = [{"pid": 1, "used_memory_mib": 100, "owner": instance.runtime_uid},  # as its cgroup names it
+                     {"pid": 2, "used_memory_mib": 100, "owner": "00000000-0000-4000-8000-000000000000"}]
+    agent.run_once()
+    assert [p["pid"] for p in gpu.processes] == [1]
