@@ -153,7 +153,8 @@ def node_policy(*, node: Node) -> list[dict]:
                 aliases.setdefault(device["gpu_id"], {})[instance.runtime_uid] = instance.name
             modes[device["gpu_id"]] = {IsolationMode.MIG: MIG, IsolationMode.SHARED: SHARED}.get(
                 offering.isolation_mode, EXCLUSIVE)
-            if offering.isolation_mode == IsolationMode.MIG:
+            if offering.isolation_mode == IsolationMode.MIG and instance.state == InstanceState.ACTIVE:
+                # Enforced once handed over: until then provisioning is still cutting the GPU.
                 layouts[device["gpu_id"]] = mig_layout_for(offering)
     return [{"index": index, "mode": modes.get(str(gpu_id), EXCLUSIVE), "owners": owners.get(str(gpu_id), {}),
              "mig_layout": layouts.get(str(gpu_id)), "aliases": aliases.get(str(gpu_id), {})}
@@ -169,13 +170,14 @@ def violations_report(*, node: Node, violations: list[dict]) -> int:
     from security.models import Incident
 
     gpus = {gpu.index: gpu for gpu in node.gpus.all()}
+    live = list(Instance.objects.filter(node=node, state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE]
+                                        ).only("tenant_id", "devices"))
     for violation in violations:
         gpu = gpus.get(int(violation["index"]))
         if gpu is None:
             raise Forbidden(f"This node has no GPU {violation['index']}.", code="foreign_gpu")
-        holders = Instance.objects.filter(node=node, state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE],
-                                          devices__contains=[{"gpu_id": str(gpu.pk)}])
-        tenants = sorted({str(t) for t in holders.values_list("tenant_id", flat=True)})
+        # Matched here, not by a JSON lookup: SQLite (the embedded default) has no JSON containment.
+        tenants = sorted({str(i.tenant_id) for i in live if any(d["gpu_id"] == str(gpu.pk) for d in i.devices)})
         summary = f"{node.hostname} GPU {gpu.index}: {violation['kind']} -- {violation['detail']}"[:500]
         Incident.objects.create(kind=f"isolation_{violation['kind']}", node_id=node.pk, summary=summary,
                                 tenant_id=tenants[0] if len(tenants) == 1 else None,

@@ -73,7 +73,10 @@ class Agent:
                                                                 "gpus": self.inventory()})
         found = self.watchdog(answer.get("policy") or [])
         if found:
-            self.control_plane.call("POST", "/violations/", {"violations": [v.to_dict() for v in found]})
+            try:
+                self.control_plane.call("POST", "/violations/", {"violations": [v.to_dict() for v in found]})
+            except ControlPlaneError as exc:  # acted on already; the commands must still run this turn
+                log.warning("could not report %d violation(s): %s", len(found), exc)
         commands = self.control_plane.call("GET", "/commands/").get("commands", [])
         for command in commands:
             self.control_plane.call("POST", f"/commands/{command['id']}/result/", self.execute(command))

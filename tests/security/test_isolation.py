@@ -165,6 +165,11 @@ def test_a_wrong_mig_layout_quarantines_the_gpu(world, fleet, steps):
     index = instance.devices[0]["index"]
     steps_run = [s.name for s in instance.reservation.operations.get(kind="provision").steps.order_by("pk")]
     assert steps_run[0] == "configure_mig"  # cut before the hand-over
+    # While it is being provisioned the layout is not enforced yet (provisioning is still cutting the GPU).
+    Instance.objects.filter(pk=instance.pk).update(state="provisioning")
+    assert node_agents.node_policy(node=instance.node)[index]["mig_layout"] is None
+    Instance.objects.filter(pk=instance.pk).update(state="active")
+    assert node_agents.node_policy(node=instance.node)[index]["mig_layout"] == "7-way"
     agent = agent_for(instance.node)
     assert agent.set_mig_layout(index, "7-way") == ""  # the layout it was handed over in
     agent.run_once()
