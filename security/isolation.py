@@ -67,7 +67,8 @@ class Violation:
 def evaluate(policy: GPUPolicy, processes: list[Process], mig_layout: str | None = None) -> list[Violation]:
     """Every violation of ``policy`` on one GPU by what runs on it (``mig_layout``: what the GPU has now)."""
     found = []
-    if policy.mode == MIG and policy.owners and mig_layout != policy.mig_layout:
+    # A layout is enforced once the GPU has been handed over in it (policy.mig_layout set).
+    if policy.mode == MIG and policy.owners and policy.mig_layout and mig_layout != policy.mig_layout:
         found.append(Violation(policy.index, "wrong_mig_layout", QUARANTINE_GPU,
                                f"the GPU is in MIG layout {mig_layout or 'none'}, not {policy.mig_layout}"))
     foreign = [p for p in processes if p.owner is None or p.owner not in policy.owners]

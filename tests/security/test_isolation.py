@@ -61,6 +61,9 @@ def test_a_mig_gpu_in_the_wrong_layout_is_quarantined():
     assert evaluate(policy, [], mig_layout="mig") == []
     assert [(v.kind, v.action) for v in evaluate(policy, [], mig_layout=None)] == [("wrong_mig_layout",
                                                                                     QUARANTINE_GPU)]
+    # Being cut for a new owner (no layout enforced yet): whatever it is in now is not a violation.
+    cutting = GPUPolicy(index=2, mode=MIG, owners={"ct-a": 10_240}, mig_layout=None)
+    assert evaluate(cutting, [], mig_layout="7-way") == [] and evaluate(cutting, [], mig_layout=None) == []
 
 
 #
