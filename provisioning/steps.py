@@ -164,14 +164,14 @@ def verify(ctx: Context) -> None:
         nodes = {ctx.node.pk: ctx.node}
     for node in nodes.values():
         _inventory_matches(ctx, node)
+        gpus = list(node.gpus.select_related("model").order_by("index"))
+        on_node = [i for i in ctx.instances if i.node_id == node.pk]
         if ctx.node is not None or node.pool != NodePool.SHARED:
-            _attest(ctx, node, list(node.gpus.select_related("model").order_by("index")),
-                    instances=[i for i in ctx.instances if i.node_id == node.pk])
+            _attest(ctx, node, gpus, instances=on_node)
             continue
-        for instance in [i for i in ctx.instances if i.node_id == node.pk]:
+        for instance in on_node:
             gpu_ids = {d["gpu_id"] for d in instance.devices}
-            gpus = [g for g in node.gpus.select_related("model").order_by("index") if str(g.pk) in gpu_ids]
-            _attest(ctx, node, gpus, instances=[instance], shared=True)
+            _attest(ctx, node, [g for g in gpus if str(g.pk) in gpu_ids], instances=[instance], shared=True)
 
 
 def _inventory_matches(ctx: Context, node) -> None:

@@ -16,6 +16,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from cloud.choices import GPUState, NodeState
@@ -121,13 +122,13 @@ def _revoked() -> set[tuple[str, int]]:
 
 
 def _references(evidence: NodeEvidence) -> dict:
-    wanted = {(g.gpu_model, g.vbios, g.driver) for g in evidence.gpus}
-    found = {}
-    for model, vbios, driver in wanted:
-        row = ReferenceMeasurement.objects.filter(gpu_model=model, vbios_version=vbios, driver_version=driver).first()
-        if row is not None:
-            found[(model, vbios, driver)] = {int(index): digest for index, digest in row.measurements.items()}
-    return found
+    """The reference values of every (model, VBIOS, driver) the evidence reports, in one query."""
+    wanted = Q()
+    for model, vbios, driver in {(g.gpu_model, g.vbios, g.driver) for g in evidence.gpus}:
+        wanted |= Q(gpu_model=model, vbios_version=vbios, driver_version=driver)
+    return {(row.gpu_model, row.vbios_version, row.driver_version):
+            {int(index): digest for index, digest in row.measurements.items()}
+            for row in ReferenceMeasurement.objects.filter(wanted)} if wanted else {}
 
 
 #
@@ -163,10 +164,6 @@ def attestation_outcome(*, node, report: AttestationReport, gpus=None) -> None:
     Incident.objects.create(kind=kind, node_id=node.pk, summary=f"{node.hostname}: {summary}"[:500],
                             evidence={"report": str(report.pk), "reasons": report.reasons,
                                       "gpus": [g.uuid for g in gpus] if gpus is not None else None})
-
-
-def attestation_passed_since(*, node_id, since) -> bool:
-    return AttestationReport.objects.filter(node_id=node_id, status=Status.PASS, verified_at__gte=since).exists()
 
 
 #

@@ -38,7 +38,20 @@ class AuditChainView(PrincipalAPIView):
         return Response(s.AuditChainSerializer(audit_verify().as_dict()).data)
 
 
-class TrustAnchorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PlatformViewSet):
+class StaffRecordViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PlatformViewSet):
+    """Staff records: list, retrieve, and a create validated by ``create_serializer_class`` and made by
+    ``perform_service`` (a service call), answered 201."""
+
+    create_serializer_class = None
+
+    def create(self, request):
+        data = self.create_serializer_class(data=request.data)
+        data.is_valid(raise_exception=True)
+        made = self.perform_service(data.validated_data)
+        return Response(self.serializer_class(made).data, status=status.HTTP_201_CREATED)
+
+
+class TrustAnchorViewSet(StaffRecordViewSet):
     """The CAs the verifier trusts for GPU device certificates (staff read; platform admins add)."""
 
     policy = "trust-anchors"
@@ -47,15 +60,17 @@ class TrustAnchorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Platf
     filterset_fields = ["kind", "is_active"]
     ordering = ["kind", "name"]
 
+    create_serializer_class = s.TrustAnchorCreateSerializer
+
     @extend_schema(request=s.TrustAnchorCreateSerializer, responses={201: s.TrustAnchorSerializer})
     def create(self, request):
-        data = s.TrustAnchorCreateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        anchor = services.trust_anchor_add(actor=self.principal, **data.validated_data)
-        return Response(s.TrustAnchorSerializer(anchor).data, status=status.HTTP_201_CREATED)
+        return super().create(request)
+
+    def perform_service(self, attrs):
+        return services.trust_anchor_add(actor=self.principal, **attrs)
 
 
-class RevocationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PlatformViewSet):
+class RevocationViewSet(StaffRecordViewSet):
     """Revoked certificates (by issuer and serial, as a CRL lists them): every chain through one fails."""
 
     policy = "revocations"
@@ -64,15 +79,17 @@ class RevocationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Platfo
     filterset_fields = ["issuer", "serial_number"]
     ordering = ["-revoked_at"]
 
+    create_serializer_class = s.RevocationCreateSerializer
+
     @extend_schema(request=s.RevocationCreateSerializer, responses={201: s.RevocationSerializer})
     def create(self, request):
-        data = s.RevocationCreateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        revoked = services.certificate_revoke(actor=self.principal, **data.validated_data)
-        return Response(s.RevocationSerializer(revoked).data, status=status.HTTP_201_CREATED)
+        return super().create(request)
+
+    def perform_service(self, attrs):
+        return services.certificate_revoke(actor=self.principal, **attrs)
 
 
-class ReferenceMeasurementViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PlatformViewSet):
+class ReferenceMeasurementViewSet(StaffRecordViewSet):
     """
     Reference values per GPU model, VBIOS and driver. Registering the missing ones is what takes
     nodes out of ``reference_unavailable``: they are validated and attested again.
@@ -84,16 +101,14 @@ class ReferenceMeasurementViewSet(mixins.ListModelMixin, mixins.RetrieveModelMix
     filterset_fields = ["gpu_model", "vbios_version", "driver_version"]
     ordering = ["gpu_model", "vbios_version", "driver_version"]
 
+    create_serializer_class = s.ReferenceMeasurementCreateSerializer
+
     @extend_schema(request=s.ReferenceMeasurementCreateSerializer, responses={201: s.ReferenceMeasurementSerializer})
     def create(self, request):
-        data = s.ReferenceMeasurementCreateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        attrs = data.validated_data
-        reference = services.reference_register(actor=self.principal, gpu_model=attrs["gpu_model"].slug,
-                                                vbios_version=attrs["vbios_version"],
-                                                driver_version=attrs["driver_version"],
-                                                measurements=attrs["measurements"])
-        return Response(s.ReferenceMeasurementSerializer(reference).data, status=status.HTTP_201_CREATED)
+        return super().create(request)
+
+    def perform_service(self, attrs):
+        return services.reference_register(actor=self.principal, **{**attrs, "gpu_model": attrs["gpu_model"].slug})
 
 
 class AttestationReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PlatformViewSet):
