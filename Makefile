@@ -26,7 +26,7 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 
 bench: $(VENV)/.dev services
-	for b in seed_fleet api_latency ranking planner scheduler_cycle claims trace_replay provisioning attestation; do \
+	for b in seed_fleet api_latency ranking planner scheduler_cycle claims trace_replay provisioning attestation console_pages failure_drill telemetry_ingest; do \
 	  DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python bench/$$b.py || exit 1; done
 
 services:
@@ -43,5 +43,6 @@ $(VENV)/.runtime: requirements.txt | $(BIN)/python
 $(VENV)/.dev: requirements.txt requirements-dev.txt requirements-vm.txt | $(BIN)/python
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	scripts/ensure-libvirt
+	scripts/ensure-chromium
 	pkg-config --exists libvirt 2>/dev/null && $(BIN)/pip install --quiet -r requirements-vm.txt || true
 	touch $@ $(VENV)/.runtime

@@ -257,6 +257,166 @@ class HCAPort(models.Model):
         return f"{self.node.hostname}/ib{self.index}"
 
 
+class PortLink(models.TextChoices):
+    UP = "up", "Up (active)"
+    DOWN = "down", "Down"
+    UNKNOWN = "unknown", "Unknown"
+
+
+class HCAPortStatus(models.Model):
+    """
+    The last known link state of one HCA port (from the node's agent, or the fabric out of band
+    while a tenant holds the server) and how often it changed lately: a flapping port is a fault.
+    """
+
+    port = models.OneToOneField(HCAPort, on_delete=models.CASCADE, primary_key=True, related_name="status")
+    link = models.CharField(max_length=8, choices=PortLink.choices, default=PortLink.UNKNOWN)
+    changed_at = models.DateTimeField(null=True, blank=True)
+    # Up/down changes since ``window_started_at``; a window older than MERIDIAN_PORT_FLAP_WINDOW_S
+    # starts again at the next change (cloud.telemetry.changes_in_window reads it that way).
+    changes = models.PositiveIntegerField(default=0)
+    window_started_at = models.DateTimeField(null=True, blank=True)
+    seen_at = models.DateTimeField()
+    # Who said so: the node's agent, or the fabric driver while a tenant holds the server.
+    source = models.CharField(max_length=8, default="agent")
+
+    class Meta:
+        verbose_name = "HCA port status"
+        verbose_name_plural = "HCA port statuses"
+        constraints = [models.CheckConstraint(condition=Q(link__in=PortLink.values), name="hca_port_link_valid")]
+
+    def __str__(self):
+        return f"{self.port} {self.link}"
+
+
+class TelemetrySource(models.TextChoices):
+    AGENT = "agent", "Node agent (NVML)"
+    BMC = "bmc", "BMC (Redfish), out of band"
+
+
+class GPUTelemetry(models.Model):
+    """
+    The latest sample of one GPU: always one query away (cloud.telemetry keeps it). Counters
+    (ECC) are cumulative as NVML reports them; ``xids`` are the XID errors since the sample before.
+    From the BMC (a tenant holds the server) only what a BMC can tell is set; the rest is None.
+    """
+
+    gpu = models.OneToOneField(GPU, on_delete=models.CASCADE, primary_key=True, related_name="telemetry")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+", db_index=False)
+    sampled_at = models.DateTimeField()
+    utilization_pct = models.PositiveSmallIntegerField(null=True)
+    memory_used_mib = models.PositiveIntegerField(null=True)
+    memory_total_mib = models.PositiveIntegerField(null=True)
+    temperature_c = models.SmallIntegerField(null=True)
+    power_w = models.FloatField(null=True)
+    ecc_corrected = models.BigIntegerField(null=True)
+    ecc_uncorrected = models.BigIntegerField(null=True)
+    processes = models.PositiveSmallIntegerField(null=True)
+    xids = models.JSONField(default=list)
+    source = models.CharField(max_length=8, choices=TelemetrySource.choices, default=TelemetrySource.AGENT)
+
+    class Meta:
+        verbose_name = "GPU telemetry"
+        verbose_name_plural = "GPU telemetry"
+        indexes = [models.Index(fields=["node"], name="gpu_telemetry_node_idx")]
+
+    def __str__(self):
+        return f"{self.gpu_id} at {self.sampled_at:%H:%M:%S}"
+
+
+class GPUSample(models.Model):
+    """
+    A raw sample, kept for a short window (``MERIDIAN_TELEMETRY_RETENTION["raw"]``) and rolled
+    up into minutes. Written only by cloud.telemetry.ingest, by COPY on PostgreSQL.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # No foreign key in the database: a row per GPU every 10 s would pay a referential check each,
+    # and ingest writes only GPUs it just read as the node's. A GPU's samples go with it (Django's
+    # cascade) and within the raw retention anyway.
+    gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False)
+    sampled_at = models.DateTimeField()
+    utilization_pct = models.PositiveSmallIntegerField(null=True)
+    memory_used_mib = models.PositiveIntegerField(null=True)
+    temperature_c = models.SmallIntegerField(null=True)
+    power_w = models.FloatField(null=True)
+    ecc_corrected = models.BigIntegerField(null=True)
+    ecc_uncorrected = models.BigIntegerField(null=True)
+    processes = models.PositiveSmallIntegerField(null=True)
+    xid_count = models.PositiveSmallIntegerField(default=0)
+    # The XID codes themselves: failure detection counts the serious ones inside its window.
+    xids = models.JSONField(default=list)
+
+    class Meta:
+        # Rollups and retention read by time alone: migration 0006 adds that index, a BRIN index on
+        # PostgreSQL (rows arrive in time order; almost free to maintain), a B-tree on SQLite.
+        indexes = [models.Index(fields=["gpu", "sampled_at"], name="gpu_sample_gpu_time_idx")]
+
+    def __str__(self):
+        return f"{self.gpu_id} at {self.sampled_at:%H:%M:%S}"
+
+
+class RollupPeriod(models.TextChoices):
+    MINUTE = "1m", "1 minute"
+    HOUR = "1h", "1 hour"
+
+
+class GPUSampleRollup(models.Model):
+    """
+    Aggregates of a GPU's samples over one period (1 minute, 1 hour), kept longer than the raw
+    samples. Sums, sums of squares and counts of the samples that had the reading, so means and
+    standard deviations combine exactly across buckets (an hour is the sum of its minutes).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="+", db_index=False)
+    period = models.CharField(max_length=2, choices=RollupPeriod.choices)
+    bucket = models.DateTimeField()
+    samples = models.PositiveIntegerField()
+    utilization_samples = models.PositiveIntegerField(default=0)
+    utilization_sum = models.FloatField(default=0)
+    utilization_sumsq = models.FloatField(default=0)
+    utilization_max = models.PositiveSmallIntegerField(null=True)
+    memory_used_max = models.PositiveIntegerField(null=True)
+    temperature_samples = models.PositiveIntegerField(default=0)
+    temperature_sum = models.FloatField(default=0)
+    temperature_max = models.SmallIntegerField(null=True)
+    power_samples = models.PositiveIntegerField(default=0)
+    power_sum = models.FloatField(default=0)
+    power_max = models.FloatField(null=True)
+    ecc_uncorrected_max = models.BigIntegerField(null=True)
+    xid_count = models.PositiveIntegerField(default=0)
+    # Samples with 0 % utilization and no process: evidence of an idle (or never used) GPU.
+    idle_samples = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["gpu", "period", "bucket"], name="gpu_rollup_unique")]
+        indexes = [models.Index(fields=["period", "bucket"], name="gpu_rollup_period_idx")]
+
+    def __str__(self):
+        return f"{self.gpu_id} {self.period} {self.bucket:%Y-%m-%d %H:%M}"
+
+
+class NodeBMCReading(models.Model):
+    """
+    The latest out-of-band readings of a bare-metal node a tenant holds (no Meridian agent runs
+    on it then): power, temperatures and health as its BMC reports them through Redfish.
+    """
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, primary_key=True, related_name="bmc_reading")
+    read_at = models.DateTimeField()
+    power_w = models.FloatField(null=True)
+    # [{"name", "context", "celsius"}] as the BMC lists its sensors (Redfish Thermal.Temperatures).
+    temperatures = models.JSONField(default=list)
+    health = models.CharField(max_length=16, default="unknown")
+
+    class Meta:
+        verbose_name = "node BMC reading"
+
+    def __str__(self):
+        return f"{self.node_id} at {self.read_at:%H:%M:%S}"
+
+
 class Offering(models.Model):
     """
     What is sold: a kind of instance on a GPU model, with list prices per GPU-hour.

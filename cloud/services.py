@@ -143,3 +143,32 @@ def node_maintenance_end(*, actor, node: Node) -> Node:
     node.refresh_from_db(fields=["previous_state"])
     target = node.previous_state if node.previous_state in NODE_RETURNABLE else NodeState.VALIDATING
     return node_transition(actor=actor, node=node, target=target, only_from=frozenset({NodeState.MAINTENANCE}))
+
+
+def node_repair_start(*, actor, node: Node, reason: str = "") -> Node:
+    """
+    Send a faulty or quarantined node to repair (an operator's step; 409 from any other state).
+    It is never sold from there: only ``node_repair_done`` and a passed validation bring it back.
+    """
+    return node_transition(actor=actor, node=node, target=NodeState.REPAIR, reason=reason or "Sent to repair.",
+                           only_from=frozenset({NodeState.FAULTY, NodeState.QUARANTINED}))
+
+
+@transaction.atomic
+def node_repair_done(*, actor, node: Node) -> Node:
+    """
+    The repair is finished: the node moves ``repair`` -> ``validating`` and its validation
+    (burn-in, attestation) starts unless one runs already; only a passed validation sells it
+    again. Its open failure incidents are resolved. 409 when the node is not in repair.
+    """
+    from provisioning.lifecycle import node_validate
+    from provisioning.replacement import NODE_FAILURE
+    from security.models import Incident
+
+    node = node_transition(actor=actor, node=node, target=NodeState.VALIDATING,
+                           reason="Repaired: validation (burn-in) before it is sold again.",
+                           only_from=frozenset({NodeState.REPAIR}))
+    node_validate(actor=actor, node=node)
+    Incident.objects.filter(kind=NODE_FAILURE, node_id=node.pk, tenant_id__isnull=True,
+                            resolved_at__isnull=True).update(resolved_at=timezone.now())
+    return node

@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    "django.contrib.humanize",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -69,6 +70,9 @@ INSTALLED_APPS = [
     "django_celery_beat",
     "axes",
     "csp",
+    "django_htmx",
+    # Request metrics for /metrics (cloud.metrics_views); its middlewares open and close MIDDLEWARE.
+    "django_prometheus",
     "cloud",
     "tenants",
     "provisioning",
@@ -76,6 +80,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, as django-prometheus asks: its latency includes every other middleware.
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "cloud.middleware.RequestIdMiddleware",
     "cloud.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -87,6 +93,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    # django-prometheus wants this one last; it sits just inside axes (which must be last), so the
+    # status it counts is the one sent, a lockout included.
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
     # Last, as django-axes asks: it turns a lockout raised by the auth backend into a response.
     "axes.middleware.AxesMiddleware",
 ]
@@ -108,6 +118,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "cloud.console.context",
             ],
         },
     },
@@ -141,7 +152,9 @@ CACHES = {
     "default": (
         {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
         if REDIS_URL
-        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "meridian"}
+        # Embedded: a file cache, so the web, worker and scheduler processes share it (throttles,
+        # the scheduler's last cycle) as they share Redis in a deployment.
+        else {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(DATA_DIR / "cache")}
     )
 }
 
@@ -298,6 +311,7 @@ SPECTACULAR_SETTINGS = {
         "OperationStateEnum": "provisioning.choices.OperationState.choices",
         "GPUStateEnum": "cloud.choices.GPUState.choices",
         "TrustAnchorKindEnum": "security.choices.TrustAnchorKind.choices",
+        "HighPriorityStateEnum": "tenants.models.HighPriorityState.choices",
     },
     "POSTPROCESSING_HOOKS": ["drf_standardized_errors.openapi_hooks.postprocess_schema_enums"],
 }
@@ -339,12 +353,26 @@ CELERY_BEAT_SCHEDULE = {
     # operations stuck past their deadline.
     "provisioning.lifecycle_tick": {"task": "provisioning.lifecycle_tick", "schedule": 5.0},
     "provisioning.agent_nonce_prune": {"task": "provisioning.agent_nonce_prune", "schedule": 60.0},
+    # Expire high-priority status that ran out; revoke it where the team's record fell below the thresholds.
+    "tenants.hp_revoke_due": {"task": "tenants.hp_revoke_due", "schedule": 3600.0},
     # Chain the audit events in commit order and sign a checkpoint of the head.
     "security.audit_seal": {"task": "security.audit_seal", "schedule": 5.0},
+    # --- GPU telemetry (cloud.telemetry) ---
+    # Roll raw samples into 1-minute buckets (and closed hours into 1-hour ones) every minute;
+    # drop what is past MERIDIAN_TELEMETRY_RETENTION every hour; read the BMCs and fabric port
+    # states of bare-metal nodes a tenant holds (no agent runs there) every MERIDIAN_BMC_POLL_SECONDS.
+    "cloud.telemetry_rollup": {"task": "cloud.telemetry_rollup", "schedule": 60.0},
+    "cloud.telemetry_prune": {"task": "cloud.telemetry_prune", "schedule": 3600.0},
+    "cloud.telemetry_bmc_collect": {"task": "cloud.telemetry_bmc_collect",
+                                    "schedule": env.float("MERIDIAN_BMC_POLL_SECONDS", default=60.0)},
+    # --- end of GPU telemetry ---
     # Compare every fabric's partitions with the database and repair drift (IB-VPCs), every
     # MERIDIAN_FABRIC_RECONCILE_SECONDS.
     "provisioning.fabrics_reconcile": {"task": "provisioning.fabrics_reconcile",
                                        "schedule": env.float("MERIDIAN_FABRIC_RECONCILE_SECONDS", default=60.0)},
+    # Fleet alerts from the GPU telemetry rollups (cloud.alerts): utilization fluctuation, idle
+    # reserved GPUs (the tenant is told), repeated XIDs on a node.
+    "cloud.alerts_evaluate": {"task": "cloud.alerts_evaluate", "schedule": 60.0},
 }
 
 #
@@ -369,6 +397,11 @@ MERIDIAN_PUBLIC_URL = env("MERIDIAN_PUBLIC_URL", default="http://127.0.0.1:8000"
 # Priority weights: the operator's base formula 0.4 urgency + 0.3 fulfilment + 0.3 (1 - load),
 # plus age, high-priority and fair-share terms (provisioning.priority.Weights documents each).
 MERIDIAN_PRIORITY_WEIGHTS = env.json("MERIDIAN_PRIORITY_WEIGHTS", default={})
+# High-priority teams: what a team's record must show to apply and keep the status (keys of
+# provisioning.priority.HPThresholds: min_fulfilment 0.95, max_avg_release_delay_s 300,
+# max_unplanned_changes 2; missing keys keep those defaults), and how long an approval lasts.
+MERIDIAN_HP_THRESHOLDS = env.json("MERIDIAN_HP_THRESHOLDS", default={})
+MERIDIAN_HP_VALIDITY_DAYS = env.int("MERIDIAN_HP_VALIDITY_DAYS", default=90)
 MERIDIAN_MAX_RESERVATION_DURATION = timedelta(days=env.int("MERIDIAN_MAX_RESERVATION_DAYS", default=30))
 # How far ahead an advance reservation may start.
 MERIDIAN_MAX_ADVANCE = timedelta(days=env.int("MERIDIAN_MAX_ADVANCE_DAYS", default=90))
@@ -442,9 +475,45 @@ MERIDIAN_RESUME_LIMIT = env.int("MERIDIAN_RESUME_LIMIT", default=3)
 # Node agents: seconds between their turns (heartbeat, then commands); an agent silent for three
 # turns cannot answer a step that needs it.
 MERIDIAN_AGENT_INTERVAL = env.float("MERIDIAN_AGENT_INTERVAL_SECONDS", default=10.0)
+# GPU telemetry (cloud.telemetry): how long raw samples, 1-minute and 1-hour rollups are kept.
+MERIDIAN_TELEMETRY_RETENTION = {
+    "raw": timedelta(minutes=env.int("MERIDIAN_TELEMETRY_RAW_MINUTES", default=60)),
+    "1m": timedelta(hours=env.int("MERIDIAN_TELEMETRY_1M_HOURS", default=48)),
+    "1h": timedelta(days=env.int("MERIDIAN_TELEMETRY_1H_DAYS", default=90)),
+}
+# An HCA port's up/down changes are counted within this window (cloud.health's port_flaps).
+MERIDIAN_PORT_FLAP_WINDOW_S = env.float("MERIDIAN_PORT_FLAP_WINDOW_S", default=300.0)
 # How many times a step asks again for an answer it is waiting on (an agent's scrub) before that
 # counts as a failed attempt.
 MERIDIAN_STEP_WAITS = env.int("MERIDIAN_STEP_WAITS", default=30)
+# Replacement of failed hardware (provisioning.replacement): spares of the failed node's fabric
+# first; with FROM_POOL on, ordinary free capacity of that fabric when no spare fits. A
+# reservation with nothing to replace it waits (its healthy units keep running) this long, then fails.
+MERIDIAN_REPLACEMENT_FROM_POOL = env.bool("MERIDIAN_REPLACEMENT_FROM_POOL", default=True)
+MERIDIAN_REPLACEMENT_WAIT = timedelta(seconds=env.int("MERIDIAN_REPLACEMENT_WAIT_SECONDS", default=900))
+
+# SLA (provisioning.sla): the monthly availability target in percent, and the service credit
+# table: [threshold %, credit %] rows; the largest credit whose threshold the month's
+# availability is below is owed, as a share of the month's spend. Default: below 99 % 10 %,
+# below 95 % 25 %, below 90 % 50 %.
+MERIDIAN_SLA_TARGET = env.float("MERIDIAN_SLA_TARGET", default=99.0)
+MERIDIAN_SLA_CREDITS = env.json("MERIDIAN_SLA_CREDITS", default=[[99.0, 10], [95.0, 25], [90.0, 50]])
+# /metrics (cloud.metrics_views): a platform token always works; set both of these to let a
+# scraper use HTTP basic auth instead. Under gunicorn (several processes) and for the Celery
+# workers' task metrics, set PROMETHEUS_MULTIPROC_DIR (the environment variable) to one empty
+# folder shared by the web and worker processes of a machine (see the README).
+MERIDIAN_METRICS_USER = env("MERIDIAN_METRICS_USER", default="")
+MERIDIAN_METRICS_PASSWORD = env("MERIDIAN_METRICS_PASSWORD", default="")
+# Fleet alerts (cloud.alerts) over the 1-minute telemetry rollups of the last window: a node's
+# utilization fluctuation (std / mean) above the threshold, at a mean utilization of at least
+# MERIDIAN_ALERT_MIN_UTILIZATION %, opens an incident; so do this many XIDs on one node. A
+# reservation's GPUs idle (0 % and no process in every sample) for MERIDIAN_IDLE_GPU_MINUTES
+# tell its tenant, at most once per reservation in that many minutes.
+MERIDIAN_ALERT_WINDOW_MIN = env.int("MERIDIAN_ALERT_WINDOW_MIN", default=10)
+MERIDIAN_ALERT_FLUCTUATION = env.float("MERIDIAN_ALERT_FLUCTUATION", default=0.15)
+MERIDIAN_ALERT_MIN_UTILIZATION = env.float("MERIDIAN_ALERT_MIN_UTILIZATION", default=5.0)
+MERIDIAN_ALERT_XIDS = env.int("MERIDIAN_ALERT_XIDS", default=3)
+MERIDIAN_IDLE_GPU_MINUTES = env.int("MERIDIAN_IDLE_GPU_MINUTES", default=30)
 
 LOGGING = {
     "version": 1,

@@ -1,6 +1,6 @@
 """
-The console's first pages: sign-in, a home page listing the user's tenants, and accepting an
-invitation. The full console comes later; these pages already use the same services as the API.
+The console's entry pages: sign-in, the dashboard, the tenant and team switchers, and accepting
+an invitation. They use the same scoping and services as the API (cloud.console).
 """
 
 from django import forms
@@ -13,8 +13,12 @@ from django.contrib.auth.password_validation import validate_password
 from django.db import connection
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
 
+from cloud import dashboard
+from cloud.console import SESSION_TEAM, SESSION_TENANT, console_page, console_principal
 from cloud.errors import DomainError
 from tenants import services as tenant_services
 from tenants.models import Membership
@@ -34,10 +38,43 @@ class LogoutView(auth_views.LogoutView):
     pass
 
 
-@login_required
+@console_page("reservations")
 def home(request):
+    """The tenant's dashboard; staff acting platform-wide land on the fleet."""
+    principal = request.principal
+    if principal.tenant is None:
+        return redirect("staff-fleet" if principal.is_platform else "console-tenants")
+    return render(request, "console/dashboard.html", dashboard.summary(request, now=timezone.now()))
+
+
+@login_required
+def tenants_choose(request):
+    """Where a user in several tenants (or none) picks one."""
     memberships = Membership.objects.filter(user=request.user).select_related("tenant").order_by("tenant__name")
-    return render(request, "home.html", {"memberships": memberships})
+    request.principal = console_principal(request)
+    return render(request, "console/tenants.html", {"memberships": memberships})
+
+
+@login_required
+@require_POST
+def switch(request):
+    """The switchers: act in another tenant (by slug; empty is the platform view for staff) or team."""
+    tenant = request.POST.get("tenant", "").strip()
+    if tenant != request.session.get(SESSION_TENANT, ""):
+        request.session.pop(SESSION_TEAM, None)
+    if tenant:
+        if not Membership.objects.filter(user=request.user, tenant__slug=tenant).exists():
+            messages.error(request, f"You are not a member of a tenant '{tenant[:60]}'.")
+            return redirect("console-tenants")
+        request.session[SESSION_TENANT] = tenant
+    else:
+        request.session.pop(SESSION_TENANT, None)
+    team = request.POST.get("team", "").strip()
+    request.session[SESSION_TEAM] = team if tenant and team else ""
+    target = request.POST.get("next") or "/"
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}, require_https=False):
+        target = "/"
+    return redirect(target)
 
 
 class AcceptInvitationForm(forms.Form):

@@ -21,7 +21,7 @@ from cloud.capacity import SELLABLE_HEALTH
 from cloud.errors import DomainError
 from cloud.models import GPU, GPUModel, Offering, Region
 from tenants.choices import QuotaResource
-from tenants.quotas import QuotaLimit, quota_check, quota_limits_many
+from tenants.quotas import QuotaLimit, quota_check, quota_limits, quota_limits_many
 
 from .choices import BillingTerm
 from .models import Reservation
@@ -143,27 +143,36 @@ def check_quota(*, tenant, team, ask: Ask, window_start: datetime, counted_alrea
     check then fails only if a quota was lowered below what is held and asked.
     """
     window_end = window_start + ask.duration
-
-    def in_use(limit: QuotaLimit) -> float:
-        owned = Q(tenant=tenant) if limit.scope == "tenant" else Q(team=team)
-        reservations = Reservation.objects.filter(owned, state__in=QUOTA_STATES | WAITING_STATES)
-        if limit.gpu_model_id:
-            reservations = reservations.filter(gpu_model_id=limit.gpu_model_id)
-        # Overlapping the window: placed ones by their window; waiting ones by the window they
-        # asked for, or -- as soon as possible -- as if they started now.
-        placed = reservations.filter(starts_at__lt=window_end, ends_at__gt=window_start)
-        asked_start_floor = ExpressionWrapper(Value(window_start) - F("duration"), output_field=DateTimeField())
-        asked_window = Q(requested_start__isnull=True) | Q(requested_start__lt=window_end,
-                                                            requested_start__gt=asked_start_floor)
-        waiting = reservations.filter(asked_window, starts_at__isnull=True)
-        whole = sum((qs.aggregate(n=Sum("gpus"))["n"] or 0) for qs in (placed, waiting))
-        slots = sum(units / slots_per_gpu for units, slots_per_gpu in
-                    (placed | waiting).filter(gpus=0).values_list("units", "offering__slots_per_gpu"))
-        return whole + slots
-
     asked = 0 if counted_already else ask.gpu_equivalent
-    quota_check(tenant=tenant, team=team, resource=QuotaResource.GPUS, asked=asked, in_use=in_use,
+    quota_check(tenant=tenant, team=team, resource=QuotaResource.GPUS, asked=asked,
+                in_use=lambda limit: gpus_counted(tenant, team, limit, window_start, window_end),
                 gpu_model=ask.offering.gpu_model_id)
+
+
+def quota_headroom(*, tenant, team, ask: Ask, window_start: datetime) -> list[tuple[QuotaLimit, float]]:
+    """Each GPU limit the ask falls under with what already counts against it over the ask's window."""
+    window_end = window_start + ask.duration
+    limits = quota_limits(tenant=tenant, resource=QuotaResource.GPUS, team=team, gpu_model=ask.offering.gpu_model_id)
+    return [(limit, gpus_counted(tenant, team, limit, window_start, window_end)) for limit in limits]
+
+
+def gpus_counted(tenant, team, limit: QuotaLimit, window_start: datetime, window_end: datetime) -> float:
+    """GPUs (fractional slots as GPU shares) that count against ``limit`` over the window."""
+    owned = Q(tenant=tenant) if limit.scope == "tenant" else Q(team=team)
+    reservations = Reservation.objects.filter(owned, state__in=QUOTA_STATES | WAITING_STATES)
+    if limit.gpu_model_id:
+        reservations = reservations.filter(gpu_model_id=limit.gpu_model_id)
+    # Overlapping the window: placed ones by their window; waiting ones by the window they
+    # asked for, or -- as soon as possible -- as if they started now.
+    placed = reservations.filter(starts_at__lt=window_end, ends_at__gt=window_start)
+    asked_start_floor = ExpressionWrapper(Value(window_start) - F("duration"), output_field=DateTimeField())
+    asked_window = Q(requested_start__isnull=True) | Q(requested_start__lt=window_end,
+                                                        requested_start__gt=asked_start_floor)
+    waiting = reservations.filter(asked_window, starts_at__isnull=True)
+    whole = sum((qs.aggregate(n=Sum("gpus"))["n"] or 0) for qs in (placed, waiting))
+    slots = sum(units / slots_per_gpu for units, slots_per_gpu in
+                (placed | waiting).filter(gpus=0).values_list("units", "offering__slots_per_gpu"))
+    return whole + slots
 
 
 def quota_suspects(owners) -> set[tuple]:

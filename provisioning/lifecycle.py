@@ -9,8 +9,10 @@ records the outcome and enqueues the next step on commit. A worker killed betwee
 call and that commit leaves the step where it was: the redelivered task runs it again, and the
 step finds the work done (steps check before they act). Transient driver errors retry with
 backoff up to a limit; a failure for good marks the node faulty and re-queues the reservation
-(it keeps its place), or fails it after MERIDIAN_PROVISION_FAILURES nodes. ``tick`` (every few
-seconds) starts what is due, releases what ended, and resumes or fails what is stuck.
+(it keeps its place), or fails it after MERIDIAN_PROVISION_FAILURES nodes -- unless its hardware
+failed under it (provisioning.replacement): then only that attempt's units are placed again.
+``tick`` (every few seconds) starts what is due, releases what ended, retries replacements that
+wait for capacity, and resumes or fails what is stuck.
 """
 
 from __future__ import annotations
@@ -472,13 +474,21 @@ def _close(operation: Operation, state: str, error: str = "") -> None:
         **({"progress": 100} if state == OperationState.SUCCEEDED else {}))
 
 
-def _node_failed(node: Node, reason: str) -> None:
+def _node_failed(node: Node, reason: str, *, reservation_id=None) -> None:
+    """
+    The node is faulty. Other tenants' live work on it (a shared host) is replaced
+    (provisioning.replacement); ``reservation_id``, whose step failed, is handled by the caller.
+    """
+    from .replacement import node_failed_in_lifecycle
+
     node.refresh_from_db(fields=["state"])
     if node.state != N.FAULTY:
         try:
             node_transition(actor=None, node=node, target=N.FAULTY, reason=reason)
         except Conflict:
             log.warning("Could not mark %s faulty from %s: %s", node.hostname, node.state, reason)
+            return
+    node_failed_in_lifecycle(node, reason, reservation_id=reservation_id)
 
 
 #
@@ -499,8 +509,15 @@ def _provisioned(operation: Operation) -> None:
         Instance.objects.filter(pk=instance.pk).update(
             state=InstanceState.ACTIVE, address=f"{instance.name}.{region}.gpu", ssh_user="ubuntu")
     _close(operation, OperationState.SUCCEEDED)
+    from .replacement import open_incidents, reservation_restored, settled
+
+    replacing = open_incidents(reservation)
+    if replacing and not settled(reservation):
+        return  # another attempt still provisions, or units still wait for capacity: the last one activates
     if _move_reservation(reservation, R.ACTIVE, only_from={R.PROVISIONING}, reason=""):
         audit_record(actor=None, action="reservation.active", target=reservation, after={"state": R.ACTIVE})
+        if replacing:
+            reservation_restored(reservation=reservation, incidents=replacing)
 
 
 def _released(operation: Operation, *, outcome: str = OperationState.SUCCEEDED, error: str = "") -> None:
@@ -536,7 +553,7 @@ def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> N
     """The node is faulty; the others are cleaned; the reservation is placed again or fails."""
     reservation = Reservation.objects.select_for_update().select_related("offering").get(pk=operation.reservation_id)
     if fault.blame:  # attestation holds the node (or its GPUs) itself; a request fault leaves it be
-        _node_failed(fault.node, f"Provisioning failed: {fault.cause}")
+        _node_failed(fault.node, f"Provisioning failed: {fault.cause}", reservation_id=reservation.pk)
     _close(operation, OperationState.FAILED, message)
     instances = list(_instances_of(operation))
     on_faulty = [i for i in instances if i.node_id == fault.node.pk and (fault.blame or fault.held)]
@@ -549,7 +566,12 @@ def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> N
     _clean(reservation, [i for i in instances if i not in on_faulty])
     failures = reservation.provision_failures + 1
     Reservation.objects.filter(pk=reservation.pk).update(provision_failures=failures)
-    if failures < settings.MERIDIAN_PROVISION_FAILURES:
+    from .replacement import attempt_failed, open_incidents
+
+    if open_incidents(reservation):
+        # Its hardware failed under it: only this attempt's units are placed again (the others keep running).
+        attempt_failed(reservation=reservation, instances=instances, failures=failures, cause=fault.cause)
+    elif failures < settings.MERIDIAN_PROVISION_FAILURES:
         _requeue(reservation, f"Provisioning failed on a node ({fault.cause}); placing the reservation again, "
                               "keeping its place in the queue.")
     else:
@@ -572,7 +594,7 @@ def _release_failed(operation: Operation, fault: NodeFault, message: str) -> Non
     if fault.blame and operation.step == "scrub":
         _scrub_unverified(fault.node, fault.cause, whole_node=not shared)
     elif fault.blame:  # attestation holds the node (or its GPUs) itself
-        _node_failed(fault.node, f"Cleaning failed: {fault.cause}")
+        _node_failed(fault.node, f"Cleaning failed: {fault.cause}", reservation_id=reservation.pk)
     on_node = list(_instances_of(operation).filter(node=fault.node))
     ports_abandon(on_node)
     Instance.objects.filter(pk__in=[i.pk for i in on_node]).update(state=InstanceState.RELEASED)
@@ -627,13 +649,15 @@ FAILURES = {OperationKind.PROVISION: _provision_failed, OperationKind.RELEASE: _
 def tick(*, now=None, limit: int = 200) -> dict:
     """
     Start due reservations, release ended ones, validate waiting nodes, attest idle ones that are
-    due (MERIDIAN_ATTESTATION_IDLE_INTERVAL, a few per tick), resume or fail stuck work.
+    due (MERIDIAN_ATTESTATION_IDLE_INTERVAL, a few per tick), replace failed hardware that still
+    waits for capacity (provisioning.replacement), resume or fail stuck work.
     """
+    from .replacement import replacements_due, reservation_replace
     from .services import reservation_expire
 
     now = now or timezone.now()
-    report = {"started": 0, "expired": 0, "releases": 0, "validations": 0, "attestations": 0, "resumed": 0,
-              "failed_stuck": 0, "errors": 0}
+    report = {"started": 0, "expired": 0, "releases": 0, "validations": 0, "attestations": 0, "replacements": 0,
+              "resumed": 0, "failed_stuck": 0, "errors": 0}
 
     def each(items, act, counter):
         # One bad item is logged and skipped: it must not stop the rest of the tick.
@@ -664,6 +688,9 @@ def tick(*, now=None, limit: int = 200) -> dict:
     validating = Operation.objects.filter(node=OuterRef("pk"), kind=OperationKind.VALIDATE, state__in=UNFINISHED)
     each(Node.objects.filter(state=N.VALIDATING).exclude(Exists(validating))[:limit],
          lambda node: node_validate(actor=None, node=node), "validations")
+    # Tenants without their hardware come before routine attestation of idle nodes (which holds a node back).
+    each(replacements_due(now, limit), lambda pk: reservation_replace(pk, now=now) in ("started", "restored", "failed"),
+         "replacements")
     each(idle_nodes_due(now, limit=max(1, limit // 10)), lambda node: node_attest(node) is not None, "attestations")
     stuck_before = now - settings.MERIDIAN_STUCK_AFTER
     each(Operation.objects.filter(state__in=UNFINISHED, updated_at__lt=stuck_before)[:limit],

@@ -7,10 +7,11 @@ another node is refused.
 
 from __future__ import annotations
 
+import json
 import secrets
 from datetime import timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from rest_framework.exceptions import NotFound
 
@@ -74,16 +75,56 @@ def authenticate(*, method: str, path: str, headers, body: bytes, now=None) -> N
     return credential.node
 
 
-def heartbeat(*, node: Node, agent_version: str, gpus: list[dict]) -> AgentState:
-    """Record what the agent sees; a GPU that is not this node's is refused (403), nothing stored."""
-    known = set(node.gpus.values_list("uuid", flat=True))
+def heartbeat(*, node: Node, agent_version: str, gpus: list[dict], samples: list | None = None,
+              ports: list | None = None, now=None) -> AgentState:
+    """
+    Record what the agent sees: its inventory, and its GPU samples and port states through
+    ``cloud.telemetry.ingest``. A GPU or port that is not this node's is refused (403), more
+    entries than the node has, or a bad reading, too (400); then nothing is stored, not even the
+    heartbeat. A fixed number of statements whatever the GPU count (every node sends one every
+    MERIDIAN_AGENT_INTERVAL seconds).
+    """
+    from cloud import telemetry
+
+    now = now or timezone.now()
+    if len(gpus) > telemetry.MAX_GPUS_PER_NODE:
+        raise DomainError(f"{len(gpus)} GPUs: a node has at most {telemetry.MAX_GPUS_PER_NODE}.", code="too_many")
+    stored = telemetry.node_known(node)  # the node's GPUs and ports as stored: one query, for ingest too
+    known = {row[2] for row in stored.gpus}
     foreign = sorted({str(g.get("uuid")) for g in gpus} - known)
     if foreign:
         raise Forbidden(f"This node has no GPU {', '.join(foreign[:3])}; an agent speaks only for its own GPUs.",
                         code="foreign_gpu")
-    state, _ = AgentState.objects.update_or_create(node=node, defaults={
-        "last_seen_at": timezone.now(), "agent_version": agent_version[:32], "gpus": gpus})
+    if len(gpus) > len(known):
+        raise DomainError(f"{len(gpus)} GPUs listed, but {node.hostname} has {len(known)}.", code="too_many")
+    with transaction.atomic():
+        if samples or ports:
+            # ingest returns each GPU's new sample with the one before it, and each port's link with
+            # its recent flaps: failure detection (cloud.health) is wired in on that result, here.
+            telemetry.ingest(node=node, samples=samples or [], ports=ports or [], now=now, known=stored)
+        state = AgentState(node=node, last_seen_at=now, agent_version=agent_version[:32], gpus=gpus)
+        _agent_state_save(state)
     return state
+
+
+_AGENT_STATE_SQL = (
+    f"INSERT INTO {AgentState._meta.db_table} (node_id, last_seen_at, agent_version, gpus) "  # noqa: S608
+    "VALUES (%s, %s, %s, %s::jsonb) ON CONFLICT (node_id) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at, "
+    "agent_version = EXCLUDED.agent_version, gpus = EXCLUDED.gpus"
+)
+
+
+def _agent_state_save(state: AgentState) -> None:
+    """One upsert: a prepared statement on PostgreSQL (every node, every heartbeat), the ORM elsewhere."""
+    if connection.vendor == "postgresql":
+        from cloud.telemetry import fast_cursor
+
+        with fast_cursor() as cursor:
+            cursor.execute(_AGENT_STATE_SQL, [state.node_id, state.last_seen_at, state.agent_version,
+                                              json.dumps(state.gpus)])
+        return
+    AgentState.objects.bulk_create([state], update_conflicts=True, unique_fields=["node"],
+                                   update_fields=["last_seen_at", "agent_version", "gpus"])
 
 
 @transaction.atomic

@@ -49,10 +49,21 @@ def _signed(handler):
 
 
 def heartbeat(node, payload):
+    """
+    The agent's turn: its inventory (``gpus``), and from current agents a sample per GPU
+    (``samples``) and its InfiniBand ports (``ports``), checked and stored by cloud.telemetry.
+    An older agent that sends only ``gpus`` is still heard.
+    """
     gpus = payload["gpus"]
     if not isinstance(gpus, list) or not all(isinstance(g, dict) and isinstance(g.get("uuid"), str) for g in gpus):
         raise ValueError("gpus must be a list of objects with a uuid")
-    node_agents.heartbeat(node=node, agent_version=str(payload.get("agent_version", "")), gpus=gpus)
+    samples, ports = payload.get("samples"), payload.get("ports")
+    if samples is not None and not isinstance(samples, list):
+        raise ValueError("samples must be a list of objects, one per GPU")
+    if ports is not None and not isinstance(ports, list):
+        raise ValueError("ports must be a list of objects with a guid and a link")
+    node_agents.heartbeat(node=node, agent_version=str(payload.get("agent_version", "")), gpus=gpus,
+                          samples=samples, ports=ports)
     # The desired state rides on the answer (the agent pulls it): each GPU's isolation policy.
     return {"ok": True, "interval_s": settings.MERIDIAN_AGENT_INTERVAL, "policy": node_agents.node_policy(node=node)}
 

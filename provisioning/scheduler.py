@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
@@ -110,10 +111,21 @@ def collector_paused():
             gc.enable()
 
 
+LAST_CYCLE_KEY = "meridian:scheduler:last-cycle"
+
+
 def run_cycle(*, now: datetime | None = None, records: TeamRecords | None = None) -> CycleReport:
     """One cycle. The loop passes ``records`` to keep the teams' records between cycles."""
     with collector_paused():
-        return _cycle(now or timezone.now(), records)
+        report = _cycle(now or timezone.now(), records)
+    # For the staff console and /metrics: what the last cycle did, whichever process ran it.
+    cache.set(LAST_CYCLE_KEY, {**report.as_dict(), "finished_at": timezone.now().isoformat()}, None)
+    return report
+
+
+def last_cycle() -> dict | None:
+    """The last cycle's report (counts, phase timings, ``finished_at``), or None before the first."""
+    return cache.get(LAST_CYCLE_KEY)
 
 
 def _cycle(now: datetime, records: TeamRecords | None) -> CycleReport:

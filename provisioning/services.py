@@ -104,7 +104,7 @@ def reservation_create(*, actor, ask: admission.Ask, team=None) -> Reservation:
     """
     if actor.tenant is None:
         raise Forbidden("Reservations are made inside a tenant; choose one with the X-Meridian-Tenant header.")
-    team = _team_for(actor, team)
+    team = team_for(actor, team)
     if ask.vpc is not None and ask.vpc.team_id is not None and ask.vpc.team_id != getattr(team, "pk", None):
         raise admission.invalid("vpc", f"VPC {ask.vpc.name} belongs to a team; book the reservation for that team.",
                                 code="vpc_team")
@@ -132,7 +132,7 @@ def reservation_create(*, actor, ask: admission.Ask, team=None) -> Reservation:
     return reservation
 
 
-def _team_for(actor, team):
+def team_for(actor, team):
     """
     The team a reservation is booked for: a team-bound token books for its team only (by default
     too); others book tenant-wide or for a team they belong to (tenant admins: any team).

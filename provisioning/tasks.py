@@ -53,6 +53,47 @@ def lifecycle_tick() -> dict:
     return tick()
 
 
+@shared_task(name="provisioning.node_failed")
+def node_failed(node_id: str, cause: str, summary: str, evidence: dict, impact_started_at: str | None,
+                detected_at: str | None = None) -> str | None:
+    """
+    Detection found a node failed for good (times as ISO 8601): mark it faulty, open the incidents,
+    replace its tenants' work (provisioning.replacement.node_failed; a repeat is a no-op).
+    """
+    from django.utils.dateparse import parse_datetime
+
+    from cloud.models import Node
+
+    from .replacement import node_failed as node_failed_service
+
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None:
+        return None
+    incident = node_failed_service(node=node, cause=cause, summary=summary, evidence=evidence,
+                                   impact_started_at=parse_datetime(impact_started_at) if impact_started_at else None,
+                                   detected_at=parse_datetime(detected_at) if detected_at else None)
+    return str(incident.pk)
+
+
+@shared_task(name="provisioning.gpus_failed")
+def gpus_failed(node_id: str, gpu_ids: list[str], cause: str, summary: str, evidence: dict,
+                impact_started_at: str | None, detected_at: str | None = None) -> str | None:
+    """GPUs of a node failed for good: provisioning.replacement.gpus_failed (a repeat is a no-op)."""
+    from django.utils.dateparse import parse_datetime
+
+    from cloud.models import Node
+
+    from .replacement import gpus_failed as gpus_failed_service
+
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None:
+        return None
+    incident = gpus_failed_service(node=node, gpu_ids=gpu_ids, cause=cause, summary=summary, evidence=evidence,
+                                   impact_started_at=parse_datetime(impact_started_at) if impact_started_at else None,
+                                   detected_at=parse_datetime(detected_at) if detected_at else None)
+    return str(incident.pk)
+
+
 @shared_task(name="provisioning.agent_nonce_prune")
 def agent_nonce_prune() -> int:
     """Forget the agents' nonces once their requests would be stale anyway (the table stays small)."""

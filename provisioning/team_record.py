@@ -20,6 +20,7 @@ from django.core.cache import cache
 from django.db.models import Count, Q, Sum
 
 from tenants.choices import QuotaResource
+from tenants.models import Team
 from tenants.quotas import quota_limits_many
 
 from .choices import ReservationState as R
@@ -65,7 +66,9 @@ def team_inputs_recent(*, tenant, team, gpu_model_id, now: datetime, weights: We
 def team_inputs_many(keys, *, now: datetime, weights: Weights) -> dict[tuple, TeamInputs]:
     """
     The records of many owners at once, keyed ``(tenant_id, team_id or None, gpu_model_id)``:
-    four grouped queries however many owners (the scheduler ranks every queued owner each cycle).
+    four grouped queries, and one for the teams' high-priority status, however many owners (the
+    scheduler ranks every queued owner each cycle). ``high_priority``: the team's approved status
+    lasts past ``now``.
     """
     keys = set(keys)
     tenant_ids = {tenant for tenant, _, _ in keys}
@@ -94,6 +97,11 @@ def team_inputs_many(keys, *, now: datetime, weights: Weights) -> dict[tuple, Te
         age_s = (now - min(end, now)).total_seconds()
         samples[(tenant, team)].append((gpu_hours(start, end, lo, hi, memory, now), age_s))
 
+    # Approved high-priority status, read live (not from the applications) so expiry needs no task.
+    team_ids = {team for _, team, _ in keys if team}
+    high_priority = set(Team.objects.filter(pk__in=team_ids, high_priority_until__gt=now)
+                        .values_list("pk", flat=True)) if team_ids else set()
+
     records = {}
     for tenant, team, gpu_model_id in keys:
         total, used = outcomes.get((tenant, team), (0, 0))
@@ -104,7 +112,8 @@ def team_inputs_many(keys, *, now: datetime, weights: Weights) -> dict[tuple, Te
         # Fair share: what the team would accrue using its whole quota for one half-life.
         fair = max(limit, 1) * weights.usage_half_life_s / 3600
         records[(tenant, team, gpu_model_id)] = TeamInputs(
-            fulfilment_rate=rate, current_load=in_use / limit if limit else 1.0, usage_share=usage / fair)
+            fulfilment_rate=rate, current_load=in_use / limit if limit else 1.0, usage_share=usage / fair,
+            high_priority=team in high_priority)
     return records
 
 

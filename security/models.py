@@ -64,9 +64,16 @@ class Incident(models.Model):
     summary = models.CharField(max_length=500)
     evidence = models.JSONField(default=dict)
     tenant_id = models.UUIDField(null=True, blank=True, db_index=True)
-    node_id = models.UUIDField(null=True, blank=True)
+    node_id = models.UUIDField(null=True, blank=True, db_index=True)
     fabric_id = models.UUIDField(null=True, blank=True)
+    # A tenant's incident names the reservation it hit and how many of its GPUs were out:
+    # what the SLA counts, from ``impact_started_at`` until ``restored_at`` (working hardware again).
+    reservation_id = models.UUIDField(null=True, blank=True, db_index=True)
+    gpu_ids = models.JSONField(default=list, blank=True)
+    gpus_affected = models.PositiveIntegerField(default=0)
+    impact_started_at = models.DateTimeField(null=True, blank=True)
     detected_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    restored_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
@@ -78,6 +85,19 @@ class Incident(models.Model):
 
     def __str__(self):
         return f"{self.kind}: {self.summary}"
+
+    @property
+    def time_to_detect_s(self) -> float | None:
+        if self.impact_started_at is None:
+            return None
+        return max((self.detected_at - self.impact_started_at).total_seconds(), 0.0)
+
+    @property
+    def time_to_restore_s(self) -> float | None:
+        """From detection until the tenant had working hardware again."""
+        if self.restored_at is None:
+            return None
+        return max((self.restored_at - self.detected_at).total_seconds(), 0.0)
 
 
 #

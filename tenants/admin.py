@@ -5,7 +5,18 @@ from django.db import transaction
 from cloud.admin import ReadOnlyAdmin
 from security.audit import audit_record
 
-from .models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User
+from .models import (
+    APIToken,
+    HighPriorityApplication,
+    Invitation,
+    Membership,
+    Notification,
+    Quota,
+    Team,
+    TeamMembership,
+    Tenant,
+    User,
+)
 
 
 @admin.register(User)
@@ -83,3 +94,15 @@ class APITokenAdmin(ReadOnlyAdmin):
     list_display = ["name", "user", "tenant", "scope", "prefix", "expires_at", "revoked_at", "last_used_at"]
     list_filter = ["scope"]
     readonly_fields = ["prefix", "digest", "last_used_at"]
+
+
+@admin.register(HighPriorityApplication)
+class HighPriorityApplicationAdmin(ReadOnlyAdmin):
+    list_display = ["team", "tenant", "state", "created_at", "reviewed_at", "expires_at"]
+    list_filter = ["state"]
+
+
+@admin.register(Notification)
+class NotificationAdmin(ReadOnlyAdmin):
+    list_display = ["title", "tenant", "user", "team", "kind", "created_at", "read_at"]
+    list_filter = ["kind"]

@@ -6,7 +6,7 @@ for another tenant's, telling the two apart.
 
 import django_filters
 
-from .models import APIToken, Invitation, Quota, TeamMembership
+from .models import APIToken, HighPriorityApplication, Invitation, Notification, Quota, TeamMembership
 
 
 class TeamMembershipFilterSet(django_filters.FilterSet):
@@ -41,3 +41,22 @@ class QuotaFilterSet(django_filters.FilterSet):
     class Meta:
         model = Quota
         fields = ["team", "tenant", "resource", "gpu_model"]
+
+
+class HighPriorityApplicationFilterSet(django_filters.FilterSet):
+    team = django_filters.UUIDFilter(field_name="team_id")
+
+    class Meta:
+        model = HighPriorityApplication
+        fields = ["team", "state"]
+
+
+class NotificationFilterSet(django_filters.FilterSet):
+    team = django_filters.UUIDFilter(field_name="team_id")
+    kind = django_filters.CharFilter(max_length=64)
+    unread = django_filters.BooleanFilter(field_name="read_at", lookup_expr="isnull",
+                                          label="true: only unread; false: only read.")
+
+    class Meta:
+        model = Notification
+        fields = ["team", "kind", "unread"]

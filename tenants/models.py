@@ -1,4 +1,7 @@
-"""Identity and tenancy: users, tenants, teams, memberships, invitations, quotas, API tokens."""
+"""
+Identity and tenancy: users, tenants, teams, memberships, invitations, quotas, API tokens,
+high-priority applications and in-app notifications.
+"""
 
 import hashlib
 import hmac
@@ -111,12 +114,21 @@ class Tenant(models.Model):
 
 
 class Team(TenantOwnedModel):
-    """A group inside a tenant (a lab, a product team) that owns reservations and quotas."""
+    """
+    A group inside a tenant (a lab, a product team) that owns reservations and quotas. A team may
+    hold high-priority status until ``high_priority_until`` (set by an approved application,
+    cleared when it expires or is revoked; tenants.high_priority changes it).
+    """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=50, help_text=SLUG_HELP)
     created_at = models.DateTimeField(auto_now_add=True)
+    high_priority_until = models.DateTimeField(null=True, blank=True, db_index=True)
+    high_priority_application = models.ForeignKey(
+        "HighPriorityApplication", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="The approved application the current high-priority status comes from.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -129,6 +141,11 @@ class Team(TenantOwnedModel):
 
     def __str__(self):
         return f"{self.tenant.slug}/{self.slug}"
+
+    def is_high_priority(self, now=None) -> bool:
+        """Whether the team holds high-priority status at ``now`` (default: this moment)."""
+        now = now or timezone.now()
+        return self.high_priority_until is not None and self.high_priority_until > now
 
 
 class Membership(TenantOwnedModel):
@@ -338,3 +355,119 @@ class APIToken(models.Model):
     @property
     def is_expired(self) -> bool:
         return self.expires_at is not None and self.expires_at <= timezone.now()
+
+
+#
+# High-priority applications
+#
+
+
+class HighPriorityState(models.TextChoices):
+    """Lifecycle of a high-priority application; the legal moves are HP_TRANSITIONS."""
+
+    PENDING = "pending", "Pending review"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    WITHDRAWN = "withdrawn", "Withdrawn"
+    REVOKED = "revoked", "Revoked"
+    EXPIRED = "expired", "Expired"
+
+
+HP_TRANSITIONS = {
+    HighPriorityState.PENDING: frozenset({HighPriorityState.APPROVED, HighPriorityState.REJECTED,
+                                          HighPriorityState.WITHDRAWN}),
+    HighPriorityState.APPROVED: frozenset({HighPriorityState.REVOKED, HighPriorityState.EXPIRED}),
+}
+
+
+class HighPriorityApplication(TenantOwnedModel):
+    """
+    A team's request for high-priority status, with the team's record frozen at application time
+    (``snapshot``: the three figures, the thresholds, which were met, the verdict and its reasons)
+    so the reviewer decides on what the team saw. One pending application per team (constraint);
+    state moves only through tenants.high_priority. ``override_note`` is set when a platform admin
+    filed it for a team below the thresholds.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="high_priority_applications")
+    applied_by = models.ForeignKey(User, null=True, on_delete=models.SET_NULL, related_name="+")
+    note = models.TextField(max_length=2000, help_text="Why the team needs high priority.")
+    state = models.CharField(max_length=16, choices=HighPriorityState.choices, default=HighPriorityState.PENDING)
+    state_reason = models.TextField(blank=True, help_text="Why it was revoked or expired.")
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    snapshot = models.JSONField(default=dict, blank=True)
+    override_note = models.TextField(max_length=2000, blank=True)
+    reviewed_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    review_note = models.TextField(max_length=2000, blank=True)
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    team_path = "team"
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team"], condition=Q(state=HighPriorityState.PENDING), name="hp_application_one_pending",
+                violation_error_message="The team already has a pending high-priority application.",
+            ),
+            models.CheckConstraint(condition=Q(state__in=HighPriorityState.values), name="hp_application_state_valid"),
+        ]
+
+    def __str__(self):
+        return f"high priority for {self.team_id} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state not in HP_TRANSITIONS
+
+
+#
+# Notifications
+#
+
+
+class NotificationQuerySet(TenantScopedQuerySet):
+    def visible_to(self, principal, action="view"):
+        """
+        A tenant principal sees the notifications addressed to it and those for everyone in its
+        tenant (narrowed to its teams, as every team-owned row), and may mark those read whatever
+        the action; staff read every tenant's but mark none (they are not the audience).
+        """
+        if principal is not None and principal.is_platform:
+            return self.all() if action == "view" else self.none()
+        qs = super().visible_to(principal, "view")
+        if principal is None or principal.tenant is None:
+            return qs
+        return qs.filter(Q(user__isnull=True) | Q(user=principal.user))
+
+
+class Notification(TenantOwnedModel):
+    """
+    An in-app message to a tenant: to one user (``user``), or to everyone in the tenant who may
+    see it (no user; with ``team``, the team's members and the tenant's admins). Read state is
+    per row: a tenant-wide notification marked read by one member is read for all of them, as a
+    shared inbox would be (per-user read receipts can come with outbound delivery).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(User, null=True, blank=True, on_delete=models.CASCADE, related_name="notifications")
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="notifications")
+    kind = models.CharField(max_length=64, help_text="What happened, dotted: 'high_priority.approved'.")
+    title = models.CharField(max_length=200)
+    body = models.TextField(blank=True)
+    link = models.CharField(max_length=500, blank=True, help_text="A path on this site to the object concerned.")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+
+    objects = NotificationQuerySet.as_manager()
+    team_path = "team"
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "-created_at"], name="notification_tenant_recent_idx")]
+
+    def __str__(self):
+        return f"{self.kind}: {self.title}"

@@ -28,6 +28,10 @@ POLICIES: dict[str, dict[str, str]] = {
     "invitations": {"read": ADMIN, "write": ADMIN},
     "api-tokens": {"read": ANY, "write": ANY},  # one's own; admins see the tenant's (queryset)
     "quotas": {"read": VIEWER, "write": PLATFORM_ADMIN},
+    # Team members and tenant admins apply (platform admins on a team's behalf) and withdraw; the
+    # service decides who may apply, the review action admits platform reviewers only (views).
+    "high-priority-applications": {"read": VIEWER, "write": MEMBER, "create": ANY, "review": ANY},
+    "notifications": {"read": VIEWER, "write": VIEWER},  # one's own and the tenant's (queryset)
     "audit-events": {"read": ADMIN, "write": NOBODY},
     "audit-chain": {"read": PLATFORM_ADMIN, "write": NOBODY},
     "reservations": {"read": VIEWER, "write": MEMBER},
@@ -44,6 +48,8 @@ POLICIES: dict[str, dict[str, str]] = {
     "revocations": {"read": PLATFORM, "write": PLATFORM_ADMIN},
     "reference-measurements": {"read": PLATFORM, "write": PLATFORM_ADMIN},
     "attestation-reports": {"read": PLATFORM, "write": NOBODY},
+    # SLA figures per tenant and month: the tenant reads its own (members: their teams' reservations), staff all.
+    "sla": {"read": VIEWER, "write": NOBODY},
 }
 
 READ_ONLY_TOKEN = "This API token is read-only."

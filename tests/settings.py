@@ -22,3 +22,6 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {"principal": "100000/min", "anonymous": "100000/min"},
 }
 WHITENOISE_AUTOREFRESH = True
+# One cache per test process (the embedded default's file cache would be shared by the xdist
+# workers, which clear it between tests).
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "meridian-tests"}}

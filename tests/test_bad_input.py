@@ -22,8 +22,8 @@ from django.db import transaction
 from cloud.choices import NodeState
 from cloud.models import Node
 from provisioning.models import VPC
-from tenants.models import Membership
-from tests.world import World, small_fleet, unique
+from tenants.models import HighPriorityApplication, Membership, Team
+from tests.world import World, hp_snapshot, small_fleet, team_record, unique
 
 ERROR_KEYS = {"code", "detail", "attr"}
 FIVE_MB = 5 * 1024 * 1024
@@ -143,6 +143,21 @@ def _membership_path(w: World) -> str:
     return f"/api/v1/memberships/{Membership.objects.get(user=w.users['t1_viewer']).pk}/"
 
 
+def _hp_apply_body(w: World) -> dict:
+    """t1's team with a record that qualifies, its world application withdrawn (one pending at a time)."""
+    HighPriorityApplication.objects.filter(team=w.t1.team).update(state="withdrawn")
+    team_record(w.t1.team)
+    return {"team": str(w.t1.team.pk), "note": "Deadline-bound training runs."}
+
+
+def _hp_review_path(w: World) -> str:
+    """A pending application of a team of its own, untouched by the hp-apply endpoint's setup."""
+    team = Team.objects.create(tenant=w.t1.tenant, name="Review", slug=unique("review"))
+    application = HighPriorityApplication.objects.create(tenant=w.t1.tenant, team=team, note="Deadline.",
+                                                         snapshot=hp_snapshot(eligible=True))
+    return f"/api/v1/high-priority-applications/{application.pk}/review/"
+
+
 ENDPOINTS = {
     e.name: e
     for e in [
@@ -179,6 +194,10 @@ ENDPOINTS = {
         Endpoint("reference-create", "platform_admin", "post", lambda w: "/api/v1/reference-measurements/",
                  lambda w: {"gpu_model": "h100-80gb-sxm", "vbios_version": "96.00.aa.00.01", "driver_version": "575.1",
                             "measurements": {"0": "a" * 96, "1": "b" * 96}}, 201),
+        Endpoint("hp-apply", "t1_member", "post", lambda w: "/api/v1/high-priority-applications/", _hp_apply_body,
+                 201),
+        Endpoint("hp-review", "platform_approver", "post", _hp_review_path,
+                 lambda w: {"decision": "approve", "note": "The record qualifies."}, 200),
     ]
 }
 
@@ -439,6 +458,34 @@ SPECIFIC_CASES = {
               attr="measurements"),
         *_not_accepted("id", "created_at", "registered_by_id"),
     ],
+    "hp-apply": [
+        *_string_cases("note"),
+        *_string_cases("override_note"),
+        _case("note-missing", lambda w, v: {"team": v["team"]}, code="required", attr="note"),
+        _case("note-blank", lambda w, v: {**v, "note": ""}, code="blank", attr="note"),
+        _case("team-missing", lambda w, v: {"note": v["note"]}, code="required", attr="team"),
+        _case("team-other-tenant", lambda w, v: {**v, "team": _other_team(w)}, code="does_not_exist", attr="team"),
+        _case("team-not-uuid", lambda w, v: {**v, "team": "1 OR 1=1"}, attr="team"),
+        _case("team-object", lambda w, v: {**v, "team": {"id": v["team"]}}, attr="team"),
+        _case("override-by-member", lambda w, v: {**v, "override_note": "Trust me."}, 403, "hp_override_not_allowed"),
+        _case("tenant-field", lambda w, v: {**v, "tenant": str(w.t2.tenant.pk)}, code="unknown_field", attr="tenant"),
+        _case("state-field", lambda w, v: {**v, "state": "approved"}, code="unknown_field", attr="state"),
+        _case("snapshot-field", lambda w, v: {**v, "snapshot": {"eligible": True}}, code="unknown_field",
+              attr="snapshot"),
+        *_not_accepted("id", "created_at", "expires_at", "reviewed_by"),
+    ],
+    "hp-review": [
+        *_string_cases("note"),
+        *_string_cases("decision", choice=True),
+        _case("decision-maybe", lambda w, v: {**v, "decision": "maybe"}, code="invalid_choice", attr="decision"),
+        _case("decision-bool", lambda w, v: {**v, "decision": True}, code="invalid_choice", attr="decision"),
+        _case("decision-missing", lambda w, v: {"note": v["note"]}, code="required", attr="decision"),
+        _case("note-missing", lambda w, v: {"decision": "approve"}, code="required", attr="note"),
+        _case("note-blank", lambda w, v: {**v, "note": "   "}, code="blank", attr="note"),
+        _case("state-field", lambda w, v: {**v, "state": "approved"}, code="unknown_field", attr="state"),
+        _case("expires-field", lambda w, v: {**v, "expires_at": "2099-01-01T00:00:00Z"}, code="unknown_field",
+              attr="expires_at"),
+    ],
     "node-maintenance": [
         *_string_cases("reason"),
         _case("reason-missing", lambda w, v: {}, code="required", attr="reason"),
@@ -522,6 +569,10 @@ ID_ROUTES = {
     "team-membership-update": ("t1_admin", "patch", "/api/v1/team-memberships/{}/", {"role": "member"}),
     "quota-update": ("platform_admin", "patch", "/api/v1/quotas/{}/", {"limit": 8}),
     "token-revoke": ("t1_owner", "delete", "/api/v1/api-tokens/{}/", None),
+    "hp-withdraw": ("t1_member", "post", "/api/v1/high-priority-applications/{}/withdraw/", None),
+    "hp-review": ("platform_approver", "post", "/api/v1/high-priority-applications/{}/review/",
+                  {"decision": "approve", "note": "The record qualifies."}),
+    "notification-read": ("t1_member", "post", "/api/v1/notifications/{}/read/", None),
 }
 BAD_SEGMENTS = ["..", "../", "1 OR 1=1", "%00", "1;DROP TABLE tenants_team", "%2e%2e%2f", "0" * 5000,
                 "00000000-0000-0000-0000-00000000000g"]
@@ -684,6 +735,11 @@ FILTERS = [
     ("t1_owner", "/api/v1/api-tokens/", "team"),
     ("t1_owner", "/api/v1/quotas/", "tenant"),
     ("t1_owner", "/api/v1/quotas/", "resource"),
+    ("t1_owner", "/api/v1/high-priority-applications/", "state"),
+    ("t1_owner", "/api/v1/high-priority-applications/", "team"),
+    ("t1_member", "/api/v1/notifications/", "kind"),
+    ("t1_member", "/api/v1/notifications/", "team"),
+    ("t1_member", "/api/v1/notifications/", "unread"),
     ("t1_owner", "/api/v1/audit-events/", "action"),
     ("t1_owner", "/api/v1/audit-events/", "actor_id"),
     ("t1_member", "/api/v1/offerings/", "gpu_model"),
@@ -698,6 +754,8 @@ FILTERS = [
     ("platform_admin", "/api/v1/nodes/", "fabric"),
     ("platform_admin", "/api/v1/gpus/", "node"),
     ("platform_admin", "/api/v1/gpus/", "model"),
+    ("platform_admin", "/api/v1/sla/", "tenant"),
+    ("platform_admin", "/api/v1/sla/", "slug"),
 ]
 
 
@@ -733,3 +791,64 @@ def test_a_thousand_filter_params_is_not_a_500(world):
 
     if response.status_code != 200:
         assert_error(response, 400)
+
+
+#
+# SLA months (GET /api/v1/sla/?month=YYYY-MM)
+#
+
+BAD_MONTHS = ["2026-13", "2026-00", "2026-1", "26-11", "2026/11", "november", "1999-12", "9999-01", "2026-11-01",
+              "\x00", "x" * 5000, "' OR 1=1 --", "\uff12\uff10\uff12\uff16-\uff11\uff11"]
+
+
+@pytest.mark.parametrize("persona", ["t1_viewer", "platform_admin"])
+def test_bad_sla_month_is_a_400_naming_the_month(world, subtests, persona):
+    """A month that is not YYYY-MM, not a month, before 2000 or not begun yet is a JSON 400 on the list and detail."""
+    client = world.client(persona)
+    for path in ("/api/v1/sla/", f"/api/v1/sla/{world.t1.tenant.pk}/"):
+        for month in BAD_MONTHS:
+            with case(subtests, path=path, month=month[:20]):
+                before = row_counts()
+
+                response = client.get(path, {"month": month})
+
+                assert_error(response, 400, attr="month")
+                assert row_counts() == before
+        assert client.get(path, {"month": "2026-01"}).status_code == 200
+
+
+#
+# Telemetry reads (GET /api/v1/gpus/{id}/telemetry/, /api/v1/reservations/{id}/telemetry/)
+#
+
+BAD_TELEMETRY_QUERIES = [
+    ("period", "5m"), ("period", "RAW"), ("period", "\x00"), ("period", "x" * 5000),
+    ("since", "yesterday"), ("since", "2026-13-01T00:00:00Z"), ("since", "\x00"), ("since", "x" * 5000),
+    ("since", "' OR 1=1 --"), ("since", "9999-01-01T00:00:00Z"),
+]
+
+
+@pytest.mark.parametrize("persona", ["t1_viewer", "platform_admin"])
+def test_bad_telemetry_period_or_since_is_a_400_naming_it(world, subtests, persona):
+    """
+    An unknown period, or a since that is not an ISO 8601 time or lies in the future, is a JSON 400
+    (an empty one is as good as none given: the default applies, as for every query parameter).
+    """
+    small_fleet(4)
+    from cloud.models import GPU
+    from provisioning.models import Reservation
+
+    paths = [f"/api/v1/reservations/{world.t1.objects[Reservation].pk}/telemetry/"]
+    if persona == "platform_admin":
+        paths.append(f"/api/v1/gpus/{GPU.objects.order_by('pk').first().pk}/telemetry/")
+    client = world.client(persona)
+    for path in paths:
+        for param, value in BAD_TELEMETRY_QUERIES:
+            with case(subtests, path=path, param=param, value=value[:20]):
+                before = row_counts()
+
+                response = client.get(path, {param: value})
+
+                assert_error(response, 400, attr=param)
+                assert row_counts() == before
+        assert client.get(path, {"period": "1h", "since": "2026-01-01T00:00:00Z"}).status_code == 200

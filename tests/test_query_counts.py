@@ -24,8 +24,19 @@ from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region, Switch
 from provisioning.models import VPC, Instance, Operation, PortMembership, Reservation
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
 from tenants.choices import QuotaResource, TeamRole, TenantRole
-from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, secret_digest
-from tests.world import World, fleet_node, h100, make_user, unique, vm_offering
+from tenants.models import (
+    APIToken,
+    HighPriorityApplication,
+    Invitation,
+    Membership,
+    Notification,
+    Quota,
+    Team,
+    TeamMembership,
+    Tenant,
+    secret_digest,
+)
+from tests.world import World, fleet_node, h100, hp_snapshot, make_user, unique, vm_offering
 
 SMALL, LARGE = 2, 20
 
@@ -85,6 +96,26 @@ def make_quotas(world, n):
     for i in range(n):
         Quota.objects.create(tenant=world.t1.tenant, team=_team(world), resource=QuotaResource.GPUS,
                              gpu_model=h100() if i % 2 else None, limit=8 + i)
+
+
+def make_hp_applications(world, n):
+    """Reviewed applications of fresh teams (one pending per team), by members and reviewers of their own."""
+    states = ["approved", "rejected", "withdrawn", "revoked", "expired"]
+    for i in range(n):
+        HighPriorityApplication.objects.create(
+            tenant=world.t1.tenant, team=_team(world), applied_by=_member(world), note="Deadline.",
+            state=states[i % len(states)], snapshot=hp_snapshot(eligible=bool(i % 2)),
+            reviewed_by=make_user(f"{unique('reviewer')}@example.com"), review_note="Checked.",
+            reviewed_at=timezone.now(),
+        )
+
+
+def make_notifications(world, n):
+    """Notifications the owner sees: its own, the tenant's, and a team's."""
+    owner, team = world.t1.owner, world.t1.team
+    Notification.objects.bulk_create([
+        Notification(tenant=world.t1.tenant, user=owner if i % 3 == 0 else None, team=team if i % 3 == 1 else None,
+                     kind="test.notice", title=f"Notice {i}", body="Something happened.") for i in range(n)])
 
 
 def make_audit_events(world, n):
@@ -246,6 +277,8 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     APIToken: make_api_tokens,
     Quota: make_quotas,
     AuditEvent: make_audit_events,
+    HighPriorityApplication: make_hp_applications,
+    Notification: make_notifications,
     Region: make_regions,
     GPUModel: make_gpu_models,
     Offering: make_offerings,
@@ -297,7 +330,7 @@ TRIMMERS: dict[type, Callable[[World], None]] = {
 }
 
 # A tenant principal acts in one tenant and sees only that one; staff list every tenant.
-CALLER_OVERRIDES = {"tenants": "platform_admin"}
+CALLER_OVERRIDES = {"tenants": "platform_admin", "sla": "platform_admin"}
 
 
 def caller_for(prefix: str, viewset) -> str:
@@ -346,3 +379,67 @@ def test_list_query_count_does_not_grow_with_rows(world, prefix, viewset):
     large = _list(client, url, LARGE)
 
     assert large == small, f"{url}: {small} queries for {SMALL} rows but {large} for {LARGE} (N+1)"
+
+
+#
+# Detail actions whose answer grows with data (telemetry series): the same queries for a little
+# data as for a lot. Each maker gives the caller's object ``n`` GPUs with samples and rollups.
+#
+
+
+def _telemetry_rows(gpus, at) -> None:
+    from cloud import telemetry
+
+    by_node: dict = {}
+    for gpu in gpus:
+        by_node.setdefault(gpu.node, []).append({"uuid": gpu.uuid, "utilization_pct": 40, "xids": [13]})
+    for step in range(3):
+        for node, samples in by_node.items():
+            telemetry.ingest(node=node, samples=samples, ports=[], now=at + timedelta(seconds=10 * step))
+    telemetry.rollup(now=at + timedelta(minutes=2))
+
+
+def telemetry_of_reservation(world, n):
+    """t1's reservation holding n GPUs of the fleet, with their samples and rollups."""
+    from provisioning.models import Allocation
+
+    reservation = world.t1.objects[Reservation]
+    fleet_node()
+    Allocation.objects.filter(reservation=reservation).delete()
+    at = timezone.now() - timedelta(minutes=5)
+    gpus = list(GPU.objects.order_by("node__hostname", "index")[:n])
+    Allocation.objects.bulk_create([Allocation(reservation=reservation, gpu=g, node_id=g.node_id, mem_lo=0,
+                                               mem_hi=g.memory_mib, starts_at=at - timedelta(hours=1),
+                                               ends_at=at + timedelta(hours=1)) for g in gpus])
+    _telemetry_rows(gpus, at)
+    return f"/api/v1/reservations/{reservation.pk}/telemetry/?period=raw", "t1_owner"
+
+
+def telemetry_of_gpu(world, n):
+    """One GPU with n heartbeats' worth of samples."""
+    fleet_node()
+    gpu = GPU.objects.order_by("node__hostname", "index").first()
+    for _ in range(n):
+        _telemetry_rows([gpu], timezone.now() - timedelta(minutes=5))
+    return f"/api/v1/gpus/{gpu.pk}/telemetry/?period=raw", "platform_admin"
+
+
+DETAIL_ACTIONS = {"reservations-telemetry": telemetry_of_reservation, "gpus-telemetry": telemetry_of_gpu}
+
+
+@pytest.mark.parametrize("name", list(DETAIL_ACTIONS))
+def test_detail_action_query_count_does_not_grow_with_data(world, name):
+    from cloud.models import GPUSample, GPUSampleRollup
+
+    counts = []
+    for n in (1, 8):
+        GPUSample.objects.all().delete()
+        GPUSampleRollup.objects.all().delete()
+        url, persona = DETAIL_ACTIONS[name](world, n)
+        client = world.client(persona)
+        client.get(url)  # warm-up: the token's last_used_at write happens here
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(url)
+        assert response.status_code == 200, response.content[:300]
+        counts.append(len(queries))
+    assert counts[0] == counts[1], f"{name}: {counts[0]} queries for a little data, {counts[1]} for a lot"

@@ -26,10 +26,19 @@ from security.models import AttestationReport, AuditEvent, ReferenceMeasurement,
 from security.simulated_devices import trust_simulated_fleet
 from tenants import services
 from tenants.choices import TenantRole
-from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership
+from tenants.models import (
+    APIToken,
+    HighPriorityApplication,
+    Invitation,
+    Membership,
+    Notification,
+    Quota,
+    Team,
+    TeamMembership,
+)
 from tenants.scoping import Principal
 from tests.routes import SAFE, api_routes
-from tests.world import PERSONAS, World, fleet_node, small_fleet, unique, vm_offering
+from tests.world import PERSONAS, World, fleet_node, small_fleet, team_record, unique, vm_offering
 
 V1 = "/api/v1"
 
@@ -122,6 +131,17 @@ def attestation_row(model):
     return model.objects.order_by("pk").first().pk
 
 
+def hp_apply_body(w: World) -> dict:
+    """t1's team, with a record that qualifies and its world application withdrawn (one pending at a time)."""
+    HighPriorityApplication.objects.filter(team=w.t1.team).update(state="withdrawn")
+    team_record(w.t1.team)
+    return {"team": str(w.t1.team.pk), "note": "Deadline-bound training runs."}
+
+
+def hp_application(w: World) -> str:
+    return f"{V1}/high-priority-applications/{w.t1.objects[HighPriorityApplication].pk}/"
+
+
 def vpc_body(w: World) -> dict:
     fleet_node()
     return {"name": unique("vpc"), "region": "us-east-1"}
@@ -203,6 +223,24 @@ MATRIX: dict[tuple[str, str], Case] = {
         lambda w: {"limit": 24}),
     ("DELETE", "quotas-detail"): Case(
         "401 403 403 403 403 403 403 204", lambda w: f"{V1}/quotas/{w.t1.objects[Quota].pk}/"),
+    ("GET", "high-priority-applications-list"): Case(
+        "401 200 200 200 200 200 200 200", lambda w: f"{V1}/high-priority-applications/"),
+    ("POST", "high-priority-applications-list"): Case(  # viewers and approvers: refused by the service
+        "401 403 201 201 201 400 403 201", lambda w: f"{V1}/high-priority-applications/", hp_apply_body),
+    ("GET", "high-priority-applications-detail"): Case(  # a team's application: its members and tenant admins
+        "401 404 200 200 200 404 200 200", hp_application),
+    ("POST", "high-priority-applications-withdraw"): Case(
+        "401 403 200 200 200 404 403 403", lambda w: f"{hp_application(w)}withdraw/"),
+    ("POST", "high-priority-applications-review"): Case(
+        "401 403 403 403 403 403 200 200", lambda w: f"{hp_application(w)}review/",
+        lambda w: {"decision": "approve", "note": "The record qualifies."}),
+    ("GET", "notifications-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/notifications/"),
+    ("GET", "notifications-detail"): Case(  # a tenant-wide notification: everyone in t1
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/notifications/{w.t1.objects[Notification].pk}/"),
+    ("POST", "notifications-read"): Case(  # staff read notifications but do not mark them
+        "401 200 200 200 200 404 403 403", lambda w: f"{V1}/notifications/{w.t1.objects[Notification].pk}/read/"),
+    ("POST", "notifications-read-all"): Case(
+        "401 200 200 200 200 200 403 403", lambda w: f"{V1}/notifications/read-all/"),
     ("GET", "audit-events-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/audit-events/"),
     ("GET", "audit-events-detail"): Case(
         "401 403 403 200 200 403 200 200", lambda w: f"{V1}/audit-events/{w.t1.objects[AuditEvent].public_id}/"),
@@ -222,6 +260,8 @@ MATRIX: dict[tuple[str, str], Case] = {
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/receipts/"),
     ("GET", "reservations-score"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/score/"),
+    ("GET", "reservations-telemetry"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/telemetry/"),
     ("GET", "operations-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/operations/"),
     ("GET", "operations-detail"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/operations/{w.t1.objects[Operation].pk}/"),
@@ -278,6 +318,8 @@ MATRIX: dict[tuple[str, str], Case] = {
         "401 403 403 403 403 403 200 200", lambda w: available_node(w).replace("maintenance", "steps")),
     ("GET", "gpus-list"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/gpus/"),
     ("GET", "gpus-detail"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/gpus/{first(GPU)(w)}/"),
+    ("GET", "gpus-telemetry"): Case(
+        "401 403 403 403 403 403 200 200", lambda w: f"{V1}/gpus/{first(GPU)(w)}/telemetry/"),
     ("GET", "trust-anchors-list"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/trust-anchors/"),
     ("POST", "trust-anchors-list"): Case("401 403 403 403 403 403 403 201", lambda w: f"{V1}/trust-anchors/",
                                          anchor_body),
@@ -301,6 +343,9 @@ MATRIX: dict[tuple[str, str], Case] = {
         "401 403 403 403 403 403 200 200", lambda w: f"{V1}/attestation-reports/"),
     ("GET", "attestation-reports-detail"): Case(
         "401 403 403 403 403 403 200 200", lambda w: f"{V1}/attestation-reports/{attestation_row(AttestationReport)}/"),
+    # SLA per tenant and month: the tenant's own (every role), staff any tenant's.
+    ("GET", "sla-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/sla/"),
+    ("GET", "sla-detail"): Case("401 200 200 200 200 404 200 200", lambda w: f"{V1}/sla/{w.t1.tenant.pk}/"),
 }
 
 

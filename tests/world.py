@@ -24,7 +24,18 @@ from security.models import AuditEvent
 from security.simulated_devices import trust_simulated_fleet
 from tenants import services
 from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
-from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User
+from tenants.models import (
+    APIToken,
+    HighPriorityApplication,
+    Invitation,
+    Membership,
+    Notification,
+    Quota,
+    Team,
+    TeamMembership,
+    Tenant,
+    User,
+)
 from tenants.scoping import Principal
 
 PERSONAS = [
@@ -128,6 +139,47 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
         tenant=tenant, reservation=reservation, node=fleet_node(), index=0, kind="vm", state="active",
         name=unique("vm"), address="vm.world.gpu", ssh_user="ubuntu")
     side.objects[VPC] = lambda: world_vpc(tenant)
+    side.objects[HighPriorityApplication] = HighPriorityApplication.objects.create(
+        tenant=tenant, team=team, applied_by=member, note="Deadline-bound training runs.",
+        snapshot=hp_snapshot(eligible=True))
+    side.objects[Notification] = Notification.objects.create(  # for everyone in the tenant, unread
+        tenant=tenant, kind="world.welcome", title="Welcome", body="A notification for the whole tenant.")
+
+
+def hp_snapshot(*, eligible: bool) -> dict:
+    """A frozen team record as an application stores it (tenants.high_priority.hp_assess's shape)."""
+    rate = 1.0 if eligible else 0.5
+    return {
+        "computed_at": timezone.now().isoformat(),
+        "figures": {"fulfilment_rate_30d": rate, "avg_release_delay_s": 0.0, "unplanned_changes_month": 0},
+        "thresholds": {"min_fulfilment": 0.95, "max_avg_release_delay_s": 300.0, "max_unplanned_changes": 2},
+        "checks": [
+            {"name": "fulfilment_rate_30d", "value": rate, "rule": "above", "threshold": 0.95, "met": eligible},
+            {"name": "avg_release_delay_s", "value": 0.0, "rule": "below", "threshold": 300.0, "met": True},
+            {"name": "unplanned_changes_month", "value": 0, "rule": "at_most", "threshold": 2, "met": True},
+        ],
+        "eligible": eligible,
+        "reasons": [] if eligible else ["fulfilment rate 50.0% is not above 95.0%"],
+    }
+
+
+def team_record(team: Team, *, used: int = 3, no_show: int = 0, late_s: float = 0.0) -> list[Reservation]:
+    """
+    Give ``team`` a 30-day record: ``used`` reservations scheduled, run and released ``late_s``
+    seconds after their booked end, and ``no_show`` scheduled but never used (straight through the ORM).
+    """
+    now = timezone.now()
+    made = []
+    for state in ["released"] * used + ["no_show"] * no_show:
+        starts = now - timedelta(hours=3)
+        ends = starts + timedelta(hours=1)
+        made.append(Reservation.objects.create(
+            tenant=team.tenant, team=team, name=unique("record"), offering=vm_offering(), gpu_model=h100(), units=1,
+            gpus=1, regions=["us-east-1"], duration=timedelta(hours=1), state=state, scheduled_at=starts,
+            starts_at=starts, ends_at=ends,
+            released_at=ends + timedelta(seconds=late_s) if state == "released" else None,
+        ))
+    return made
 
 
 def world_vpc(tenant: Tenant) -> VPC:

@@ -2,7 +2,7 @@
 
 from decimal import Decimal
 
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
 from ..choices import NodePool, SwitchTier
@@ -167,3 +167,96 @@ class GPUSerializer(StrictModelSerializer):
         fields = ["id", "node", "index", "uuid", "serial", "pci_bus_id", "model", "memory_mib", "state", "health",
                   "mig_enabled"]
         read_only_fields = fields
+
+
+#
+# GPU telemetry (cloud.telemetry)
+#
+
+
+class TelemetryQuerySerializer(serializers.Serializer):
+    """The query of a telemetry read: raw samples or 1-minute/1-hour buckets, since a time."""
+
+    period = serializers.ChoiceField(choices=["raw", "1m", "1h"], default="1m",
+                                     help_text="raw (one sample per heartbeat), 1m or 1h buckets.")
+    since = serializers.DateTimeField(required=False,
+                                      help_text="ISO 8601; by default the last 10 min (raw), 1 h (1m) or 7 days (1h).")
+
+    def validate_since(self, value):
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        if value > timezone.now() + timedelta(minutes=1):
+            raise serializers.ValidationError("since is in the future.", code="future")
+        return value
+
+
+class TelemetryLatestSerializer(serializers.Serializer):
+    """The latest sample of a GPU; a reading the GPU (or, out of band, the BMC) does not give is null."""
+
+    sampled_at = serializers.DateTimeField()
+    utilization_pct = serializers.IntegerField(allow_null=True)
+    memory_used_mib = serializers.IntegerField(allow_null=True)
+    memory_total_mib = serializers.IntegerField(allow_null=True)
+    temperature_c = serializers.IntegerField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+    ecc_corrected = serializers.IntegerField(allow_null=True, help_text="Cumulative since the driver loaded.")
+    ecc_uncorrected = serializers.IntegerField(allow_null=True, help_text="Cumulative since the driver loaded.")
+    processes = serializers.IntegerField(allow_null=True)
+    xids = serializers.ListField(child=serializers.IntegerField(), help_text="XIDs since the sample before.")
+    source = serializers.CharField(help_text="agent (NVML on the host) or bmc (out of band, a tenant holds the node).")
+
+
+class RawPointSerializer(serializers.Serializer):
+    """One raw sample."""
+
+    at = serializers.DateTimeField()
+    utilization_pct = serializers.IntegerField(allow_null=True)
+    memory_used_mib = serializers.IntegerField(allow_null=True)
+    temperature_c = serializers.IntegerField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+    ecc_corrected = serializers.IntegerField(allow_null=True)
+    ecc_uncorrected = serializers.IntegerField(allow_null=True)
+    processes = serializers.IntegerField(allow_null=True, required=False)
+    xids = serializers.ListField(child=serializers.IntegerField())
+
+
+class RollupPointSerializer(serializers.Serializer):
+    """One 1-minute or 1-hour bucket: means over the samples that had the reading, maxima, counts."""
+
+    at = serializers.DateTimeField(help_text="The bucket's start.")
+    samples = serializers.IntegerField()
+    utilization_mean = serializers.FloatField(allow_null=True)
+    utilization_std = serializers.FloatField(allow_null=True)
+    utilization_max = serializers.IntegerField(allow_null=True)
+    memory_used_max = serializers.IntegerField(allow_null=True)
+    temperature_mean = serializers.FloatField(allow_null=True)
+    temperature_max = serializers.IntegerField(allow_null=True)
+    power_mean = serializers.FloatField(allow_null=True)
+    power_max = serializers.FloatField(allow_null=True)
+    ecc_uncorrected_max = serializers.IntegerField(allow_null=True)
+    xid_count = serializers.IntegerField()
+    idle_samples = serializers.IntegerField(help_text="Samples at 0 % utilization with no process.")
+
+
+def telemetry_points(points: list[dict], period: str) -> list[dict]:
+    serializer = RawPointSerializer if period == "raw" else RollupPointSerializer
+    return serializer(points, many=True).data
+
+
+TELEMETRY_POINTS = PolymorphicProxySerializer(
+    component_name="TelemetryPoint", serializers=[RawPointSerializer, RollupPointSerializer],
+    resource_type_field_name=None, many=True)
+
+
+class GPUTelemetrySerializer(serializers.Serializer):
+    gpu = serializers.UUIDField()
+    period = serializers.CharField()
+    since = serializers.DateTimeField()
+    latest = TelemetryLatestSerializer(allow_null=True)
+    series = serializers.SerializerMethodField()
+
+    @extend_schema_field(TELEMETRY_POINTS)
+    def get_series(self, data) -> list:
+        return telemetry_points(data["series"], data["period"])

@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from provisioning.api import networks
+from provisioning.api import networks, sla
 from provisioning.api import views as provisioning
 from security.api import views as security
 from security.api.views import AuditEventViewSet
@@ -24,6 +24,9 @@ router.register("team-memberships", tenants.TeamMembershipViewSet, basename="tea
 router.register("invitations", tenants.InvitationViewSet, basename="invitations")
 router.register("api-tokens", tenants.APITokenViewSet, basename="api-tokens")
 router.register("quotas", tenants.QuotaViewSet, basename="quotas")
+router.register("high-priority-applications", tenants.HighPriorityApplicationViewSet,
+                basename="high-priority-applications")
+router.register("notifications", tenants.NotificationViewSet, basename="notifications")
 router.register("audit-events", AuditEventViewSet, basename="audit-events")
 router.register("reservations", provisioning.ReservationViewSet, basename="reservations")
 router.register("operations", provisioning.OperationViewSet, basename="operations")
@@ -39,6 +42,7 @@ router.register("trust-anchors", security.TrustAnchorViewSet, basename="trust-an
 router.register("revocations", security.RevocationViewSet, basename="revocations")
 router.register("reference-measurements", security.ReferenceMeasurementViewSet, basename="reference-measurements")
 router.register("attestation-reports", security.AttestationReportViewSet, basename="attestation-reports")
+router.register("sla", sla.SLAViewSet, basename="sla")
 
 urlpatterns = [
     path("me/", tenants.MeView.as_view(), name="me"),

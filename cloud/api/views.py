@@ -170,3 +170,14 @@ class GPUViewSet(ReadMixin, PlatformViewSet):
     filterset_class = GPUFilterSet
     ordering_fields = ["index", "state", "health"]
     ordering = ["node__hostname", "index"]
+
+    @extend_schema(parameters=[s.TelemetryQuerySerializer], responses=s.GPUTelemetrySerializer)
+    @action(detail=True, methods=["get"])
+    def telemetry(self, request, pk=None):
+        """The GPU's latest sample and its series since ``since``: raw samples, 1-minute or 1-hour buckets."""
+        from ..telemetry import gpu_series
+
+        gpu = self.get_object()
+        query = s.TelemetryQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return Response(s.GPUTelemetrySerializer(gpu_series(gpu=gpu, **query.validated_data)).data)

@@ -49,13 +49,24 @@ class ControlPlane:
             raise ControlPlaneError(f"{method} {path}: {exc}") from exc
 
 
+MAX_XIDS = 64  # per GPU and heartbeat, as the control plane accepts them
+
+
 class Agent:
-    """One node's agent: ``run_once`` is one turn of the loop; ``run`` turns every ``interval``."""
+    """
+    One node's agent: ``run_once`` is one turn of the loop; ``run`` turns every ``interval``, or
+    every ``interval_s`` the control plane answered last. ``ports`` reads the host's InfiniBand
+    ports (agent.ports); ``silent`` stops the heartbeat (tests and the demo: a hung agent).
+    """
 
     def __init__(self, control_plane, nvml, *, version: str = "1", attester=None, hostname: str = "",
                  process_owner=None, kill=None, scrub_command: list[str] | None = None, baseline_mib: int = 1024,
-                 mig_command: list[str] | None = None):
+                 mig_command: list[str] | None = None, ports=None):
         self.control_plane, self.nvml, self.version = control_plane, nvml, version
+        self.ports = ports
+        self.silent = False
+        self.interval: float | None = None  # from the control plane's last answer
+        self.unsent_xids: dict[str, list[int]] = {}  # by GPU UUID: XIDs of a heartbeat that did not get through
         self.attester, self.hostname = attester, hostname
         # Who runs a process (its cgroup: a VM's domain, a pod) and how to stop one: the host's, by default.
         self.process_owner = process_owner or cgroup_owner
@@ -69,8 +80,19 @@ class Agent:
 
     def run_once(self) -> int:
         """Heartbeat, the isolation watchdog on the policy it brought back, then every waiting command."""
-        answer = self.control_plane.call("POST", "/heartbeat/", {"agent_version": self.version,
-                                                                "gpus": self.inventory()})
+        if self.silent:
+            return 0
+        body = self.heartbeat()
+        try:
+            answer = self.control_plane.call("POST", "/heartbeat/", body)
+        except ControlPlaneError:
+            # NVML reports an XID once: keep those of this heartbeat for the next one.
+            for sample in body["samples"]:
+                if sample["xids"]:
+                    self.unsent_xids[sample["uuid"]] = sample["xids"]
+            raise
+        if isinstance(answer.get("interval_s"), int | float) and answer["interval_s"] > 0:
+            self.interval = min(max(float(answer["interval_s"]), 1.0), 3600.0)
         found = self.watchdog(answer.get("policy") or [])
         if found:
             try:
@@ -103,6 +125,38 @@ class Agent:
         except Exception as exc:  # one bad command must not stop the agent: report it
             log.exception("command %s failed", command.get("id"))
             return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+
+    def heartbeat(self) -> dict:
+        """What a heartbeat carries: the inventory, a sample of every GPU and the state of every IB port."""
+        gpus = self.inventory()
+        body = {"agent_version": self.version, "gpus": gpus, "samples": self.samples(gpus)}
+        if self.ports is not None:
+            body["ports"] = self.ports.states()
+        return body
+
+    def samples(self, gpus: list[dict]) -> list[dict]:
+        """
+        One sample per GPU: utilization, memory, temperature, power, ECC counters (cumulative),
+        process count and the XIDs raised since the last sample. A reading the GPU does not offer
+        is None; a GPU whose readings fail is left out (the control plane sees it missing).
+        """
+        nvml, found = self.nvml, []
+        for gpu in gpus:
+            index = gpu["index"]
+            try:
+                memory, ecc, processes = nvml.memory(index) or {}, nvml.ecc(index) or {}, nvml.processes(index)
+                sample = {"uuid": gpu["uuid"], "utilization_pct": nvml.utilization(index),
+                          "memory_used_mib": memory.get("used_mib"), "memory_total_mib": memory.get("total_mib"),
+                          "temperature_c": nvml.temperature(index), "power_w": nvml.power(index),
+                          "ecc_corrected": ecc.get("corrected"), "ecc_uncorrected": ecc.get("uncorrected"),
+                          "processes": None if processes is None else len(processes)}
+                # Last: a reading failing above loses no XID.
+                sample["xids"] = (self.unsent_xids.pop(gpu["uuid"], []) + (nvml.xids(index) or []))[:MAX_XIDS]
+            except NVMLReadError as exc:
+                log.error("NVML, GPU %s: %s", index, exc)
+                continue
+            found.append(sample)
+        return found
 
     def inventory(self) -> list[dict]:
         """The GPUs as NVML sees them, with the MIG layout each was cut into (when MIG is on)."""
@@ -176,7 +230,7 @@ class Agent:
                 log.warning("control plane: %s", exc)
             except NVMLReadError as exc:  # a GPU gone: say so and keep the loop (the heartbeat stops showing it)
                 log.error("NVML: %s", exc)
-            time.sleep(interval)
+            time.sleep(self.interval or interval)
 
 
 # A process's cgroup names what runs it: a libvirt domain (machine-qemu\x2dN\x2d<domain>.scope) or

@@ -12,6 +12,8 @@ the control plane decides what a missing reading means.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -32,6 +34,9 @@ class NVMLBackend(Protocol):
     - ``memory(index)``: total_mib, used_mib, free_mib.
     - ``ecc(index)``: volatile totals since the driver loaded: corrected, uncorrected.
     - ``xid_errors(index)``: NVML's read-only traces of serious XIDs (see ``RealNVML.xid_errors``).
+    - ``utilization(index)`` (percent of time a kernel ran), ``temperature(index)`` (°C of the
+      GPU die), ``power(index)`` (watts drawn).
+    - ``xids(index)``: the XID codes the GPU raised since the last call (each is reported once).
     - ``versions()``: driver, nvml, cuda_driver.
     - ``vbios(index)``, ``mig_mode(index)`` -> (current, pending) as booleans.
     - ``scrub(index, mem_lo, mem_hi)``: True when the range holds nothing of a tenant's afterwards.
@@ -46,6 +51,14 @@ class NVMLBackend(Protocol):
     def ecc(self, index: int) -> dict | None: ...
 
     def xid_errors(self, index: int) -> dict | None: ...
+
+    def utilization(self, index: int) -> int | None: ...
+
+    def temperature(self, index: int) -> int | None: ...
+
+    def power(self, index: int) -> float | None: ...
+
+    def xids(self, index: int) -> list[int] | None: ...
 
     def versions(self) -> dict: ...
 
@@ -93,10 +106,23 @@ class SimulatedGPU:
     xid: dict | None = field(default_factory=lambda: {"recovery_action": "none", "retired_pages_pending": False,
                                                       "row_remap_pending": False, "row_remap_failure": False})
     mig: tuple[bool, bool] | None = None
+    utilization_pct: int = 0
+    temperature_c: int | None = None  # None: follows the utilization (``SimulatedNVML.temperature``)
+    power_w: float | None = None  # None: follows the utilization
+    tdp_w: float = 700.0
+    pending_xids: list[int] = field(default_factory=list)  # raised, not yet read by ``xids``
+
+
+IDLE_C, FULL_LOAD_C, IDLE_W = 32, 68, 70.0
 
 
 class SimulatedNVML:
-    """GPUs in memory: the readings of ``NVMLBackend``, and a scrub that clears what tenants wrote."""
+    """
+    GPUs in memory: the readings of ``NVMLBackend``, and a scrub that clears what tenants wrote.
+    Readings are deterministic: temperature and power follow the utilization a test sets, unless
+    a knob fixes them (``overheat``). The knobs (``set_utilization``, ``inject_xid``,
+    ``raise_ecc``, ``overheat``) are what tests and the demo use to make a GPU misbehave.
+    """
 
     def __init__(self, gpus: list[SimulatedGPU], *, versions: dict | None = None):
         self.gpus = {gpu.index: gpu for gpu in gpus}
@@ -122,6 +148,46 @@ class SimulatedNVML:
     def xid_errors(self, index: int) -> dict | None:
         return None if self.gpus[index].xid is None else dict(self.gpus[index].xid)
 
+    def utilization(self, index: int) -> int | None:
+        return self.gpus[index].utilization_pct
+
+    def temperature(self, index: int) -> int | None:
+        gpu = self.gpus[index]
+        if gpu.temperature_c is not None:
+            return gpu.temperature_c
+        return IDLE_C + round((FULL_LOAD_C - IDLE_C) * gpu.utilization_pct / 100)
+
+    def power(self, index: int) -> float | None:
+        gpu = self.gpus[index]
+        if gpu.power_w is not None:
+            return gpu.power_w
+        return round(IDLE_W + (gpu.tdp_w - IDLE_W) * gpu.utilization_pct / 100, 1)
+
+    def xids(self, index: int) -> list[int] | None:
+        gpu = self.gpus[index]
+        raised, gpu.pending_xids = gpu.pending_xids, []
+        return raised
+
+    # Knobs for tests and the demo
+
+    def set_utilization(self, index: int, percent: int) -> None:
+        self.gpus[index].utilization_pct = max(0, min(100, int(percent)))
+
+    def inject_xid(self, index: int, code: int) -> None:
+        """The GPU raises XID ``code`` (reported in the next heartbeat's sample, once)."""
+        self.gpus[index].pending_xids.append(int(code))
+
+    def raise_ecc(self, index: int, *, uncorrected: int = 1, corrected: int = 0) -> None:
+        """More ECC errors on the GPU's volatile counters (an uncorrected one makes it unhealthy)."""
+        gpu = self.gpus[index]
+        gpu.ecc = {"corrected": (gpu.ecc or {}).get("corrected", 0) + corrected,
+                   "uncorrected": (gpu.ecc or {}).get("uncorrected", 0) + uncorrected}
+        gpu.healthy = healthy_from(gpu.ecc, gpu.xid)
+
+    def overheat(self, index: int, celsius: int | None = 95) -> None:
+        """Fix the GPU's temperature (None: back to following its utilization)."""
+        self.gpus[index].temperature_c = celsius
+
     def versions(self) -> dict:
         return dict(self._versions)
 
@@ -143,6 +209,14 @@ def _text(value) -> str | None:
     if value is None:
         return None
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _address(handle):
+    """A device handle's identity: pynvml hands out pointers (compare their addresses); fakes, plain values."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle
 
 
 def _cuda_version(number: int) -> str:
@@ -176,6 +250,9 @@ class RealNVML:
         self._unsupported = {getattr(self._nvml, name) for name in self.UNSUPPORTED}
         self._init()
         self._open = True
+        self._events = None  # the XID event set, made on the first ``xids`` call
+        self._xid_gpus: set[int] = set()  # GPUs registered for XID events
+        self._raised: dict[int, list[int]] = {}  # XIDs drained from the set, not yet asked for
         try:
             count = self._read("device count", self._nvml.nvmlDeviceGetCount)
             self._handles = {i: self._read(f"handle of GPU {i}", self._nvml.nvmlDeviceGetHandleByIndex, i)
@@ -200,9 +277,13 @@ class RealNVML:
             raise NVMLUnavailable(f"NVML could not start ({exc}): {_unavailable_hint(self._nvml, exc)}.") from exc
 
     def shutdown(self) -> None:
-        """End NVML once; later calls do nothing."""
+        """End NVML once (the XID event set first); later calls do nothing."""
         if self._open:
             self._open = False
+            if self._events not in (None, False):
+                with contextlib.suppress(self._nvml.NVMLError):  # NVML ends next, which frees it anyway
+                    self._nvml.nvmlEventSetFree(self._events)
+                self._events = None
             self._nvml.nvmlShutdown()
 
     def __enter__(self):
@@ -300,6 +381,63 @@ class RealNVML:
             return None
         members = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
         return getattr(value.value, members[value.valueType]) if 0 <= value.valueType < len(members) else None
+
+    def utilization(self, index: int) -> int | None:
+        rates = self._device("utilization", "nvmlDeviceGetUtilizationRates", index)
+        return None if rates is None else int(rates.gpu)
+
+    def temperature(self, index: int) -> int | None:
+        celsius = self._device("temperature", "nvmlDeviceGetTemperature", index, self._nvml.NVML_TEMPERATURE_GPU)
+        return None if celsius is None else int(celsius)
+
+    def power(self, index: int) -> float | None:
+        milliwatts = self._device("power draw", "nvmlDeviceGetPowerUsage", index)
+        return None if milliwatts is None else round(milliwatts / 1000, 1)
+
+    def xids(self, index: int) -> list[int] | None:
+        """
+        The XIDs GPU ``index`` raised since the last call, from NVML's critical-XID events: the
+        first call registers every GPU on one event set (seeing only XIDs from then on, which is
+        why this is asked every heartbeat); each call drains the set without waiting. Registering
+        changes nothing on the GPU. None when the GPU cannot report XID events.
+        """
+        self._handle(index)
+        if self._events is None:
+            self._xid_register()
+        if index not in self._xid_gpus:
+            return None
+        nvml = self._nvml
+        while True:
+            try:
+                event = nvml.nvmlEventSetWait_v2(self._events, 0)
+            except nvml.NVMLError as exc:
+                if getattr(exc, "value", None) == nvml.NVML_ERROR_TIMEOUT:
+                    break  # nothing (more) waiting
+                raise NVMLReadError(f"NVML XID events: {exc}") from exc
+            if event.eventType & nvml.nvmlEventTypeXidCriticalError:
+                raised_on = self._index_of(event.device)
+                if raised_on is not None:
+                    self._raised.setdefault(raised_on, []).append(int(event.eventData))
+        return self._raised.pop(index, [])
+
+    def _xid_register(self) -> None:
+        nvml = self._nvml
+        self._events = self._read("XID event set", nvml.nvmlEventSetCreate)
+        if self._events is None:
+            self._events = False  # events not offered at all: every GPU's xids are None
+            return
+        for index, handle in self._handles.items():
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, self._events)
+            except nvml.NVMLError as exc:
+                if getattr(exc, "value", None) in self._unsupported:
+                    continue  # this GPU cannot report XID events: its xids stay None
+                raise NVMLReadError(f"NVML XID events of GPU {index}: {exc}") from exc
+            self._xid_gpus.add(index)
+
+    def _index_of(self, device) -> int | None:
+        wanted = _address(device)
+        return next((index for index, handle in self._handles.items() if _address(handle) == wanted), None)
 
     def versions(self) -> dict:
         nvml = self._nvml

@@ -144,7 +144,7 @@ class VPCViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
         data = VPCCreateSerializer(data=request.data, context=self.get_serializer_context())
         data.is_valid(raise_exception=True)
         attrs = data.validated_data
-        team = services._team_for(self.principal, attrs.get("team"))
+        team = services.team_for(self.principal, attrs.get("team"))
         vpc = vpcs.vpc_create(actor=self.principal, fabric=attrs["fabric"], name=attrs["name"], cidr=attrs.get("cidr"),
                               pkey=attrs.get("pkey"), mtu=attrs["mtu"], service_level=attrs["service_level"],
                               rate_gbps=attrs.get("rate_gbps"), team=team)

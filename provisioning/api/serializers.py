@@ -5,12 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 from decimal import Decimal
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from cloud.api.base import ScopedRelatedField, StrictIntegerField, StrictSerializer
+from cloud.api.serializers import TELEMETRY_POINTS, TelemetryLatestSerializer, telemetry_points
 from cloud.choices import OfferingKind
 from cloud.models import Offering, Region
 from tenants.models import Team
@@ -32,7 +34,7 @@ def validate_ssh_public_key(value: str) -> str:
                                           code="private_key")
     try:
         key = load_ssh_public_key(value.encode())
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:  # an unknown key type is not a key
         raise serializers.ValidationError(
             "Not an OpenSSH public key; expected a line like 'ssh-ed25519 AAAA... you@host'.", code="invalid"
         ) from exc
@@ -171,6 +173,29 @@ class ScoreSerializer(serializers.Serializer):
 class ReceiptSerializer(serializers.Serializer):
     receipt = serializers.CharField(help_text="A JWT signed ES384 by Meridian (keys at /.well-known/jwks.json).")
     gpus = serializers.ListField(child=serializers.CharField(), help_text="The GPU UUIDs it covers.")
+
+
+class ReservationGPUTelemetrySerializer(serializers.Serializer):
+    """One of the reservation's GPUs: its latest sample and series, only from while it was the reservation's."""
+
+    uuid = serializers.CharField()
+    latest = TelemetryLatestSerializer(allow_null=True)
+    series = serializers.SerializerMethodField()
+
+    @extend_schema_field(TELEMETRY_POINTS)
+    def get_series(self, data) -> list:
+        return telemetry_points(data["series"], self.context["period"])
+
+
+class ReservationTelemetrySerializer(serializers.Serializer):
+    reservation = serializers.UUIDField()
+    period = serializers.CharField()
+    since = serializers.DateTimeField()
+    gpus = serializers.SerializerMethodField()
+
+    @extend_schema_field(ReservationGPUTelemetrySerializer(many=True))
+    def get_gpus(self, data) -> list:
+        return ReservationGPUTelemetrySerializer(data["gpus"], many=True, context={"period": data["period"]}).data
 
 
 class StepRunSerializer(serializers.ModelSerializer):

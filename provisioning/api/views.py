@@ -10,6 +10,7 @@ from rest_framework.response import Response
 
 from cloud.api.base import ReadMixin, TenantScopedViewSet
 from cloud.api.idempotency import HEADER, IdempotentCreateMixin
+from cloud.api.serializers import TelemetryQuerySerializer
 
 from .. import services
 from ..filtersets import InstanceFilterSet, OperationFilterSet, ReservationFilterSet
@@ -88,6 +89,21 @@ class ReservationViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
     def score(self, request, pk=None):
         """Every factor of the priority score, the queue position and an estimated start."""
         return Response(s.ScoreSerializer(score_report(self.get_object())).data)
+
+    @extend_schema(parameters=[TelemetryQuerySerializer], responses=s.ReservationTelemetrySerializer)
+    @action(detail=True, methods=["get"])
+    def telemetry(self, request, pk=None):
+        """
+        Telemetry of the reservation's GPUs, only from the time each was the reservation's: the
+        latest sample and a series (1-minute buckets of the last hour by default).
+        """
+        from cloud.telemetry import reservation_telemetry
+
+        reservation = self.get_object()
+        query = TelemetryQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return Response(s.ReservationTelemetrySerializer(
+            reservation_telemetry(reservation=reservation, **query.validated_data)).data)
 
 
 class OperationViewSet(ReadMixin, TenantScopedViewSet):

@@ -70,6 +70,15 @@ class PowerDriver(ABC):
     @abstractmethod
     def eject_media(self, target: Target) -> None: ...
 
+    @abstractmethod
+    def readings(self, target: Target) -> dict:
+        """
+        What the BMC measures, out of band (read-only): ``power_w`` (the chassis' draw, None when
+        not offered), ``temperatures`` ([{"name", "context", "celsius"}], context as Redfish's
+        PhysicalContext: "CPU", "GPU", "Intake"...) and ``health`` ("ok", "warning", "critical" or
+        "unknown").
+        """
+
 
 class ImageDriver(ABC):
     """The node's disks, written by the deploy image: the OS image, and the wipe when cleaning."""

@@ -96,6 +96,14 @@ class FabricDriver(ABC):
     def remove_members(self, pkey: int, guids: Iterable[str]) -> None:
         """Take ports out of a partition; those not in it are ignored."""
 
+    def port_states(self, guids: Iterable[str]) -> dict[str, str]:
+        """
+        The link state of these ports as the fabric sees them: normal GUID -> "up" or "down"
+        (a port the fabric does not know is left out). Read-only; what watches a bare-metal
+        node while a tenant holds it. A fabric that cannot tell answers {} (nothing known).
+        """
+        return {}
+
 
 def check_members(members: Mapping[str, str]) -> dict[str, str]:
     """Members with normal GUIDs; DriverError (for good) on a bad GUID or membership."""

@@ -101,3 +101,47 @@ class RedfishPower(PowerDriver):
 
     def eject_media(self, target):
         self._call(target, "eject virtual media", lambda s: self._cd(s).eject_media())
+
+    def readings(self, target):
+        """
+        The system's health, and its chassis' Thermal temperatures and Power draw (Redfish
+        Thermal.v1 ``Temperatures[].ReadingCelsius``/``PhysicalContext``; Power.v1
+        ``PowerControl[].PowerConsumedWatts``, else the supplies' ``LastPowerOutputWatts``). A
+        chassis without a Thermal or Power resource gives no temperatures or no power.
+        """
+        def read(system):
+            chassis = next(iter(_optional(lambda: system.chassis) or []), None)
+            thermal = _optional(lambda: chassis.thermal) if chassis is not None else None
+            power = _optional(lambda: chassis.power) if chassis is not None else None
+            temperatures = [{"name": t.name or t.identity, "context": t.physical_context or "",
+                             "celsius": t.reading_celsius} for t in (thermal.temperatures if thermal else [])
+                            if isinstance(t.reading_celsius, int | float)]
+            status = system.status
+            health = str(status.health.value).lower() if status and status.health else "unknown"
+            return {"power_w": power_watts(power.json if power is not None else None),
+                    "temperatures": temperatures, "health": health if health in HEALTH else "unknown"}
+        return self._call(target, "read its sensors", read)
+
+
+HEALTH = ("ok", "warning", "critical")
+
+
+def _optional(read):
+    """A sub-resource the BMC may not offer (no link, or a 404 behind it): None then."""
+    try:
+        return read()
+    except (sushy_errors.MissingAttributeError, sushy_errors.ResourceNotFoundError):
+        return None
+
+
+def power_watts(document: dict | None) -> float | None:
+    """The chassis' draw from a Redfish Power document: PowerControl first, else the supplies' output."""
+    if not document:
+        return None
+    consumed = [c.get("PowerConsumedWatts") for c in document.get("PowerControl") or []]
+    consumed = [w for w in consumed if isinstance(w, int | float)]
+    if consumed:
+        return float(consumed[0])  # the first control is the chassis' total; others are parts of it
+    supplies = [s.get("LastPowerOutputWatts") for s in document.get("PowerSupplies") or []]
+    supplies = [w for w in supplies if isinstance(w, int | float)]
+    return float(sum(supplies)) if supplies else None

@@ -15,6 +15,7 @@ import time
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from ..models import SimulatedDevice
@@ -102,6 +103,32 @@ class SimulatedPower(Simulated, PowerDriver):
 
     def eject_media(self, target):
         self._act(target, "eject_media", lambda s: s.update(media=None))
+
+    def readings(self, target):
+        """
+        A BMC's sensors, deterministic: an idle CPU, the intake air and one sensor per GPU (as HGX
+        boards list them), and the draw of a node on or off; ``set_readings`` overrides any of it.
+        """
+        from cloud.models import GPU
+
+        state = self._state(target)
+        on = state.get("power", "off") == "on"
+        try:
+            gpus = GPU.objects.filter(node_id=target.node_id).count() if target.node_id else 0
+        except ValidationError:  # a target that names no enrolled node (a bare test target)
+            gpus = 0
+        given = state.get("readings", {})
+        gpu_c = given.get("gpu_celsius", 38 if on else 24)
+        temperatures = [{"name": "CPU Temp", "context": "CPU", "celsius": 45 if on else 24},
+                        {"name": "Chassis Intake Temp", "context": "Intake", "celsius": 24},
+                        *({"name": f"GPU {i} Temp", "context": "GPU",
+                           "celsius": gpu_c[i] if isinstance(gpu_c, list) else gpu_c} for i in range(gpus))]
+        return {"power_w": given.get("power_w", (900.0 + 90.0 * gpus) if on else 12.0),
+                "temperatures": temperatures, "health": given.get("health", "ok")}
+
+    def set_readings(self, target, **readings) -> None:
+        """Tests and the demo: fix what the BMC reports (power_w, gpu_celsius: one value or per GPU, health)."""
+        self._act(target, "set_readings", lambda s: s.setdefault("readings", {}).update(readings))
 
 
 class SimulatedImage(Simulated, ImageDriver):
@@ -273,6 +300,21 @@ class SimulatedFabric(Simulated, FabricDriver):
             if partition is not None:
                 partition["members"] = {g: m for g, m in partition["members"].items() if g not in gone}
         self._act(self.target, "remove_members", change)
+
+    def port_states(self, guids) -> dict[str, str]:
+        """Every port is up unless ``set_port_state`` took it down (the fabric's view, out of band)."""
+        down = set(self._state(self.target).get("ports_down", []))
+        return {guid: ("down" if guid in down else "up") for guid in (normal_guid(g) for g in guids)}
+
+    def set_port_state(self, guid: str, link: str) -> None:
+        """Tests and the demo: a port's link goes down (a cable, a transceiver) or comes back up."""
+        guid = normal_guid(guid)
+
+        def change(state):
+            down = set(state.get("ports_down", []))
+            down = down | {guid} if link == "down" else down - {guid}
+            state["ports_down"] = sorted(down)
+        self._act(self.target, "set_port_state", change)
 
     def reachable(self, a: str, b: str) -> bool:
         """Whether ports ``a`` and ``b`` share a partition in which at least one is a full member."""

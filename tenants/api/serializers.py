@@ -11,7 +11,18 @@ from cloud.api.base import SLUG_PATTERN, ScopedRelatedField, StrictModelSerializ
 from cloud.models import GPUModel
 
 from ..choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
-from ..models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User
+from ..models import (
+    APIToken,
+    HighPriorityApplication,
+    Invitation,
+    Membership,
+    Notification,
+    Quota,
+    Team,
+    TeamMembership,
+    Tenant,
+    User,
+)
 
 SLUG_MESSAGE = "Use lower-case letters, digits and single hyphens (for example 'vision-lab')."
 
@@ -68,10 +79,13 @@ class TenantCreatedSerializer(TenantSerializer):
 
 class TeamSerializer(StrictModelSerializer):
     slug = slug_field()
+    high_priority_until = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="The team holds high-priority status until then (null: it does not)."
+    )
 
     class Meta:
         model = Team
-        fields = ["id", "name", "slug", "created_at"]
+        fields = ["id", "name", "slug", "high_priority_until", "created_at"]
         read_only_fields = ["id", "created_at"]
         validators = []  # the (tenant, slug) rule is the service's 409, not a 400 here
 
@@ -209,6 +223,94 @@ class QuotaSerializer(StrictModelSerializer):
 
 class QuotaUpdateSerializer(StrictSerializer):
     limit = serializers.IntegerField(min_value=0, max_value=1_000_000)
+
+
+#
+# High-priority applications
+#
+
+
+class HPFiguresSerializer(serializers.Serializer):
+    fulfilment_rate_30d = serializers.FloatField(
+        allow_null=True, help_text="Share of the last 30 days' scheduled reservations used as booked (null: none).")
+    avg_release_delay_s = serializers.FloatField(
+        help_text="Average seconds after their booked end that reservations gave their GPUs back (early: 0).")
+    unplanned_changes_month = serializers.IntegerField(
+        help_text="This calendar month's cancellations after scheduling and extensions.")
+
+
+class HPThresholdsSerializer(serializers.Serializer):
+    min_fulfilment = serializers.FloatField()
+    max_avg_release_delay_s = serializers.FloatField()
+    max_unplanned_changes = serializers.IntegerField()
+
+
+class HPCheckSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    value = serializers.FloatField(allow_null=True)
+    rule = serializers.ChoiceField(choices=["above", "below", "at_most"])
+    threshold = serializers.FloatField()
+    met = serializers.BooleanField()
+
+
+class HPSnapshotSerializer(serializers.Serializer):
+    """The team's record as it was when the application was filed."""
+
+    computed_at = serializers.DateTimeField()
+    figures = HPFiguresSerializer()
+    thresholds = HPThresholdsSerializer()
+    checks = HPCheckSerializer(many=True)
+    eligible = serializers.BooleanField()
+    reasons = serializers.ListField(child=serializers.CharField(), help_text="One per threshold not met.")
+
+
+class HighPriorityApplicationSerializer(serializers.ModelSerializer):
+    team = serializers.UUIDField(source="team_id", read_only=True)
+    team_name = serializers.CharField(source="team.name", read_only=True)
+    applied_by = serializers.EmailField(source="applied_by.email", read_only=True, allow_null=True, default=None)
+    reviewed_by = serializers.UUIDField(source="reviewed_by_id", read_only=True, allow_null=True)
+    snapshot = HPSnapshotSerializer(read_only=True)
+
+    class Meta:
+        model = HighPriorityApplication
+        fields = ["id", "team", "team_name", "state", "state_reason", "note", "override_note", "snapshot",
+                  "applied_by", "created_at", "reviewed_by", "review_note", "reviewed_at", "expires_at",
+                  "state_changed_at"]
+        read_only_fields = fields
+
+
+class HighPriorityApplySerializer(StrictSerializer):
+    team = ScopedRelatedField(queryset=Team.objects.all())
+    note = serializers.CharField(max_length=2000, help_text="Why the team needs high priority.")
+    override_note = serializers.CharField(
+        max_length=2000, required=False, allow_blank=True, default="",
+        help_text="Platform admins only: why a team below the thresholds may apply anyway.",
+    )
+
+
+class HighPriorityReviewSerializer(StrictSerializer):
+    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    note = serializers.CharField(max_length=2000, help_text="Why; shown to the team.")
+
+
+#
+# Notifications
+#
+
+
+class NotificationSerializer(serializers.ModelSerializer):
+    user = serializers.UUIDField(source="user_id", read_only=True, allow_null=True,
+                                 help_text="Addressed to this user; null: to everyone in the tenant (or team).")
+    team = serializers.UUIDField(source="team_id", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Notification
+        fields = ["id", "kind", "title", "body", "link", "user", "team", "created_at", "read_at"]
+        read_only_fields = fields
+
+
+class MarkedReadSerializer(serializers.Serializer):
+    marked_read = serializers.IntegerField()
 
 
 #

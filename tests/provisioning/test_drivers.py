@@ -20,9 +20,11 @@ import types
 import urllib.request
 import uuid
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import bcrypt
 import pytest
+import sushy
 import sushy.connector
 from kubernetes import client
 
@@ -190,6 +192,34 @@ def test_redfish_wrong_password_is_permanent_and_keeps_the_password_out(bmc, cap
     assert raised.value.transient is False
     assert "update the node's BMC username and password" in str(raised.value)
     assert WRONG_PASSWORD not in str(raised.value) + str(raised.value.__cause__) + caplog.text
+
+
+def test_redfish_readings_come_from_the_systems_chassis(bmc):
+    """
+    The emulator's chassis has a Thermal resource (its CPU at 41 °C, the intake at 25 °C) and no
+    Power resource: temperatures and health are read, the power is None, nothing fails.
+    """
+    readings = RedfishPower().readings(_node(bmc))
+    assert readings["health"] == "ok"
+    assert {(t["context"], t["celsius"]) for t in readings["temperatures"]} == {("CPU", 41), ("Intake", 25)}
+    assert readings["power_w"] is None
+
+
+def test_redfish_power_reading_follows_the_power_schema():
+    """
+    PowerControl[0].PowerConsumedWatts when the BMC reports it (DMTF schema Power.v1_x: the first
+    PowerControl is the chassis' total); else the supplies' LastPowerOutputWatts, as in sushy's own
+    sample document (two supplies at 650 W and 635 W, no PowerControl).
+    """
+    import json as json_module
+
+    from provisioning.drivers.redfish import power_watts
+
+    sample = json_module.loads((Path(sushy.__file__).parent / "tests/unit/json_samples/power.json").read_text())
+    assert power_watts(sample) == 1285.0
+    assert power_watts({"PowerControl": [{"PowerConsumedWatts": 344}, {"PowerConsumedWatts": 120}]}) == 344.0
+    assert power_watts({"PowerControl": [{"PowerConsumedWatts": None}]}) is None
+    assert power_watts(None) is None
 
 
 #
@@ -420,3 +450,34 @@ def test_simulated_faults_are_deterministic_under_the_seed(settings):
     assert _outcomes("sim-node-1") == first
     assert "." in first and "x" in first
     assert _outcomes("sim-node-2") != first  # each device rolls its own dice (the key is in the seed)
+
+
+#
+# Out-of-band readings of the simulated BMC and fabric
+#
+
+
+@pytest.mark.django_db
+def test_simulated_bmc_readings_follow_the_power_and_the_knobs():
+    bmc, node = SimulatedPower(), Target(node_id="1", hostname="sim-node-1")
+    off = bmc.readings(node)
+    assert (off["power_w"], off["health"]) == (12.0, "ok")
+    assert {t["context"] for t in off["temperatures"]} == {"CPU", "Intake"}  # no enrolled node: no GPU sensor
+    bmc.set_power(node, True)
+    bmc.set_readings(node, power_w=4800.0, health="critical")
+    on = bmc.readings(node)
+    assert (on["power_w"], on["health"]) == (4800.0, "critical")
+    assert bmc.readings(node) == on  # deterministic
+
+
+@pytest.mark.django_db
+def test_simulated_fabric_keeps_port_states():
+    from provisioning.drivers.simulated import SimulatedFabric
+
+    fabric = SimulatedFabric(name="us-east-1/ib-a")
+    ports = ["0xB83FD20300000001", "b83fd20300000002"]
+    assert fabric.port_states(ports) == {"b83fd20300000001": "up", "b83fd20300000002": "up"}
+    fabric.set_port_state(ports[0], "down")
+    assert fabric.port_states(ports)["b83fd20300000001"] == "down"
+    fabric.set_port_state(ports[0], "up")
+    assert set(fabric.port_states(ports).values()) == {"up"}

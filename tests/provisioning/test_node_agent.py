@@ -1,7 +1,8 @@
 """
 The node agent and the node API: a real agent (urllib, signed requests) against a live server,
 every refusal of the API (unsigned, unknown key, stale, altered, replayed, another node's GPU or
-command), and the pipeline's scrub going through the agent.
+command), the pipeline's scrub going through the agent, and the telemetry a heartbeat carries
+(GPU samples and port states, cloud.telemetry) with its bad inputs.
 """
 
 import json
@@ -226,3 +227,130 @@ def test_violations_are_reported_only_for_the_nodes_own_gpus_and_in_shape(world,
     assert good.status_code == 200 and good.json() == {"recorded": 1}
     answer = send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node))
     assert [p["index"] for p in answer.json()["policy"]] == list(range(node.gpus.count()))
+
+
+#
+# Telemetry: samples and port states on the heartbeat (cloud.telemetry)
+#
+
+
+class InProcessControlPlane:
+    """The agent's ControlPlane, signing each request the same way, over Django's test client."""
+
+    def __init__(self, key_id: str, secret: str):
+        self.client, self.key_id, self.secret = Client(), key_id, secret
+
+    def call(self, method: str, path: str, payload: dict | None = None) -> dict:
+        response = send(self.client, self.key_id, self.secret, method, path, payload)
+        if response.status_code >= 400:
+            raise ControlPlaneError(f"{method} {path}: {response.status_code} {response.content[:300]!r}")
+        return response.json()
+
+
+def telemetry_agent(node: Node):
+    from provisioning.agent.ports import SimulatedPorts
+
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    ports = SimulatedPorts(list(node.ib_ports.order_by("index").values_list("guid", flat=True)))
+    return Agent(InProcessControlPlane(credential.key_id, secret), nvml_of(node), ports=ports), ports
+
+
+def test_an_agents_heartbeat_carries_samples_and_ports_through_the_signed_api(world, fleet, settings):
+    from cloud.models import GPUSample, GPUTelemetry, HCAPortStatus
+
+    settings.MERIDIAN_AGENT_INTERVAL = 7.0
+    node = shared_host()
+    agent, ports = telemetry_agent(node)
+    nvml = agent.nvml
+    nvml.set_utilization(0, 80)
+    nvml.inject_xid(1, 79)
+    nvml.raise_ecc(2, uncorrected=2, corrected=5)
+    nvml.overheat(3, 95)
+    nvml.gpus[4].processes.append({"pid": 77, "used_memory_mib": 2048})
+    down = node.ib_ports.order_by("index").first().guid
+    ports.port_down(down)
+
+    assert agent.run_once() == 0
+    assert agent.interval == 7.0  # the period comes from the control plane's answer
+    latest = {t.gpu.index: t for t in GPUTelemetry.objects.filter(node=node).select_related("gpu")}
+    assert len(latest) == node.gpus.count() and GPUSample.objects.filter(gpu__node=node).count() == len(latest)
+    assert (latest[0].utilization_pct, latest[0].temperature_c, latest[0].power_w) == (80, 61, 574.0)
+    assert (latest[1].xids, latest[2].ecc_uncorrected, latest[2].ecc_corrected) == ([79], 2, 5)
+    assert latest[3].temperature_c == 95
+    assert (latest[4].processes, latest[4].memory_used_mib) == (1, 2048)
+    assert latest[5].memory_total_mib == node.gpus.get(index=5).memory_mib
+    links = dict(HCAPortStatus.objects.filter(port__node=node).values_list("port__guid", "link"))
+    assert links.pop(down) == "down" and set(links.values()) == {"up"}
+    healthy = {g["index"]: g["healthy"] for g in AgentState.objects.get(node=node).gpus}
+    assert healthy[2] is False and healthy[0] is True  # an uncorrected ECC error shows in the inventory too
+
+    agent.run_once()
+    assert GPUTelemetry.objects.get(gpu__node=node, gpu__index=1).xids == []  # an XID is reported once
+    assert GPUSample.objects.filter(gpu__node=node).count() == 2 * len(latest)
+
+
+def test_xids_of_a_heartbeat_that_did_not_get_through_go_with_the_next(world, fleet):
+    from cloud.models import GPUTelemetry
+
+    node = shared_host()
+    agent, _ = telemetry_agent(node)
+    working = agent.control_plane
+
+    class Down:
+        def call(self, method, path, payload=None):
+            raise ControlPlaneError("connection refused")
+
+    agent.control_plane = Down()
+    agent.nvml.inject_xid(0, 48)
+    with pytest.raises(ControlPlaneError):
+        agent.run_once()
+    agent.control_plane = working
+    agent.run_once()
+    assert GPUTelemetry.objects.get(gpu__node=node, gpu__index=0).xids == [48]
+
+
+def test_a_silent_agent_sends_no_heartbeat(world, fleet):
+    agent, _ = telemetry_agent(shared_host())
+    agent.silent = True
+    assert agent.run_once() == 0
+    assert not AgentState.objects.exists()
+
+
+def test_an_agent_that_sends_only_its_inventory_is_still_heard(world, fleet):
+    from cloud.models import GPUSample
+
+    client, node = Client(), shared_host()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    response = send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node))
+    assert response.status_code == 200 and response.json()["interval_s"] > 0
+    assert AgentState.objects.filter(node=node).exists() and not GPUSample.objects.exists()
+
+
+@pytest.mark.parametrize(("change", "status", "code"), [
+    (lambda body, other: body["samples"][0].update(memory_used_mib=10**6, memory_total_mib=81920), 400,
+     "out_of_range"),
+    (lambda body, other: body["samples"][0].update(utilization_pct=-3), 400, "out_of_range"),
+    (lambda body, other: body["samples"][0].update(temperature_c=201), 400, "out_of_range"),
+    (lambda body, other: body["samples"].append({"uuid": other.gpus.first().uuid}), 400, "too_many"),
+    (lambda body, other: body["samples"].__setitem__(0, {"uuid": other.gpus.first().uuid}), 403, "foreign_gpu"),
+    (lambda body, other: body.update(samples="all of them"), 400, "invalid"),
+    (lambda body, other: body.update(ports=[{"guid": other.ib_ports.first().guid, "link": "up"}]), 403,
+     "foreign_port"),
+    (lambda body, other: body.update(gpus=[{"uuid": "GPU-x"}] * 100), 400, "too_many"),
+    (lambda body, other: body.update(gpus=[{"uuid": "GPU-x"}] * 100_000), 413, "request_too_large"),
+])
+def test_bad_telemetry_on_a_heartbeat_is_refused_and_stores_nothing(world, fleet, change, status, code):
+    """ENGINEERING.md §7: each is a clean 4xx naming the problem; not even the heartbeat is recorded."""
+    from cloud.models import GPUSample, GPUTelemetry, HCAPortStatus
+
+    client, node = Client(), shared_host()
+    other = Node.objects.exclude(pk=node.pk).order_by("hostname").first()
+    agent, _ = telemetry_agent(node)
+    body = agent.heartbeat()
+    change(body, other)
+    response = send(client, agent.control_plane.key_id, agent.control_plane.secret, "POST", "/heartbeat/", body)
+    assert response.status_code == status, response.content[:300]
+    error = response.json()["errors"][0]
+    assert error["code"] == code and error["detail"]
+    assert not AgentState.objects.exists()
+    assert (GPUSample.objects.count(), GPUTelemetry.objects.count(), HCAPortStatus.objects.count()) == (0, 0, 0)

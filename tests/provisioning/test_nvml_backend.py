@@ -1,7 +1,9 @@
 """
 The NVML backends. RealNVML runs here against pynvml with its functions replaced by fakes over a
 table of two GPUs, so it is tested everywhere, GPU or not: str and bytes answers, readings a GPU
-does not support, a missing library, processes, MIG mode. The simulated backend's readings follow.
+does not support, a missing library, processes, MIG mode, the telemetry readings (utilization,
+temperature, power) and XIDs from NVML's event set. The simulated backend's readings and knobs
+follow, then the host's InfiniBand ports read from a fake /sys.
 tests/device/test_nvml_probe.py reads a real GPU when there is one.
 """
 
@@ -49,10 +51,12 @@ def table() -> list[dict]:
                      SimpleNamespace(pid=4343, usedGpuMemory=None)],
          "graphics": [SimpleNamespace(pid=4242, usedGpuMemory=1024 * MIB)],
          "fields": {pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0, pynvml.NVML_FI_DEV_RETIRED_PENDING: 0,
-                    pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0, pynvml.NVML_FI_DEV_REMAPPED_FAILURE: 0}},
+                    pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0, pynvml.NVML_FI_DEV_REMAPPED_FAILURE: 0},
+         "utilization": 37, "temperature": 54, "power": 412_345, "xid_events": None},
         {"uuid": b"GPU-11111111-aaaa-bbbb-cccc-111111111111", "name": b"NVIDIA A10", "serial": not_supported(),
          "vbios": b"94.02.5C.00.01", "memory": (22731 * MIB, 0), "ecc": not_supported(), "mig": not_supported(),
-         "compute": [], "graphics": not_supported(), "fields": {pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0}},
+         "compute": [], "graphics": not_supported(), "fields": {pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0},
+         "utilization": not_supported(), "temperature": 61, "power": not_supported(), "xid_events": not_supported()},
     ]
 
 
@@ -61,6 +65,7 @@ class FakeNVML:
 
     def __init__(self, gpus: list[dict]):
         self.gpus, self.calls = gpus, []
+        self.events: list = []  # XID events waiting in the event set, as (GPU handle, XID)
 
     def answer(self, value):
         if isinstance(value, Exception):
@@ -87,12 +92,32 @@ class FakeNVML:
                 total=m[0], used=m[1], free=m[0] - m[1])),
             "nvmlDeviceGetTotalEccErrors": device("ecc", lambda counts, error_type, counter: counts[error_type]),
             "nvmlDeviceGetFieldValues": lambda handle, ids: fields_answer(self.gpus[handle]["fields"])(handle, ids),
+            "nvmlDeviceGetUtilizationRates": device("utilization", lambda gpu: pynvml.c_nvmlUtilization_t(
+                gpu=gpu, memory=0)),
+            "nvmlDeviceGetTemperature": device("temperature", lambda celsius, sensor: celsius),
+            "nvmlDeviceGetPowerUsage": device("power"),
+            "nvmlEventSetCreate": lambda: self.calls.append("event_set") or "the-event-set",
+            "nvmlDeviceRegisterEvents": self.register,
+            "nvmlEventSetWait_v2": self.wait,
+            "nvmlEventSetFree": lambda event_set: self.calls.append("event_free"),
             "nvmlSystemGetDriverVersion": lambda: "570.124.06",
             "nvmlSystemGetNVMLVersion": lambda: b"12.570.124.06",
             "nvmlSystemGetCudaDriverVersion": lambda: 12080,
         }
         for name, function in functions.items():
             monkeypatch.setattr(pynvml, name, function)
+
+    def register(self, handle, types, event_set):
+        assert (types, event_set) == (pynvml.nvmlEventTypeXidCriticalError, "the-event-set")
+        self.answer(self.gpus[handle]["xid_events"])
+
+    def wait(self, event_set, timeout_ms):
+        """nvmlEventSetWait_v2 without waiting: the next event, or NVML_ERROR_TIMEOUT when none is left."""
+        assert timeout_ms == 0
+        if not self.events:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        handle, xid = self.events.pop(0)
+        return SimpleNamespace(device=handle, eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid)
 
 
 @pytest.fixture
@@ -148,6 +173,51 @@ def test_xid_traces_are_read_per_field(real):
                                   "row_remap_pending": False, "row_remap_failure": False}
     assert real.xid_errors(1) == {"recovery_action": None, "retired_pages_pending": None,
                                   "row_remap_pending": False, "row_remap_failure": None}
+
+
+def test_utilization_temperature_and_power_are_read_or_none(real):
+    assert (real.utilization(0), real.temperature(0), real.power(0)) == (37, 54, 412.3)  # milliwatts to watts
+    assert (real.utilization(1), real.temperature(1), real.power(1)) == (None, 61, None)
+
+
+def test_xids_since_the_last_call_come_from_nvml_events_once_each(fake, real):
+    """The first call registers every GPU for critical-XID events; each call drains them without waiting."""
+    assert real.xids(0) == [] and real.xids(1) is None  # GPU 1 cannot report XID events
+    fake.events += [(0, 79), (1, 48), (0, 13)]
+    assert real.xids(0) == [79, 13]
+    assert real.xids(0) == []  # reported once
+    fake.events.append((0, 94))
+    assert real.xids(1) is None and real.xids(0) == [94]
+    real.shutdown()
+    assert fake.calls == ["init", "event_set", "event_free", "shutdown"]
+
+
+def test_an_event_error_other_than_a_timeout_names_the_reading(fake, monkeypatch, real):
+    def lost(event_set, timeout_ms):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    monkeypatch.setattr(pynvml, "nvmlEventSetWait_v2", lost)
+    with pytest.raises(NVMLReadError, match="XID events"):
+        real.xids(0)
+
+
+def test_the_agent_samples_every_gpu_through_the_real_backend(fake, real):
+    fake.events.append((0, 79))
+    samples = Agent(None, real).samples(real.inventory())
+    assert samples == [
+        {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "utilization_pct": 37, "memory_used_mib": 2048,
+         "memory_total_mib": 81559, "temperature_c": 54, "power_w": 412.3, "ecc_corrected": 3, "ecc_uncorrected": 0,
+         "processes": 2, "xids": [79]},
+        {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "utilization_pct": None, "memory_used_mib": 0,
+         "memory_total_mib": 22731, "temperature_c": 61, "power_w": None, "ecc_corrected": None,
+         "ecc_uncorrected": None, "processes": 0, "xids": []},
+    ]
+
+
+def test_a_gpu_whose_readings_fail_is_left_out_of_the_samples(fake, real):
+    fake.gpus[1]["temperature"] = pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+    assert [s["uuid"] for s in Agent(None, real).samples(real.inventory())] == [
+        "GPU-00000000-aaaa-bbbb-cccc-000000000000"]
 
 
 def test_xid_reading_is_none_when_no_field_is_offered(fake, real):
@@ -265,3 +335,37 @@ def test_simulated_unsupported_readings_are_none_like_the_real_ones():
     assert nvml.xid_errors(0)["recovery_action"] == "none" and nvml.xid_errors(1) is None
     assert (nvml.mig_mode(0), nvml.mig_mode(1)) == (None, (True, True))
     assert nvml.vbios(0) and set(nvml.versions()) == {"driver", "nvml", "cuda_driver"}
+
+
+def test_simulated_samples_follow_their_knobs_deterministically():
+    nvml = simulated()
+    assert (nvml.utilization(0), nvml.temperature(0), nvml.power(0)) == (0, 32, 70.0)  # idle
+    nvml.set_utilization(0, 100)
+    assert (nvml.utilization(0), nvml.temperature(0), nvml.power(0)) == (100, 68, 700.0)
+    nvml.overheat(0, 97)
+    assert nvml.temperature(0) == 97
+    nvml.overheat(0, None)
+    assert nvml.temperature(0) == 68
+    nvml.inject_xid(1, 79)
+    nvml.inject_xid(1, 13)
+    assert nvml.xids(1) == [79, 13] and nvml.xids(1) == []
+    nvml.raise_ecc(0, uncorrected=1, corrected=4)
+    assert nvml.ecc(0) == {"corrected": 4, "uncorrected": 1} and nvml.inventory()[0]["healthy"] is False
+
+
+def test_sysfs_ports_read_infiniband_ports_and_skip_others(tmp_path):
+    from provisioning.agent.ports import SysfsPorts
+
+    def port(hca, number, state, layer="InfiniBand", gid="fe80:0000:0000:0000:b83f:d203:0012:3456"):
+        folder = tmp_path / hca / "ports" / str(number)
+        (folder / "gids").mkdir(parents=True)
+        (folder / "state").write_text(state + "\n")
+        (folder / "link_layer").write_text(layer + "\n")
+        (folder / "gids" / "0").write_text(gid + "\n")
+
+    port("mlx5_0", 1, "4: ACTIVE")
+    port("mlx5_1", 1, "1: DOWN", gid="fe80:0000:0000:0000:b83f:d203:0012:3457")
+    port("mlx5_2", 1, "4: ACTIVE", layer="Ethernet", gid="fe80:0000:0000:0000:0000:0000:0000:0001")
+    assert SysfsPorts(tmp_path).states() == [{"guid": "b83fd20300123456", "link": "up"},
+                                             {"guid": "b83fd20300123457", "link": "down"}]
+    assert SysfsPorts(tmp_path / "none").states() == []

@@ -283,3 +283,11 @@ def test_racing_creates_and_the_scheduler_never_double_book_the_last_8_gpus(worl
     with connection.cursor() as cursor:
         cursor.execute(OVERLAPPING_PAIRS)
         assert cursor.fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("key", ["not a key", "ssh-foo AAAAB3NzaC1yc2E", "ecdsa-sha2-nistp999 AAAA"])
+def test_an_ssh_key_of_an_unknown_type_is_a_400_not_a_500(world, fleet, key):
+    response = world.client("t1_member").post(URL, body(ssh_public_key=key), format="json")
+    assert response.status_code == 400
+    assert ("ssh_public_key", "invalid") in error(response)
+    assert not Reservation.objects.filter(tenant=world.t1.tenant, name="train").exists()

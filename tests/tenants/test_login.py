@@ -18,11 +18,12 @@ def login(client, email, password):
 
 
 def test_sign_in_by_email_in_any_case(person):
-    """The address is the login, whatever its case; the home page lists the user's tenants."""
+    """The address is the login, whatever its case; a user in no tenant is shown how to join one."""
     client = Client()
     response = login(client, "PERSON@example.com", PASSWORD)
     assert response.status_code == 302
-    assert client.get("/").status_code == 200
+    home = client.get("/", follow=True)
+    assert home.status_code == 200 and "not in a tenant yet" in home.content.decode()
 
 
 def test_sixth_wrong_password_locks_the_login_even_for_the_right_password(person):

@@ -92,6 +92,13 @@ class Command(BaseCommand):
         if host not in LOOPBACK and "DJANGO_ALLOWED_HOSTS" not in os.environ:
             env["DJANGO_ALLOWED_HOSTS"] = ",".join(["127.0.0.1", "localhost", host])
         env["PYTHONUNBUFFERED"] = "1"
+        if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+            # /metrics shows the web's and the worker's requests and tasks as one (prometheus_client
+            # multiprocess mode): one folder for all the children, emptied at each start.
+            metrics_dir = settings.DATA_DIR / "metrics"
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            metrics_dir.mkdir(parents=True)
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         return env
 
     def _wait_healthy(self, url: str, children: list[Child], timeout: float = 60.0) -> bool:

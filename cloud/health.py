@@ -1,0 +1,162 @@
+"""
+The failure-detection policy, as pure functions: samples and times in, findings out.
+
+What counts as a failure is configuration, not a hard-coded list (``MERIDIAN_FAILURE_POLICY``):
+how many missed heartbeats make a node suspect and then faulty, what each XID class means
+(NVIDIA's application-level XIDs such as 13, 31, 43, 45, 68 and 109 are the tenant's program,
+not the hardware, and never take a node out), how many XIDs within a window escalate, the
+temperature limit, and how many link changes make an InfiniBand port "flapping". The services in
+``cloud.detection`` act on the findings (incidents, resets, drains, replacement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import IntEnum
+from typing import Any
+
+
+class Action(IntEnum):
+    """What a finding asks for, mildest first (a GPU's findings resolve to the strongest)."""
+
+    IGNORE = 0
+    RESET_GPU = 1  # reset that GPU through the node agent; it comes back if it recovers
+    DRAIN_NODE = 2  # stop selling the node; its tenants move when their work allows
+    FAULTY = 3  # the node is faulty now: replace what runs on it, then repair and validate
+
+    @classmethod
+    def parse(cls, value: str | int | Action) -> Action:
+        if isinstance(value, Action):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(value)
+        try:
+            return cls[str(value).strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown action {value!r}: use one of {', '.join(a.name.lower() for a in cls)}") from None
+
+
+# NVIDIA's XID catalogue, reduced to what a control plane does about each. Application-level
+# errors are ignored; ECC and GSP errors want a reset; a GPU off the bus or a failed row remap is
+# hardware that must be repaired; NVLink errors take the node (its GPUs are linked).
+DEFAULT_XID_ACTIONS: dict[int, Action] = {
+    13: Action.IGNORE, 31: Action.IGNORE, 43: Action.IGNORE, 45: Action.IGNORE, 68: Action.IGNORE,
+    109: Action.IGNORE, 63: Action.IGNORE,
+    48: Action.RESET_GPU, 61: Action.RESET_GPU, 62: Action.RESET_GPU, 92: Action.RESET_GPU, 94: Action.RESET_GPU,
+    95: Action.RESET_GPU, 119: Action.RESET_GPU, 120: Action.RESET_GPU,
+    74: Action.DRAIN_NODE,
+    64: Action.FAULTY, 79: Action.FAULTY,
+}
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    heartbeat_interval_s: float = 10.0
+    suspect_after_misses: int = 3
+    faulty_after_misses: int = 6
+    xid_actions: Mapping[int, Action] = field(default_factory=lambda: dict(DEFAULT_XID_ACTIONS))
+    unknown_xid_action: Action = Action.RESET_GPU
+    # The same GPU showing this many non-ignored XIDs within the window is not recovering.
+    repeated_xids: int = 3
+    repeated_xid_window_s: float = 3600.0
+    repeated_xid_action: Action = Action.FAULTY
+    max_temperature_c: int = 90
+    over_temperature_action: Action = Action.DRAIN_NODE
+    uncorrectable_ecc_action: Action = Action.RESET_GPU
+    port_down_action: Action = Action.DRAIN_NODE
+    port_flaps: int = 4
+    port_flap_window_s: float = 300.0
+
+    def __post_init__(self):
+        if not 0 < self.suspect_after_misses <= self.faulty_after_misses:
+            raise ValueError("need 0 < suspect_after_misses <= faulty_after_misses")
+        if self.heartbeat_interval_s <= 0:
+            raise ValueError("heartbeat_interval_s must be positive")
+        if self.repeated_xids < 1 or self.port_flaps < 1:
+            raise ValueError("repeated_xids and port_flaps must be at least 1")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None, *, heartbeat_interval_s: float | None = None):
+        """The policy from a settings dict (JSON); XID keys may be strings, actions names."""
+        values = dict(values or {})
+        if heartbeat_interval_s is not None:
+            values.setdefault("heartbeat_interval_s", heartbeat_interval_s)
+        unknown = set(values) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown failure policy keys: {', '.join(sorted(unknown))}")
+        xids = dict(DEFAULT_XID_ACTIONS)
+        for xid, action in (values.pop("xid_actions", None) or {}).items():
+            xids[int(xid)] = Action.parse(action)
+        for name in ("unknown_xid_action", "repeated_xid_action", "over_temperature_action",
+                     "uncorrectable_ecc_action", "port_down_action"):
+            if name in values:
+                values[name] = Action.parse(values[name])
+        return cls(xid_actions=xids, **values)
+
+
+@dataclass(frozen=True)
+class Finding:
+    action: Action
+    cause: str  # a stable code: xid_79, uncorrectable_ecc, over_temperature, port_down, ...
+    summary: str
+    evidence: dict
+
+
+def heartbeat_state(last_seen: datetime | None, now: datetime, policy: FailurePolicy) -> str:
+    """``ok``, ``suspect`` or ``faulty`` by the number of whole heartbeat periods missed."""
+    if last_seen is None:
+        return "ok"  # never seen: not started yet, which validation deals with
+    missed = int((now - last_seen).total_seconds() // policy.heartbeat_interval_s)
+    if missed >= policy.faulty_after_misses:
+        return "faulty"
+    if missed >= policy.suspect_after_misses:
+        return "suspect"
+    return "ok"
+
+
+def evaluate_gpu(*, sample: Mapping, previous: Mapping | None, recent_xids: int,
+                 policy: FailurePolicy) -> list[Finding]:
+    """
+    Findings for one GPU sample. ``previous`` is the GPU's last sample (for the ECC counter);
+    ``recent_xids`` counts its non-ignored XIDs already seen inside the repeat window.
+    """
+    findings = []
+    counted = 0
+    for xid in sample.get("xids") or ():
+        action = policy.xid_actions.get(int(xid), policy.unknown_xid_action)
+        if action == Action.IGNORE:
+            continue
+        counted += 1
+        findings.append(Finding(action, f"xid_{xid}", f"XID {xid}", {"xid": int(xid)}))
+    if counted and recent_xids + counted >= policy.repeated_xids:
+        findings.append(Finding(policy.repeated_xid_action, "repeated_xids",
+                                f"{recent_xids + counted} XIDs within {policy.repeated_xid_window_s / 60:g} min",
+                                {"xids": recent_xids + counted, "window_s": policy.repeated_xid_window_s}))
+    now_ecc, before_ecc = sample.get("ecc_uncorrected"), (previous or {}).get("ecc_uncorrected")
+    if now_ecc is not None and before_ecc is not None and now_ecc > before_ecc:
+        findings.append(Finding(policy.uncorrectable_ecc_action, "uncorrectable_ecc",
+                                f"{now_ecc - before_ecc} new uncorrectable ECC errors",
+                                {"ecc_uncorrected": now_ecc, "before": before_ecc}))
+    temperature = sample.get("temperature_c")
+    if temperature is not None and temperature > policy.max_temperature_c:
+        findings.append(Finding(policy.over_temperature_action, "over_temperature",
+                                f"{temperature} °C over the {policy.max_temperature_c} °C limit",
+                                {"temperature_c": temperature, "limit_c": policy.max_temperature_c}))
+    return findings
+
+
+def evaluate_port(*, link: str, changes_in_window: int, policy: FailurePolicy) -> Finding | None:
+    """A port that is down, or that changed state ``port_flaps`` times inside the window."""
+    if changes_in_window >= policy.port_flaps:
+        return Finding(policy.port_down_action, "port_flapping",
+                       f"link changed {changes_in_window} times in {policy.port_flap_window_s / 60:g} min",
+                       {"changes": changes_in_window, "window_s": policy.port_flap_window_s})
+    if link == "down":
+        return Finding(policy.port_down_action, "port_down", "InfiniBand link down", {"link": link})
+    return None
+
+
+def strongest(findings: list[Finding]) -> Finding | None:
+    return max(findings, key=lambda f: f.action, default=None)

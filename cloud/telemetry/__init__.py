@@ -1,0 +1,38 @@
+"""
+GPU telemetry: what the node agents sample, stored cheaply and kept while it is useful.
+
+- ``ingest`` (ingestion.py): one heartbeat's GPU samples and HCA port states, checked (ENGINEERING.md
+  §7) and written in a fixed number of statements whatever the GPU count. It returns, per GPU,
+  the new sample and the one before it, and per port its link and recent flaps: what failure
+  detection (``cloud.health.evaluate_gpu`` / ``evaluate_port``) needs, with no further query.
+- ``rollup`` / ``prune`` (rollups.py): raw -> 1-minute -> 1-hour buckets in SQL, idempotent;
+  retention by ``MERIDIAN_TELEMETRY_RETENTION``.
+- ``bmc_collect`` (bmc.py): out-of-band readings of the bare-metal nodes a tenant holds.
+- ``gpu_series`` / ``reservation_telemetry`` (reads.py): the staff and tenant reads.
+
+Times are the control plane's (the agent's clock is trusted only as far as the request signature).
+"""
+
+from .bmc import bmc_collect
+from .ingestion import (
+    LATEST_FIELDS,
+    MAX_GPUS_PER_NODE,
+    MAX_PORTS_PER_NODE,
+    BadTelemetry,
+    GPUReading,
+    Ingested,
+    Known,
+    PortReading,
+    changes_in_window,
+    fast_cursor,
+    ingest,
+    node_known,
+)
+from .reads import PERIODS, gpu_series, latest_dict, reservation_telemetry, rollup_point
+from .rollups import RAW, ROLLUP_GRACE, prune, rollup
+
+__all__ = [
+    "LATEST_FIELDS", "MAX_GPUS_PER_NODE", "MAX_PORTS_PER_NODE", "PERIODS", "RAW", "ROLLUP_GRACE", "BadTelemetry",
+    "GPUReading", "Ingested", "Known", "PortReading", "bmc_collect", "changes_in_window", "fast_cursor",
+    "gpu_series", "ingest", "latest_dict", "node_known", "prune", "reservation_telemetry", "rollup", "rollup_point",
+]

@@ -1,0 +1,119 @@
+"""
+Reads of GPU telemetry: a GPU's latest sample and series (staff), and the telemetry of a
+reservation's own GPUs, limited to the time each was the reservation's (tenants).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from ..models import GPU, GPUSample, GPUSampleRollup, GPUTelemetry, RollupPeriod
+from .ingestion import LATEST_FIELDS, SAMPLE_FIELDS
+from .rollups import RAW
+
+PERIODS = (RAW, RollupPeriod.MINUTE.value, RollupPeriod.HOUR.value)
+MAX_POINTS = 3000  # a series read is bounded whatever ``since`` says: per GPU, and in all
+MAX_POINTS_IN_ALL = 100_000
+SPANS = {RAW: timedelta(0), RollupPeriod.MINUTE: timedelta(minutes=1), RollupPeriod.HOUR: timedelta(hours=1)}
+DEFAULT_WINDOWS = {RAW: timedelta(minutes=10), RollupPeriod.MINUTE: timedelta(hours=1),
+                   RollupPeriod.HOUR: timedelta(days=7)}
+
+
+def latest_dict(row: GPUTelemetry | None) -> dict | None:
+    return None if row is None else {f: getattr(row, f) for f in LATEST_FIELDS}
+
+
+def _raw_point(sample: GPUSample) -> dict:
+    return {"at": sample.sampled_at, **{f: getattr(sample, f) for f in SAMPLE_FIELDS}, "xids": sample.xids}
+
+
+def _mean(total: float, count: int) -> float | None:
+    return round(total / count, 3) if count else None
+
+
+def rollup_point(row: GPUSampleRollup) -> dict:
+    """A bucket's figures: means and the standard deviation of utilization from its sums."""
+    n = row.utilization_samples
+    mean = row.utilization_sum / n if n else None
+    std = math.sqrt(max(0.0, row.utilization_sumsq / n - mean * mean)) if n else None
+    return {"at": row.bucket, "samples": row.samples, "utilization_mean": None if mean is None else round(mean, 3),
+            "utilization_std": None if std is None else round(std, 3), "utilization_max": row.utilization_max,
+            "memory_used_max": row.memory_used_max,
+            "temperature_mean": _mean(row.temperature_sum, row.temperature_samples),
+            "temperature_max": row.temperature_max, "power_mean": _mean(row.power_sum, row.power_samples),
+            "power_max": row.power_max, "ecc_uncorrected_max": row.ecc_uncorrected_max, "xid_count": row.xid_count,
+            "idle_samples": row.idle_samples}
+
+
+def default_since(period: str, now: datetime) -> datetime:
+    return now - DEFAULT_WINDOWS[period]
+
+
+def _series(gpu_ids: list, period: str, since: datetime) -> dict:
+    """Points per GPU since ``since`` (oldest first), the newest MAX_POINTS per GPU at most: one query."""
+    limit = min(MAX_POINTS * len(gpu_ids), MAX_POINTS_IN_ALL)
+    if period == RAW:
+        rows = (GPUSample.objects.filter(gpu_id__in=gpu_ids, sampled_at__gte=since)
+                .order_by("-sampled_at", "-id")[:limit])
+        points = [(r.gpu_id, _raw_point(r)) for r in rows]
+    else:
+        rows = (GPUSampleRollup.objects.filter(gpu_id__in=gpu_ids, period=period, bucket__gte=since)
+                .order_by("-bucket", "gpu_id")[:limit])
+        points = [(r.gpu_id, rollup_point(r)) for r in rows]
+    by_gpu: dict = {gpu_id: [] for gpu_id in gpu_ids}
+    for gpu_id, point in reversed(points):
+        by_gpu[gpu_id].append(point)
+    return by_gpu
+
+
+def gpu_series(*, gpu: GPU, period: str, since: datetime | None = None, now: datetime | None = None) -> dict:
+    """One GPU's latest sample and its series of ``period`` since ``since`` (staff read; two queries)."""
+    now = now or timezone.now()
+    since = since or default_since(period, now)
+    latest = GPUTelemetry.objects.filter(gpu=gpu).first()
+    return {"gpu": gpu.pk, "period": period, "since": since, "latest": latest_dict(latest),
+            "series": _series([gpu.pk], period, since)[gpu.pk]}
+
+
+def reservation_telemetry(*, reservation, period: str = RollupPeriod.MINUTE, since: datetime | None = None,
+                          now: datetime | None = None) -> dict:
+    """
+    The telemetry of a reservation's own GPUs (through its allocations), limited to the time each
+    GPU was the reservation's: what the GPU did for an earlier or later tenant is never shown.
+    A GPU shared by slots (fractional offerings) shows GPU-wide figures, less its process count,
+    which would tell the neighbours' work. Three queries, whatever the GPU count.
+    """
+    from provisioning.models import Allocation
+
+    now = now or timezone.now()
+    since = since or default_since(period, now)
+    windows: dict = {}  # GPU -> (its UUID, [(start, end)] of the reservation's allocations of it)
+    for gpu_id, uuid, starts_at, ends_at in Allocation.objects.filter(reservation=reservation).values_list(
+            "gpu_id", "gpu__uuid", "starts_at", "ends_at").order_by("gpu__node__hostname", "gpu__index"):
+        windows.setdefault(gpu_id, (uuid, []))[1].append((starts_at, ends_at))
+    if windows:
+        since = max(since, min(start for _, spans in windows.values() for start, _ in spans))
+    shared = reservation.offering.slots_per_gpu > 1
+    latest = {row.gpu_id: row for row in GPUTelemetry.objects.filter(gpu_id__in=list(windows))}
+    series = _series(list(windows), period, since) if windows else {}
+    span = SPANS[period]
+    gpus = []
+    for gpu_id, (uuid, spans) in windows.items():
+        row = latest.get(gpu_id)
+        current = latest_dict(row) if row is not None and _inside(row.sampled_at, timedelta(0), spans) else None
+        if current is not None and shared:
+            current["processes"] = None
+        points = [p for p in series.get(gpu_id, []) if _inside(p["at"], span, spans)]
+        if shared:
+            for point in points:
+                point.pop("processes", None)
+        gpus.append({"uuid": uuid, "latest": current, "series": points})
+    return {"reservation": reservation.pk, "period": period, "since": since, "gpus": gpus}
+
+
+def _inside(at: datetime, span: timedelta, spans: list) -> bool:
+    """Whether ``[at, at + span)`` lies within one of the reservation's times on the GPU (all of it)."""
+    return any(start <= at and at + span <= end and at < end for start, end in spans)

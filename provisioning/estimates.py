@@ -1,0 +1,80 @@
+"""
+What a reservation would get before it is made: live availability in the regions asked, the
+price estimate, the quota left and the expected start. Read-only; the console's new-reservation
+form shows it as the form is filled in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from cloud.capacity import SELLABLE_HEALTH, availability
+from cloud.models import GPU
+
+from .admission import Ask, quota_headroom
+from .choices import BillingTerm
+from .choices import ReservationState as R
+from .models import Allocation, Reservation
+from .snapshot import pool_of
+from .usage import price_per_gpu_hour
+
+
+@dataclass(frozen=True)
+class Estimate:
+    available: dict[str, int]  # units sellable now per region asked, preferred first
+    fits_now: str | None  # the first region that has room now, if any
+    price_per_gpu_hour: Decimal
+    hours: float
+    term: str
+    total_price: Decimal
+    quota: list[dict]  # [{"scope", "label", "limit", "in_use", "left", "enough"}]
+    expected_start: datetime | None
+    start_note: str
+
+
+def estimate(*, ask: Ask, tenant, team, now: datetime) -> Estimate:
+    offering = ask.offering
+    per_region = availability([offering]).get(offering.pk, {})
+    available = {r.slug: per_region.get(r.slug, {}).get("units", 0) for r in ask.regions}
+    fits_now = next((slug for slug, units in available.items() if units >= ask.units), None)
+
+    price = price_per_gpu_hour(ask.billing_term, offering.price_per_gpu_hour, offering.reserved_discount_pct,
+                               offering.spot_floor_price)
+    if ask.billing_term == BillingTerm.SPOT and ask.spot_max_price is not None:
+        price = min(price, ask.spot_max_price)
+    hours = Decimal(str(ask.duration.total_seconds() / 3600))
+    total = (Decimal(str(ask.gpu_equivalent)) * hours * price).quantize(Decimal("0.01"))
+
+    window_start = max(ask.requested_start or now, now)
+    quota = [{"scope": limit.scope, "label": limit.label, "limit": limit.limit, "in_use": round(used, 2),
+              "left": round(max(limit.limit - used, 0), 2), "enough": used + ask.gpu_equivalent <= limit.limit}
+             for limit, used in quota_headroom(tenant=tenant, team=team, ask=ask, window_start=window_start)]
+
+    start, note = _expected_start(ask, fits_now, now)
+    return Estimate(available=available, fits_now=fits_now, price_per_gpu_hour=price, total_price=total,
+                    hours=float(hours), term=BillingTerm(ask.billing_term).label,
+                    quota=quota, expected_start=start, start_note=note)
+
+
+def _expected_start(ask: Ask, fits_now: str | None, now: datetime) -> tuple[datetime | None, str]:
+    if ask.requested_start is not None:
+        return ask.requested_start, "an advance reservation: placed for its window when it is made, if it fits"
+    if fits_now:
+        return now, f"placed at once in {fits_now} unless higher-priority work takes the capacity first"
+    # As provisioning.queue.estimated_start does for a queued reservation: when enough GPUs of the
+    # model free up in the first region for it and what is queued of that model.
+    region = ask.regions[0]
+    gpus = GPU.objects.filter(model_id=ask.offering.gpu_model_id, node__region=region, node__is_spare=False,
+                              node__pool=pool_of(ask.offering.kind), health__in=SELLABLE_HEALTH)
+    held = Allocation.objects.filter(gpu__in=gpus, starts_at__lt=now, ends_at__gt=now)
+    free = gpus.count() - held.values("gpu").distinct().count()
+    queued = sum(Reservation.objects.filter(state=R.QUEUED, gpu_model_id=ask.offering.gpu_model_id)
+                 .values_list("gpus", flat=True)[:5000])
+    needed = max(ask.gpus, 1) + queued
+    for end in held.order_by("ends_at").values_list("ends_at", flat=True)[:needed]:
+        free += 1
+        if free >= needed:
+            return end, f"when GPUs free up in {region.slug}, behind {queued} queued GPUs of this model"
+    return None, f"not before more capacity frees up in {region.slug}: it would wait in the queue"

@@ -1,0 +1,15 @@
+"""The console's provisioning pages: reservations and VPCs."""
+
+from django.urls import path
+
+from . import views, vpc_views
+
+urlpatterns = [
+    path("reservations/", views.reservation_list, name="reservation-list"),
+    path("reservations/new/", views.reservation_new, name="reservation-new"),
+    path("reservations/estimate/", views.reservation_estimate, name="reservation-estimate"),
+    path("reservations/<uuid:pk>/", views.reservation_detail, name="reservation-detail"),
+    path("reservations/<uuid:pk>/progress/", views.reservation_progress, name="reservation-progress"),
+    path("reservations/<uuid:pk>/<str:verb>/", views.reservation_act, name="reservation-act"),
+    *vpc_views.urlpatterns,
+]

@@ -1,0 +1,156 @@
+"""
+The console's reservation pages: the list, the new-reservation form with its live estimate, and
+a reservation's page with its live progress, score, allocation, receipts and instances. Thin:
+the form is checked by the API's serializer and every change is a provisioning service call.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from cloud.console import CHANGE, add_domain_error, chosen_team_id, console_page, error_text, scoped, scoped_or_404
+from cloud.errors import DomainError
+
+from . import estimates, services
+from .choices import ReservationState as R
+from .forms import ReservationForm
+from .models import Allocation, Instance, Operation, Reservation
+from .queue import score_report
+from .receipts import receipts_of
+
+PAGE_SIZE = 50
+LIVE_STATES = {R.PENDING, R.QUEUED, R.SCHEDULED, R.PROVISIONING, R.RELEASING}
+CANCELLABLE = {R.PENDING, R.QUEUED, R.SCHEDULED, R.PROVISIONING}
+# The API names the count by what an offering sells (gpus, nodes, slots); the form calls it count.
+COUNT_ALIASES = {"gpus": "count", "nodes": "count", "slots": "count", "regions": "region"}
+
+
+@console_page("reservations")
+def reservation_list(request):
+    reservations = scoped(request, Reservation).select_related("offering", "region", "team")
+    team_id = chosen_team_id(request)
+    if team_id:
+        reservations = reservations.filter(team_id=team_id)
+    state = request.GET.get("state", "")
+    if state in R.values:
+        reservations = reservations.filter(state=state)
+    page = Paginator(reservations.order_by("-submitted_at"), PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "provisioning/reservation_list.html",
+                  {"page": page, "state": state, "states": R.choices})
+
+
+@console_page("reservations")
+def reservation_new(request):
+    form = ReservationForm(request.POST or None, request=request)
+    if request.method == "POST" and form.is_valid():
+        data = form.validated()
+        if data is not None:
+            try:
+                reservation = services.reservation_create(actor=request.principal, ask=data["ask"],
+                                                          team=data.get("team"))
+            except DomainError as exc:
+                add_domain_error(form, exc, aliases=COUNT_ALIASES)
+            else:
+                messages.success(request, f"{reservation.name} is {reservation.get_state_display().lower()}.")
+                return redirect("reservation-detail", pk=reservation.pk)
+    return render(request, "provisioning/reservation_new.html", {"form": form}, status=400 if form.errors else 200)
+
+
+@console_page("reservations")
+def reservation_estimate(request):
+    """The live panel beside the form (htmx): availability, price, quota left, expected start."""
+    form = ReservationForm(request.GET, request=request)
+    context = {"estimate": None, "problems": []}
+    if form.is_valid() and (data := form.validated()) is not None:
+        context["estimate"] = estimates.estimate(ask=data["ask"], tenant=request.principal.tenant,
+                                                 team=data.get("team"), now=timezone.now())
+        context["ask"] = data["ask"]
+    else:
+        context["problems"] = [f"{form[name].label}: {' '.join(errs)}" if name in form.fields
+                               else " ".join(errs) for name, errs in form.errors.items()][:4]
+    return render(request, "provisioning/_estimate.html", context)
+
+
+@console_page("reservations")
+def reservation_detail(request, pk):
+    reservation = scoped_or_404(request, Reservation.objects.select_related("offering", "region", "team", "vpc"), pk=pk)
+    context = _progress_context(reservation)
+    context.update({
+        "reservation": reservation,
+        "score": score_report(reservation) if reservation.state in (R.PENDING, R.QUEUED) else _score_only(reservation),
+        "allocations": list(Allocation.objects.filter(reservation=reservation)
+                            .select_related("gpu__node").order_by("gpu__node__hostname", "gpu__index")[:64]),
+        "receipts": receipts_of(reservation),
+        "instances": list(Instance.objects.filter(reservation=reservation).select_related("node")),
+        "can_cancel": reservation.state in CANCELLABLE,
+        "can_release": reservation.state == R.ACTIVE,
+        "can_extend": reservation.state in (R.SCHEDULED, R.PROVISIONING, R.ACTIVE),
+    })
+    return render(request, "provisioning/reservation_detail.html", context)
+
+
+@console_page("reservations")
+def reservation_progress(request, pk):
+    """The live part of a reservation's page, polled by htmx every two seconds while it moves."""
+    reservation = scoped_or_404(request, Reservation, pk=pk)
+    if request.htmx and request.GET.get("shown") not in (None, reservation.state):
+        # The state moved since the page was drawn: redraw the whole page once, so its instances,
+        # allocation and receipts (which only change with the state) are current too.
+        response = HttpResponse(status=204)
+        response["HX-Refresh"] = "true"
+        return response
+    context = {"reservation": reservation, **_progress_context(reservation)}
+    return render(request, "provisioning/_progress.html", context)
+
+
+@require_POST
+@console_page("reservations")
+def reservation_act(request, pk, verb):
+    reservation = scoped_or_404(request, Reservation, action=CHANGE, pk=pk)
+    try:
+        if verb == "cancel":
+            reservation = services.reservation_cancel(actor=request.principal, reservation=reservation)
+        elif verb == "release":
+            reservation = services.reservation_release(actor=request.principal, reservation=reservation)
+        elif verb == "extend":
+            hours = _positive_hours(request.POST.get("hours", ""))
+            reservation = services.reservation_extend(actor=request.principal, reservation=reservation,
+                                                      by=timedelta(hours=hours))
+        else:
+            raise Http404("No such action.")
+    except DomainError as exc:
+        messages.error(request, error_text(exc))
+    else:
+        messages.success(request, f"{reservation.name}: {verb} done; it is {reservation.get_state_display().lower()}.")
+    return redirect("reservation-detail", pk=pk)
+
+
+def _progress_context(reservation: Reservation) -> dict:
+    operation = (Operation.objects.filter(reservation=reservation).order_by("-created_at")
+                 .prefetch_related("steps").first())
+    return {"operation": operation, "steps": list(operation.steps.all()) if operation else [],
+            "live": reservation.state in LIVE_STATES or (operation is not None and not operation.is_finished)}
+
+
+def _score_only(reservation: Reservation) -> dict:
+    """Past the queue the score is history: its factors, without position or estimate (no queries)."""
+    breakdown = reservation.score_breakdown or {}
+    return {"total": reservation.score, "factors": breakdown.get("factors", []), "queue_position": None,
+            "waiting_reason": "", "estimated_start": reservation.starts_at}
+
+
+def _positive_hours(value: str) -> float:
+    try:
+        hours = float(value)
+    except ValueError:
+        raise DomainError("Give the extra time in hours, e.g. 2 or 0.5.", code="invalid") from None
+    if not 0 < hours <= 24 * 366:
+        raise DomainError("The extra time must be more than 0 and at most 8,784 hours.", code="invalid")
+    return hours

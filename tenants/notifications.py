@@ -1,0 +1,52 @@
+"""
+In-app notifications (DESIGN.md "Money and messages"): a list per tenant and user, shown in the
+console and the API. Services write them inside the transaction of the change they report, so a
+rolled-back change never notifies; outbound delivery (webhooks, e-mail) comes later.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from security.audit import audit_record
+
+from .models import Notification, Team, Tenant, User
+from .scoping import CHANGE, Principal
+
+TITLE_MAX = Notification._meta.get_field("title").max_length
+
+
+def notify(tenant: Tenant, *, user: User | None = None, team: Team | None = None, kind: str, title: str, body: str,
+           link: str = "") -> Notification:
+    """
+    Leave a notification for ``user`` in ``tenant``, or for everyone there who may see ``team``'s
+    objects (no user), or for the whole tenant (neither). A system message: not audited itself,
+    the change it reports is.
+    """
+    if team is not None and team.tenant_id != tenant.pk:
+        raise ValueError(f"team {team.pk} is not in tenant {tenant.pk}")
+    return Notification.objects.create(
+        tenant=tenant, user=user, team=team, kind=kind, title=title[:TITLE_MAX], body=body, link=link,
+    )
+
+
+@transaction.atomic
+def notification_mark_read(*, actor: Principal, notification: Notification) -> Notification:
+    """Mark one notification read (for every reader of a shared one). Marking it again changes nothing."""
+    now = timezone.now()
+    if Notification.objects.filter(pk=notification.pk, read_at__isnull=True).update(read_at=now):
+        audit_record(actor=actor, action="notification.read", target=notification, after={"read_at": now.isoformat()})
+    notification.refresh_from_db(fields=["read_at"])
+    return notification
+
+
+@transaction.atomic
+def notification_mark_all_read(*, actor: Principal) -> int:
+    """Mark every unread notification the actor can see as read; returns how many. One audit event."""
+    marked = Notification.objects.visible_to(actor, CHANGE).filter(read_at__isnull=True).update(
+        read_at=timezone.now())
+    if marked and actor.tenant is not None:
+        audit_record(actor=actor, action="notification.read_all", target=actor.tenant, tenant_id=actor.tenant.pk,
+                     after={"marked_read": marked})
+    return marked

@@ -1,0 +1,26 @@
+"""The console's tenant pages: teams and members, API tokens, quotas and usage, high priority."""
+
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    # API tokens
+    path("tokens/", views.token_list, name="token-list"),
+    path("tokens/new/", views.token_create, name="token-create"),
+    path("tokens/<uuid:pk>/issued/", views.token_issued, name="token-issued"),
+    path("tokens/<uuid:pk>/revoke/", views.token_revoke, name="token-revoke"),
+    # Teams, members and invitations
+    path("teams/", views.team_list, name="team-list"),
+    path("teams/new/", views.team_create, name="team-create"),
+    path("teams/<uuid:team_pk>/members/", views.team_membership_add, name="team-membership-add"),
+    path("teams/team-members/<uuid:pk>/role/", views.team_membership_role, name="team-membership-role"),
+    path("teams/team-members/<uuid:pk>/remove/", views.team_membership_remove, name="team-membership-remove"),
+    path("teams/members/<uuid:pk>/role/", views.membership_role, name="membership-role"),
+    path("teams/members/<uuid:pk>/remove/", views.membership_remove, name="membership-remove"),
+    path("teams/invitations/new/", views.invitation_create, name="invitation-create"),
+    path("teams/invitations/<uuid:pk>/", views.invitation_created, name="invitation-created"),
+    path("teams/invitations/<uuid:pk>/revoke/", views.invitation_revoke, name="invitation-revoke"),
+    # Quotas and usage
+    path("quotas/", views.quota_list, name="quota-list"),
+]

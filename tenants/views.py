@@ -1,0 +1,407 @@
+"""
+The console's tenant pages: API tokens, teams and members (with invitations), and quotas with
+their usage. Thin, like the API's views: each parses a form, calls one service with
+``actor=request.principal`` and renders; a service's refusal becomes a form error or a flash
+message. Rows are read through ``cloud.console.scoped``, so another tenant's object is a 404.
+
+Secrets (a new token, an invitation link) are shown once: the create handler keeps the secret
+in the session only until the next page, which takes it out as it shows it, so a reload or the
+back button never shows it again.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.db.models import Count, Prefetch
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from cloud.console import CHANGE, add_domain_error, console_page, error_text, may, scoped, scoped_or_404
+from cloud.errors import DomainError
+
+from . import services
+from .choices import QuotaResource, TeamRole, TenantRole
+from .forms import (
+    InvitationForm,
+    MembershipRoleForm,
+    TeamForm,
+    TeamMembershipAddForm,
+    TeamMembershipRoleForm,
+    TokenForm,
+    grantable_roles,
+)
+from .models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant
+from .quotas import QuotaLimit, limits_from_rows
+
+PAGE_SIZE = 50
+ISSUED_TOKEN = "console_issued_token"
+INVITATION_LINK = "console_invitation_link"
+
+
+def _row_or_redirect(request, template: str, context: dict, *, to: str, message: str = "", error: str = ""):
+    """
+    The answer to a row action: the row again for htmx (swapped in place, the outcome in it);
+    otherwise a flash message and back to the page (post/redirect/get).
+    """
+    if request.htmx:
+        return render(request, template, {**context, "row_message": message, "row_error": error})
+    if error:
+        messages.error(request, error)
+    elif message:
+        messages.success(request, message)
+    return redirect(to)
+
+
+#
+# API tokens
+#
+
+
+@console_page("api-tokens")
+def token_list(request):
+    """Your tokens (tenant admins and owners: every token of the tenant) and a form for a new one."""
+    return _token_page(request, TokenForm(principal=request.principal))
+
+
+@console_page("api-tokens")
+def token_create(request):
+    if request.method != "POST":
+        return redirect("token-list")
+    form = TokenForm(request.POST, principal=request.principal)
+    if form.is_valid():
+        try:
+            issued = services.token_issue(actor=request.principal, **form.service_arguments())
+        except DomainError as exc:
+            add_domain_error(form, exc, aliases={"expires_at": "expires_in_days"})
+        else:
+            request.session[ISSUED_TOKEN] = {"id": str(issued.token.pk), "secret": issued.secret}
+            return redirect("token-issued", pk=issued.token.pk)
+    return _token_page(request, form)
+
+
+def _token_page(request, form: TokenForm):
+    principal = request.principal
+    # The API's queryset (APITokenViewSet): the scoped tokens with their user and team.
+    tokens = scoped(request, APIToken).select_related("user", "team").order_by("-created_at")
+    page = Paginator(tokens, PAGE_SIZE).get_page(request.GET.get("page"))
+    revocable = set(scoped(request, APIToken, CHANGE).filter(pk__in=[t.pk for t in page]).values_list("pk", flat=True))
+    for token in page:
+        token.revocable = token.pk in revocable
+    return render(request, "tenants/token_list.html", {
+        "page": page, "form": form, "show_owner": principal.is_platform or principal.has_role(TenantRole.ADMIN),
+    })
+
+
+@never_cache
+@console_page("api-tokens")
+def token_issued(request, pk):
+    """The new token's secret, once: taken out of the session as it is shown."""
+    token = scoped_or_404(request, APIToken.objects.select_related("team"), pk=pk)
+    held = request.session.get(ISSUED_TOKEN) or {}
+    secret = request.session.pop(ISSUED_TOKEN)["secret"] if held.get("id") == str(token.pk) else None
+    return render(request, "tenants/token_issued.html", {"token": token, "secret": secret})
+
+
+@require_POST
+@console_page("api-tokens")
+def token_revoke(request, pk):
+    token = scoped_or_404(request, APIToken.objects.select_related("user", "team"), CHANGE, pk=pk)
+    error = message = ""
+    try:
+        services.token_revoke(actor=request.principal, token=token)
+    except DomainError as exc:
+        error = error_text(exc)
+    else:
+        message = f"Token {token.name} is revoked; it stops working on its next request."
+    token.refresh_from_db(fields=["revoked_at"])
+    token.revocable = token.revoked_at is None
+    show_owner = request.principal.is_platform or request.principal.has_role(TenantRole.ADMIN)
+    return _row_or_redirect(request, "tenants/_token_row.html", {"token": token, "show_owner": show_owner},
+                            to="token-list", message=message, error=error)
+
+
+#
+# Teams and members
+#
+
+
+@console_page("teams")
+def team_list(request):
+    """The tenant's teams with their members, the tenant's members, invitations and the forms."""
+    if request.principal.tenant is None:
+        return redirect("console-tenants")
+    return _teams_page(request)
+
+
+def _teams_page(request, *, team_form=None, invitation_form=None, add_errors=None):
+    principal = request.principal
+    can_manage_members = may(principal, "memberships")
+    memberships = list(scoped(request, Membership).select_related("user").order_by("user__email"))
+    for membership in memberships:
+        membership.manageable = can_manage_members and principal.has_role(TenantRole(membership.role))
+    teams = list(
+        scoped(request, Team).order_by("name").prefetch_related(Prefetch(
+            "memberships", to_attr="members",
+            queryset=scoped(request, TeamMembership).select_related("user").order_by("user__email"),
+        ))
+    )
+    tenant_admin = principal.has_role(TenantRole.ADMIN)
+    for team in teams:
+        team.manageable = tenant_admin or principal.is_team_admin(team.pk)
+        team.members_visible = principal.sees_all_teams or team.pk in principal.team_ids
+        in_team = {tm.user_id for tm in team.members}
+        team.addable = [m.user for m in memberships if m.user_id not in in_team]
+        team.add_errors = (add_errors or {}).get(team.pk, [])
+    can_invite = may(principal, "invitations")
+    invitations = []
+    if may(principal, "invitations", write=False):
+        invitations = list(
+            scoped(request, Invitation).filter(accepted_at__isnull=True, revoked_at__isnull=True,
+                                               expires_at__gt=timezone.now())
+            .select_related("team", "created_by").order_by("-created_at")
+        )
+    return render(request, "tenants/team_list.html", {
+        "teams": teams, "memberships": memberships, "invitations": invitations,
+        "roles": grantable_roles(principal), "team_roles": TeamRole.choices,
+        "can_manage_members": can_manage_members, "can_invite": can_invite,
+        "can_read_invitations": may(principal, "invitations", write=False),
+        "invitation_ttl_days": settings.MERIDIAN_INVITATION_TTL.days,
+        "team_form": team_form or TeamForm(auto_id="team_%s"),
+        "invitation_form": invitation_form or (InvitationForm(principal=principal, auto_id="invite_%s")
+                                               if can_invite else None),
+    })
+
+
+@require_POST
+@console_page("teams")
+def team_create(request):
+    form = TeamForm(request.POST, auto_id="team_%s")
+    if form.is_valid():
+        try:
+            team = services.team_create(actor=request.principal, **form.cleaned_data)
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            messages.success(request, f"Team {team.name} is created. Add its members below.")
+            return redirect("team-list")
+    return _teams_page(request, team_form=form)
+
+
+def _membership_row(request, membership: Membership, *, message="", error=""):
+    membership.manageable = may(request.principal, "memberships") and request.principal.has_role(
+        TenantRole(membership.role))
+    return _row_or_redirect(request, "tenants/_member_row.html",
+                            {"m": membership, "roles": grantable_roles(request.principal)},
+                            to="team-list", message=message, error=error)
+
+
+@require_POST
+@console_page("memberships")
+def membership_role(request, pk):
+    membership = scoped_or_404(request, Membership.objects.select_related("user"), CHANGE, pk=pk)
+    form = MembershipRoleForm(request.POST)
+    if not form.is_valid():
+        return _membership_row(request, membership, error="Choose one of the roles: owner, admin, member or viewer.")
+    try:
+        membership = services.membership_set_role(actor=request.principal, membership=membership,
+                                                  role=form.cleaned_data["role"])
+    except DomainError as exc:
+        return _membership_row(request, membership, error=error_text(exc))
+    return _membership_row(request, membership,
+                           message=f"{membership.user.email} is now {membership.get_role_display().lower()}.")
+
+
+@require_POST
+@console_page("memberships")
+def membership_remove(request, pk):
+    membership = scoped_or_404(request, Membership.objects.select_related("user"), CHANGE, pk=pk)
+    try:
+        services.membership_remove(actor=request.principal, membership=membership)
+    except DomainError as exc:
+        return _membership_row(request, membership, error=error_text(exc))
+    message = f"{membership.user.email} left the tenant; their tokens for it are revoked."
+    return _row_or_redirect(request, "tenants/_removed_row.html", {"columns": 4}, to="team-list", message=message)
+
+
+@require_POST
+@console_page("team-memberships")
+def team_membership_add(request, team_pk):
+    team = scoped_or_404(request, Team, CHANGE, pk=team_pk)
+    form = TeamMembershipAddForm(request.POST, principal=request.principal)
+    if form.is_valid():
+        try:
+            tm = services.team_membership_add(actor=request.principal, team=team, **form.cleaned_data)
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            messages.success(request, f"{tm.user.email} joined {team.name} as {tm.get_role_display().lower()}.")
+            return redirect("team-list")
+    errors = [f"{form.fields[name].label}: {' '.join(errs)}" if name in form.fields else " ".join(errs)
+              for name, errs in form.errors.items()]
+    return _teams_page(request, add_errors={team.pk: errors})
+
+
+def _team_member_row(request, tm: TeamMembership, *, message="", error=""):
+    principal = request.principal
+    tm.team.manageable = principal.has_role(TenantRole.ADMIN) or principal.is_team_admin(tm.team_id)
+    return _row_or_redirect(request, "tenants/_team_member_row.html",
+                            {"tm": tm, "team": tm.team, "team_roles": TeamRole.choices},
+                            to="team-list", message=message, error=error)
+
+
+@require_POST
+@console_page("team-memberships")
+def team_membership_role(request, pk):
+    tm = scoped_or_404(request, TeamMembership.objects.select_related("user", "team"), CHANGE, pk=pk)
+    form = TeamMembershipRoleForm(request.POST)
+    if not form.is_valid():
+        return _team_member_row(request, tm, error="Choose team admin or team member.")
+    try:
+        tm = services.team_membership_set_role(actor=request.principal, team_membership=tm,
+                                               role=form.cleaned_data["role"])
+    except DomainError as exc:
+        return _team_member_row(request, tm, error=error_text(exc))
+    return _team_member_row(request, tm, message=f"{tm.user.email} is now {tm.get_role_display().lower()}.")
+
+
+@require_POST
+@console_page("team-memberships")
+def team_membership_remove(request, pk):
+    tm = scoped_or_404(request, TeamMembership.objects.select_related("user", "team"), CHANGE, pk=pk)
+    try:
+        services.team_membership_remove(actor=request.principal, team_membership=tm)
+    except DomainError as exc:
+        return _team_member_row(request, tm, error=error_text(exc))
+    message = f"{tm.user.email} left {tm.team.name}."
+    return _row_or_redirect(request, "tenants/_removed_row.html", {"columns": 3}, to="team-list", message=message)
+
+
+#
+# Invitations
+#
+
+
+@require_POST
+@console_page("invitations")
+def invitation_create(request):
+    form = InvitationForm(request.POST, principal=request.principal, auto_id="invite_%s")
+    if form.is_valid():
+        try:
+            invitation, link = services.invitation_create(actor=request.principal, **form.cleaned_data)
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            request.session[INVITATION_LINK] = {"id": str(invitation.pk), "link": link}
+            return redirect("invitation-created", pk=invitation.pk)
+    return _teams_page(request, invitation_form=form)
+
+
+@never_cache
+@console_page("invitations")
+def invitation_created(request, pk):
+    """The new invitation's link, once: taken out of the session as it is shown."""
+    invitation = scoped_or_404(request, Invitation.objects.select_related("team"), pk=pk)
+    held = request.session.get(INVITATION_LINK) or {}
+    link = request.session.pop(INVITATION_LINK)["link"] if held.get("id") == str(invitation.pk) else None
+    return render(request, "tenants/invitation_created.html", {"invitation": invitation, "link": link})
+
+
+@require_POST
+@console_page("invitations")
+def invitation_revoke(request, pk):
+    invitation = scoped_or_404(request, Invitation.objects.select_related("team", "created_by"), CHANGE, pk=pk)
+    error = message = ""
+    try:
+        services.invitation_revoke(actor=request.principal, invitation=invitation)
+    except DomainError as exc:
+        error = error_text(exc)
+    else:
+        message = f"The invitation{f' for {invitation.email}' if invitation.email else ''} is revoked."
+    invitation.refresh_from_db(fields=["revoked_at", "accepted_at"])
+    return _row_or_redirect(request, "tenants/_invitation_row.html", {"i": invitation, "can_invite": True},
+                            to="team-list", message=message, error=error)
+
+
+#
+# Quotas and usage
+#
+
+# What counts as an instance in use, for the instance quota.
+LIVE_INSTANCE_STATES = ("provisioning", "active", "releasing")
+
+
+@console_page("quotas")
+def quota_list(request):
+    """
+    The tenant's and its teams' limits with what counts against each right now: GPUs as admission
+    counts them (held and waiting work whose window covers now), VPCs that are not deleted (the
+    default ones aside), live instances. Tenant-wide figures cover every team, as the 409 of an
+    over-quota request does.
+    """
+    principal = request.principal
+    if principal.tenant is None:
+        return redirect("console-tenants")
+    rows = list(scoped(request, Quota).select_related("team", "gpu_model").order_by("resource", "gpu_model__name"))
+    model_names = {row.gpu_model_id: row.gpu_model.name for row in rows if row.gpu_model_id}
+    usage = _Usage(request, now=timezone.now())
+
+    tenant_limits = []
+    for resource in QuotaResource.values:
+        mine = [row for row in rows if row.team_id is None and row.resource == resource]
+        tenant_limits += limits_from_rows(mine, resource=resource, team_id=None, gpu_model_id=None)
+    teams = {}
+    for row in rows:
+        if row.team_id is not None:
+            teams.setdefault(row.team, []).append(
+                QuotaLimit(scope="team", resource=row.resource, gpu_model_id=row.gpu_model_id, limit=row.limit))
+    sections = [{"title": f"{principal.tenant.name} (tenant)", "team": None,
+                 "lines": [usage.line(limit, None, model_names) for limit in tenant_limits]}]
+    for team, limits in sorted(teams.items(), key=lambda item: item[0].name):
+        sections.append({"title": f"{team.name} (team)", "team": team,
+                         "lines": [usage.line(limit, team, model_names) for limit in limits]})
+    return render(request, "tenants/quota_list.html", {"sections": sections})
+
+
+class _Usage:
+    """What counts against a limit now; VPC and instance counts come from one grouped query each."""
+
+    def __init__(self, request, *, now):
+        from provisioning.models import VPC, Instance
+
+        self.tenant, self.now = request.principal.tenant, now
+        # Usage is the tenant's, whatever part of it the viewer may list: counted over the tenant
+        # the principal sees (one row), not over the principal's own rows.
+        tenants = scoped(request, Tenant)
+        vpcs = (VPC.objects.filter(tenant__in=tenants, is_default=False).exclude(state="deleted")
+                .values_list("team_id").annotate(n=Count("pk")))
+        self.vpcs = dict(vpcs)
+        instances = (Instance.objects.filter(tenant__in=tenants, state__in=LIVE_INSTANCE_STATES)
+                     .values_list("team_id").annotate(n=Count("pk")))
+        self.instances = dict(instances)
+
+    def used(self, limit: QuotaLimit, team) -> float:
+        if limit.resource == QuotaResource.GPUS:
+            from provisioning.admission import gpus_counted
+
+            # The admission rule over a window that is this moment: held work overlapping now,
+            # waiting work that asked for now (or as soon as possible).
+            return gpus_counted(self.tenant, team, limit, self.now, self.now + timedelta(seconds=1))
+        counts = self.vpcs if limit.resource == QuotaResource.VPCS else self.instances
+        return sum(counts.values()) if team is None else counts.get(team.pk, 0)
+
+    def line(self, limit: QuotaLimit, team, model_names: dict) -> dict:
+        used = self.used(limit, team)
+        share = min(100.0, used / limit.limit * 100) if limit.limit else (100.0 if used else 0.0)
+        return {
+            "resource": QuotaResource(limit.resource).label,
+            "gpu_model": model_names.get(limit.gpu_model_id, "") if limit.gpu_model_id else
+            "All models" if limit.resource == QuotaResource.GPUS else "",
+            "limit": limit.limit, "used": used, "left": max(limit.limit - used, 0), "percent": round(share),
+            "is_default": limit.is_default, "level": "over" if share >= 100 else "high" if share >= 80 else "",
+        }

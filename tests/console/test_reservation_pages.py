@@ -1,0 +1,170 @@
+"""
+The reservation pages: the form (checked by the API's own rules), the live estimate, a
+reservation's page with its score and progress, and cancel/extend/release -- scoped like the API.
+"""
+
+import pytest
+
+from provisioning.models import Reservation
+from security.models import AuditEvent
+from tests.world import small_fleet, vm_offering
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fleet(world):
+    return small_fleet(4)
+
+
+def form(**extra):
+    data = {"name": "finetune", "mode": "offering", "offering": vm_offering().slug, "count": 1,
+            "region": "us-east-1", "start_mode": "now", "duration_hours": 2, "billing_term": "on_demand",
+            "eviction_policy": "soft", "urgency": "normal"}
+    data.update(extra)
+    return data
+
+
+def test_a_member_reserves_through_the_form_and_lands_on_its_page(console, fleet):
+    client = console("t1_member")
+    response = client.post("/reservations/new/", form())
+    assert response.status_code == 302, response.content.decode()[:2000]
+    reservation = Reservation.objects.get(name="finetune")
+    assert response["Location"] == f"/reservations/{reservation.pk}/"
+    assert reservation.state == "scheduled" and reservation.gpus == 1
+    page = client.get(response["Location"]).content.decode()
+    assert "finetune" in page and "Priority score" in page and "Scheduled" in page
+    assert AuditEvent.objects.filter(action__startswith="reservation", target_id=str(reservation.pk)).exists()
+
+
+@pytest.mark.parametrize("bad, field_text", [
+    ({"name": ""}, "This field is required"),
+    ({"count": 0}, "greater than or equal to 1"),
+    ({"offering": ""}, "Choose an offering"),
+    ({"count": 3, "offering": vm_offering.__name__ and "h100-vm-8x"}, "comes in units of 8"),
+    ({"billing_term": "spot"}, "needs the most you will pay"),
+    ({"start_mode": "window"}, "Give the start time"),
+    ({"region": "mars-1"}, "Select a valid choice"),
+    ({"duration_hours": 100000}, "less than or equal to"),
+    ({"ssh_public_key": "not a key"}, "SSH"),
+])
+def test_bad_input_shows_what_to_fix_and_makes_nothing(console, fleet, bad, field_text):
+    if bad.get("offering") == "h100-vm-8x":
+        bad["offering"] = vm_offering(8).slug
+    response = console("t1_member").post("/reservations/new/", form(**bad))
+    assert response.status_code == 400
+    assert field_text in response.content.decode()
+    assert not Reservation.objects.filter(name="finetune").exists()
+
+
+def test_over_quota_is_shown_on_the_form_with_the_numbers(console, world, fleet):
+    from tenants.models import Quota
+
+    Quota.objects.create(tenant=world.t1.tenant, resource="gpus", limit=1)
+    response = console("t1_member").post("/reservations/new/", form(offering=vm_offering(8).slug, count=8))
+    assert response.status_code == 400
+    assert "The tenant quota for gpus is 1" in response.content.decode()
+
+
+def test_the_estimate_shows_availability_price_quota_and_start(console, fleet):
+    response = console("t1_member").get("/reservations/estimate/", form(count=2, duration_hours=3))
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "us-east-1" in body and "Price estimate" in body and "Expected start" in body
+    offering = vm_offering()
+    assert f"${(offering.price_per_gpu_hour * 6):.2f}".rstrip("0") in body.replace(",", "")
+
+
+def test_the_estimate_of_a_bad_form_names_the_problem(console, fleet):
+    body = console("t1_member").get("/reservations/estimate/", form(count=0)).content.decode()
+    assert "Nothing to estimate yet" in body and "greater than or equal to 1" in body
+
+
+def test_viewer_sees_no_write_buttons_and_cannot_post(console, world, fleet):
+    reservation = world.t1.objects[Reservation]
+    client = console("t1_viewer")
+    page = client.get(f"/reservations/{reservation.pk}/").content.decode()
+    assert "Cancel</button>" not in page and "Extend" not in page
+    assert client.post(f"/reservations/{reservation.pk}/cancel/").status_code == 403
+    assert client.post("/reservations/new/", form()).status_code == 403
+    reservation.refresh_from_db()
+    assert reservation.state == "queued"
+
+
+def test_another_tenants_reservation_is_a_404_everywhere(console, world, fleet):
+    theirs = world.t2.objects[Reservation]
+    client = console("t1_owner")
+    for url in (f"/reservations/{theirs.pk}/", f"/reservations/{theirs.pk}/progress/"):
+        assert client.get(url).status_code == 404
+    assert client.post(f"/reservations/{theirs.pk}/cancel/").status_code == 404
+    assert theirs.name not in client.get("/reservations/").content.decode()
+    theirs.refresh_from_db()
+    assert theirs.state == "queued"
+
+
+def test_cancel_from_the_page(console, world, fleet):
+    reservation = world.t1.objects[Reservation]
+    client = console("t1_member")
+    response = client.post(f"/reservations/{reservation.pk}/cancel/")
+    assert response.status_code == 302
+    reservation.refresh_from_db()
+    assert reservation.state == "cancelled"
+    # Cancelling twice names the current state instead of failing.
+    client.post(f"/reservations/{reservation.pk}/cancel/")
+    assert "is &#x27;cancelled&#x27;" in client.get(f"/reservations/{reservation.pk}/").content.decode()
+
+
+def test_extend_refuses_bad_hours_and_changes_nothing(console, world, fleet):
+    client = console("t1_member")
+    client.post("/reservations/new/", form())
+    reservation = Reservation.objects.get(name="finetune")
+    ends = reservation.ends_at
+    client.post(f"/reservations/{reservation.pk}/extend/", {"hours": "soon"})
+    reservation.refresh_from_db()
+    assert reservation.ends_at == ends
+    assert "Give the extra time in hours" in client.get(f"/reservations/{reservation.pk}/").content.decode()
+    client.post(f"/reservations/{reservation.pk}/extend/", {"hours": "1"})
+    reservation.refresh_from_db()
+    assert (reservation.ends_at - ends).total_seconds() == 3600
+
+
+def test_the_progress_partial_polls_only_while_it_moves(console, world, fleet):
+    reservation = world.t1.objects[Reservation]
+    client = console("t1_member")
+    assert 'hx-trigger="every 2s"' in client.get(f"/reservations/{reservation.pk}/progress/").content.decode()
+    client.post(f"/reservations/{reservation.pk}/cancel/")
+    assert 'hx-trigger="every 2s"' not in client.get(f"/reservations/{reservation.pk}/progress/").content.decode()
+
+
+def test_a_queued_reservation_explains_its_score(console, world, fleet):
+    reservation = world.t1.objects[Reservation]
+    from provisioning.services import reservation_rescore
+
+    reservation_rescore(reservation)
+    page = console("t1_viewer").get(f"/reservations/{reservation.pk}/").content.decode()
+    assert "urgency" in page and "Contribution" in page and "Position" in page
+
+
+def test_list_queries_do_not_grow_with_rows(console, world, fleet, django_assert_max_num_queries):
+    client = console("t1_owner")
+    client.get("/reservations/")
+    with django_assert_max_num_queries(12):
+        client.get("/reservations/")
+    for i in range(20):
+        Reservation.objects.create(tenant=world.t1.tenant, team=world.t1.team, name=f"r{i}", offering=vm_offering(),
+                                   gpu_model=vm_offering().gpu_model, units=1, gpus=1, regions=["us-east-1"],
+                                   duration=world.t1.objects[Reservation].duration, state="queued")
+    with django_assert_max_num_queries(12):
+        assert client.get("/reservations/").status_code == 200
+
+
+def test_the_progress_poll_asks_for_a_full_redraw_once_the_state_moves(console, world, fleet):
+    """Instances, allocation and receipts change with the state: the page redraws itself then."""
+    reservation = world.t1.objects[Reservation]
+    client = console("t1_member")
+    url = f"/reservations/{reservation.pk}/progress/"
+    same = client.get(url, {"shown": "queued"}, HTTP_HX_REQUEST="true")
+    assert same.status_code == 200 and "HX-Refresh" not in same
+    client.post(f"/reservations/{reservation.pk}/cancel/")
+    moved = client.get(url, {"shown": "queued"}, HTTP_HX_REQUEST="true")
+    assert moved.status_code == 204 and moved["HX-Refresh"] == "true"
