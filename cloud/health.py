@@ -23,8 +23,10 @@ class Action(IntEnum):
 
     IGNORE = 0
     RESET_GPU = 1  # reset that GPU through the node agent; it comes back if it recovers
-    DRAIN_NODE = 2  # stop selling the node; its tenants move when their work allows
-    FAULTY = 3  # the node is faulty now: replace what runs on it, then repair and validate
+    DRAIN_NODE = 2  # stop selling the node; its tenants' work runs on (they are told), then an operator hold
+    # Faulty now: what runs on it is replaced, then repair and validation. A GPU's finding on a
+    # shared host fails that GPU (the host's other tenants go on); on a bare-metal server, the server.
+    FAULTY = 3
 
     @classmethod
     def parse(cls, value: str | int | Action) -> Action:
@@ -54,8 +56,10 @@ DEFAULT_XID_ACTIONS: dict[int, Action] = {
 @dataclass(frozen=True)
 class FailurePolicy:
     heartbeat_interval_s: float = 10.0
-    suspect_after_misses: int = 3
-    faulty_after_misses: int = 6
+    # Two silent periods stop the node being sold; the third fails it and its tenants are moved:
+    # "detected in three periods" is when replacement starts, not merely a suspicion.
+    suspect_after_misses: int = 2
+    faulty_after_misses: int = 3
     xid_actions: Mapping[int, Action] = field(default_factory=lambda: dict(DEFAULT_XID_ACTIONS))
     unknown_xid_action: Action = Action.RESET_GPU
     # The same GPU showing this many non-ignored XIDs within the window is not recovering.
@@ -68,6 +72,12 @@ class FailurePolicy:
     port_down_action: Action = Action.DRAIN_NODE
     port_flaps: int = 4
     port_flap_window_s: float = 300.0
+    # A GPU whose reset failed, or that fails again after a reset that seemed to work.
+    reset_failed_action: Action = Action.FAULTY
+    # Out of band (bare metal a tenant holds): the BMC reports the system critical; a handed-over
+    # server is off (no tenant API powers a server; a tenant's own ``poweroff`` reads the same).
+    bmc_critical_action: Action = Action.FAULTY
+    power_lost_action: Action = Action.FAULTY
 
     def __post_init__(self):
         if not 0 < self.suspect_after_misses <= self.faulty_after_misses:
@@ -90,7 +100,8 @@ class FailurePolicy:
         for xid, action in (values.pop("xid_actions", None) or {}).items():
             xids[int(xid)] = Action.parse(action)
         for name in ("unknown_xid_action", "repeated_xid_action", "over_temperature_action",
-                     "uncorrectable_ecc_action", "port_down_action"):
+                     "uncorrectable_ecc_action", "port_down_action", "reset_failed_action", "bmc_critical_action",
+                     "power_lost_action"):
             if name in values:
                 values[name] = Action.parse(values[name])
         return cls(xid_actions=xids, **values)
@@ -102,6 +113,11 @@ class Finding:
     cause: str  # a stable code: xid_79, uncorrectable_ecc, over_temperature, port_down, ...
     summary: str
     evidence: dict
+
+
+def counted_xids(xids, policy: FailurePolicy) -> int:
+    """How many of ``xids`` count towards repeated XIDs (every one the policy does not ignore)."""
+    return sum(1 for xid in xids or () if policy.xid_actions.get(int(xid), policy.unknown_xid_action) != Action.IGNORE)
 
 
 def heartbeat_state(last_seen: datetime | None, now: datetime, policy: FailurePolicy) -> str:

@@ -447,6 +447,20 @@ class Offering(models.Model):
         validators=[MinValueValidator(0), MaxValueValidator(10_000)],
     )
     is_active = models.BooleanField(default=True)
+    # Usage policy (provisioning.no_shows): reserved GPUs nobody uses, or holds past the end, go back.
+    no_show_grace_minutes = models.PositiveSmallIntegerField(
+        default=15, validators=[MaxValueValidator(240)],
+        help_text="An active reservation whose GPUs stay idle this long after its start is warned, then "
+                  "released as a no-show; 0: never.",
+    )
+    no_show_warning_minutes = models.PositiveSmallIntegerField(
+        default=10, validators=[MinValueValidator(1), MaxValueValidator(240)],
+        help_text="How long the tenant is warned before an idle reservation is released as a no-show.",
+    )
+    release_grace_minutes = models.PositiveSmallIntegerField(
+        default=10, validators=[MaxValueValidator(1440)],
+        help_text="GPUs still held this long past the reservation's end are reclaimed.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = CatalogueQuerySet.as_manager()

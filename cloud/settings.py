@@ -373,6 +373,13 @@ CELERY_BEAT_SCHEDULE = {
     # Fleet alerts from the GPU telemetry rollups (cloud.alerts): utilization fluctuation, idle
     # reserved GPUs (the tenant is told), repeated XIDs on a node.
     "cloud.alerts_evaluate": {"task": "cloud.alerts_evaluate", "schedule": 60.0},
+    # Failure detection (cloud.detection): silent agents make their nodes suspect, then failed;
+    # reset GPUs that recovered come back. Every heartbeat period (MERIDIAN_AGENT_INTERVAL_SECONDS).
+    "cloud.heartbeats_watch": {"task": "cloud.heartbeats_watch",
+                               "schedule": env.float("MERIDIAN_AGENT_INTERVAL_SECONDS", default=10.0)},
+    # Reserved GPUs never used are warned, then released as no-shows; GPUs held past a
+    # reservation's end plus its offering's release grace are reclaimed (provisioning.no_shows).
+    "provisioning.no_show_scan": {"task": "provisioning.no_show_scan", "schedule": 60.0},
 }
 
 #
@@ -483,6 +490,11 @@ MERIDIAN_TELEMETRY_RETENTION = {
 }
 # An HCA port's up/down changes are counted within this window (cloud.health's port_flaps).
 MERIDIAN_PORT_FLAP_WINDOW_S = env.float("MERIDIAN_PORT_FLAP_WINDOW_S", default=300.0)
+# Failure detection (cloud.health.FailurePolicy, applied by cloud.detection): a JSON object over
+# the defaults, e.g. {"suspect_after_misses": 3, "faulty_after_misses": 6, "xid_actions": {"94": "drain_node"},
+# "max_temperature_c": 88}. Heartbeat periods are MERIDIAN_AGENT_INTERVAL_SECONDS, the flap window
+# MERIDIAN_PORT_FLAP_WINDOW_S; an unknown key or action is refused when the policy is read.
+MERIDIAN_FAILURE_POLICY = env.json("MERIDIAN_FAILURE_POLICY", default={})
 # How many times a step asks again for an answer it is waiting on (an agent's scrub) before that
 # counts as a failed attempt.
 MERIDIAN_STEP_WAITS = env.int("MERIDIAN_STEP_WAITS", default=30)
@@ -514,6 +526,14 @@ MERIDIAN_ALERT_FLUCTUATION = env.float("MERIDIAN_ALERT_FLUCTUATION", default=0.1
 MERIDIAN_ALERT_MIN_UTILIZATION = env.float("MERIDIAN_ALERT_MIN_UTILIZATION", default=5.0)
 MERIDIAN_ALERT_XIDS = env.int("MERIDIAN_ALERT_XIDS", default=3)
 MERIDIAN_IDLE_GPU_MINUTES = env.int("MERIDIAN_IDLE_GPU_MINUTES", default=30)
+# No-shows (provisioning.no_shows): where telemetry has power but no utilization (the BMC of bare
+# metal a tenant holds), a GPU is idle at or below MERIDIAN_IDLE_POWER_W -- a JSON object of watts
+# per GPU model slug, or one number for every model -- else at or below
+# MERIDIAN_IDLE_POWER_FRACTION of its model's TDP; a chassis at or below MERIDIAN_IDLE_NODE_BASE_W
+# plus its GPUs' idle power. The grace periods themselves are each offering's policy.
+MERIDIAN_IDLE_POWER_W = env.json("MERIDIAN_IDLE_POWER_W", default={})
+MERIDIAN_IDLE_POWER_FRACTION = env.float("MERIDIAN_IDLE_POWER_FRACTION", default=0.2)
+MERIDIAN_IDLE_NODE_BASE_W = env.float("MERIDIAN_IDLE_NODE_BASE_W", default=1500.0)
 
 LOGGING = {
     "version": 1,

@@ -229,6 +229,8 @@ def _node_actions(request, node: Node, running: list) -> dict:
         "can_hold": can and node.state in MAINTENANCE_FROM,
         "can_return": can and node.state == NodeState.MAINTENANCE,
         "can_validate": can and node.state in VALIDATE_FROM and not validating,
+        "can_repair": can and node.state in (NodeState.FAULTY, NodeState.QUARANTINED),
+        "can_repair_done": can and node.state == NodeState.REPAIR,
         "returns_to": NodeState(node.previous_state if node.previous_state in NODE_RETURNABLE
                                 else NodeState.VALIDATING).label,
     }
@@ -262,13 +264,25 @@ def _validate(request, node):
     messages.success(request, f"Validation (burn-in) of {node.hostname} runs: step {operation.step}.")
 
 
-NODE_ACTIONS = {"maintenance": _hold, "return": _return, "validate": _validate}
+def _repair(request, node):
+    node = cloud_services.node_repair_start(actor=request.principal, node=node,
+                                            reason=request.POST.get("reason", "").strip()[:500])
+    messages.success(request, f"{node.hostname} is in repair; it is sold again only after it passes validation.")
+
+
+def _repaired(request, node):
+    node = cloud_services.node_repair_done(actor=request.principal, node=node)
+    messages.success(request, f"{node.hostname} is repaired: validation runs, then it is sold again if it passes.")
+
+
+NODE_ACTIONS = {"maintenance": _hold, "return": _return, "validate": _validate, "repair": _repair,
+                "repaired": _repaired}
 
 
 @console_page("nodes", platform=True)
 @require_POST
 def node_act(request, pk, verb: str):
-    """Hold for maintenance, return to service, or run validation (burn-in): platform admins."""
+    """Hold for maintenance, return to service, run validation (burn-in), send to repair and back: platform admins."""
     act = NODE_ACTIONS.get(verb)
     if act is None:
         raise Http404("No such action.")

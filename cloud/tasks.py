@@ -40,3 +40,16 @@ def telemetry_bmc_collect() -> dict:
     from .telemetry import bmc_collect
 
     return bmc_collect()
+
+
+#
+# Failure detection (cloud.detection)
+#
+
+
+@shared_task(name="cloud.heartbeats_watch")
+def heartbeats_watch() -> dict:
+    """Silent agents' nodes suspect, then failed (and replaced); suspect nodes heard again back; reset GPUs back."""
+    from .detection import watch_heartbeats
+
+    return watch_heartbeats()

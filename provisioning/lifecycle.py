@@ -631,9 +631,16 @@ def _attested(operation: Operation) -> None:
 
 
 def _attestation_failed(operation: Operation, fault: NodeFault, message: str) -> None:
-    """An idle node that fails (or cannot answer) is held: quarantined by its verdict, or faulty."""
+    """
+    An idle node that fails (or cannot answer) is held: quarantined by its verdict, or faulty. A
+    shared host in service carries tenants' work even when "idle": held, that work is replaced.
+    """
     if fault.blame:
         _node_failed(operation.node, f"Attestation could not run: {fault.cause}")
+    elif fault.held:
+        from .replacement import node_failed_in_lifecycle
+
+        node_failed_in_lifecycle(operation.node, f"Attestation failed: {fault.cause}")
     _close(operation, OperationState.FAILED, message)
 
 

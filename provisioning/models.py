@@ -335,6 +335,7 @@ class AgentCommand(models.Model):
         INVENTORY = "inventory", "Report inventory"
         ATTEST = "attest", "Sign attestation evidence"
         MIG = "mig", "Set a GPU's MIG layout"
+        RESET_GPU = "reset_gpu", "Reset a GPU"
 
     class State(models.TextChoices):
         PENDING = "pending", "Pending"

@@ -85,6 +85,7 @@ def heartbeat(*, node: Node, agent_version: str, gpus: list[dict], samples: list
     MERIDIAN_AGENT_INTERVAL seconds).
     """
     from cloud import telemetry
+    from cloud.detection import judge_samples
 
     now = now or timezone.now()
     if len(gpus) > telemetry.MAX_GPUS_PER_NODE:
@@ -100,8 +101,9 @@ def heartbeat(*, node: Node, agent_version: str, gpus: list[dict], samples: list
     with transaction.atomic():
         if samples or ports:
             # ingest returns each GPU's new sample with the one before it, and each port's link with
-            # its recent flaps: failure detection (cloud.health) is wired in on that result, here.
-            telemetry.ingest(node=node, samples=samples or [], ports=ports or [], now=now, known=stored)
+            # its recent flaps: failure detection judges that (no query unless something is wrong).
+            ingested = telemetry.ingest(node=node, samples=samples or [], ports=ports or [], now=now, known=stored)
+            judge_samples(node=node, ingested=ingested, now=now)
         state = AgentState(node=node, last_seen_at=now, agent_version=agent_version[:32], gpus=gpus)
         _agent_state_save(state)
     return state
@@ -148,6 +150,10 @@ def command_answer(*, node: Node, command_id, ok: bool, result: dict) -> AgentCo
     AgentCommand.objects.filter(pk=command.pk).update(
         state=AgentCommand.State.DONE if ok else AgentCommand.State.FAILED, result=result, done_at=timezone.now())
     command.refresh_from_db()
+    if command.kind == "reset_gpu":
+        from cloud.detection import gpu_reset_answered
+
+        gpu_reset_answered(command=command)  # back in service after a clean sample, or escalated
     return command
 
 
@@ -206,13 +212,15 @@ def node_policy(*, node: Node) -> list[dict]:
 def violations_report(*, node: Node, violations: list[dict]) -> int:
     """
     What the agent's watchdog found and did: each violation is an incident (for the tenants whose
-    GPU it was) and an audit event; a GPU whose MIG layout is wrong is quarantined.
+    GPU it was) and an audit event; a GPU whose MIG layout is wrong is quarantined, and the work
+    on it is replaced (provisioning.replacement.gpus_failed).
     """
     from security.models import Incident
 
     gpus = {gpu.index: gpu for gpu in node.gpus.all()}
     live = list(Instance.objects.filter(node=node, state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE]
                                         ).only("tenant_id", "devices"))
+    held: dict = {}  # GPUs quarantined now under tenants' work: id -> what was found
     for violation in violations:
         gpu = gpus.get(int(violation["index"]))
         if gpu is None:
@@ -228,4 +236,14 @@ def violations_report(*, node: Node, violations: list[dict]) -> int:
                      after={"gpu": gpu.index, "kind": violation["kind"], "action": violation["action"]})
         if violation["action"] == "quarantine_gpu" and gpu.state != GPUState.QUARANTINED:
             GPU.objects.filter(pk=gpu.pk).update(state=GPUState.QUARANTINED)
+            if tenants:
+                held[gpu.pk] = summary
+    if held:
+        # Tenants' work on a GPU held for isolation moves to sound GPUs (the GPU is used again
+        # only after the node's validation): provisioning.replacement, as for a failed GPU.
+        from .replacement import gpus_failed
+
+        now = timezone.now()
+        gpus_failed(node=node, gpu_ids=list(held), cause="isolation", summary="; ".join(held.values())[:500],
+                    evidence={"violations": len(violations)}, impact_started_at=now, detected_at=now)
     return len(violations)

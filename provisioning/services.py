@@ -341,6 +341,51 @@ def reservation_expire(*, reservation: Reservation) -> bool:
 
 
 @transaction.atomic
+def reservation_no_show(*, reservation: Reservation, evidence: dict, warned_at: str | None = None) -> bool:
+    """
+    Release an active reservation whose GPUs were never used as a no-show (provisioning.no_shows
+    decides, with the evidence): it ends ``no_show`` at once -- counted against its team's
+    fulfilment -- its capacity is free from now and its GPUs are cleaned like any release (the
+    cleaning operation finishes without moving the reservation again). The system's act,
+    audited with the evidence. False if it moved on meanwhile.
+    """
+    now = timezone.now()
+    try:
+        _move(reservation, R.NO_SHOW, only_from={R.ACTIVE}, released_at=now,
+              reason="Released as a no-show: its GPUs showed no use after its start and after the warning.")
+    except Conflict:
+        return False
+    allocation_end(reservation=reservation, at=now)
+    lifecycle.release_start(reservation)
+    audit_record(actor=None, action="reservation.no_show", target=reservation,
+                 after={**_snap(reservation), "warned_at": warned_at, "evidence": evidence})
+    return True
+
+
+@transaction.atomic
+def reservation_reclaim(*, reservation: Reservation, evidence: dict) -> bool:
+    """
+    Take back the GPUs of a provisioning or active reservation held past its end plus its
+    offering's release grace (provisioning.no_shows): released now, so ``released_at - ends_at``
+    is the release delay its team's record reads. The system's act, audited with the delay and
+    the evidence. False if it moved on meanwhile.
+    """
+    now = timezone.now()
+    try:
+        _move(reservation, R.RELEASING, only_from={R.PROVISIONING, R.ACTIVE}, released_at=now,
+              reason="Reclaimed: its GPUs were held past its end and the release grace.")
+    except Conflict:
+        return False
+    allocation_end(reservation=reservation, at=now)
+    lifecycle.release_start(reservation)
+    audit_record(actor=None, action="reservation.reclaim", target=reservation,
+                 after={**_snap(reservation), "released_at": now.isoformat(),
+                        "release_delay_s": round((now - reservation.ends_at).total_seconds(), 3),
+                        "evidence": evidence})
+    return True
+
+
+@transaction.atomic
 def reservation_extend(*, actor, reservation: Reservation, by: timedelta) -> Reservation:
     """
     Make a scheduled or active reservation longer, on the same GPUs, if they are free for the

@@ -53,6 +53,14 @@ def lifecycle_tick() -> dict:
     return tick()
 
 
+@shared_task(name="provisioning.no_show_scan")
+def no_show_scan() -> dict:
+    """Warn idle reservations, release no-shows, reclaim GPUs held past the end (provisioning.no_shows)."""
+    from .no_shows import no_show_scan as no_show_scan_service
+
+    return no_show_scan_service()
+
+
 @shared_task(name="provisioning.node_failed")
 def node_failed(node_id: str, cause: str, summary: str, evidence: dict, impact_started_at: str | None,
                 detected_at: str | None = None) -> str | None:

@@ -15,8 +15,9 @@ RESERVATION_TRANSITIONS: dict[str, frozenset[str]] = {
                             R.RELEASING, R.FAILED}),
     # Provisioning that failed on a node goes back to the queue, keeping its place.
     R.PROVISIONING: frozenset({R.ACTIVE, R.QUEUED, R.FAILED, R.RELEASING}),
-    # Active work whose hardware failed is provisioned again on a replacement.
-    R.ACTIVE: frozenset({R.RELEASING, R.PROVISIONING, R.FAILED}),
+    # Active work whose hardware failed is provisioned again on a replacement. Active work whose
+    # GPUs were never used ends as a no-show (provisioning.no_shows); its GPUs are cleaned after.
+    R.ACTIVE: frozenset({R.RELEASING, R.PROVISIONING, R.FAILED, R.NO_SHOW}),
     R.RELEASING: frozenset({R.RELEASED, R.CANCELLED, R.PREEMPTED, R.FAILED}),
 }
 TERMINAL_STATES = frozenset({R.RELEASED, R.FAILED, R.CANCELLED, R.PREEMPTED, R.EXPIRED, R.NO_SHOW})

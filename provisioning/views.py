@@ -22,10 +22,12 @@ from . import estimates, services
 from .choices import ReservationState as R
 from .forms import ReservationForm
 from .models import Allocation, Instance, Operation, Reservation
+from .no_shows import usage_report
 from .queue import score_report
 from .receipts import receipts_of
 
 PAGE_SIZE = 50
+USAGE_SHOWN = {R.ACTIVE, R.RELEASING, R.NO_SHOW}
 LIVE_STATES = {R.PENDING, R.QUEUED, R.SCHEDULED, R.PROVISIONING, R.RELEASING}
 CANCELLABLE = {R.PENDING, R.QUEUED, R.SCHEDULED, R.PROVISIONING}
 # The API names the count by what an offering sells (gpus, nodes, slots); the form calls it count.
@@ -89,6 +91,8 @@ def reservation_detail(request, pk):
                             .select_related("gpu__node").order_by("gpu__node__hostname", "gpu__index")[:64]),
         "receipts": receipts_of(reservation),
         "instances": list(Instance.objects.filter(reservation=reservation).select_related("node")),
+        # Is it used? The evidence a no-show or a reclaim would be judged on, shown before either.
+        "usage": usage_report(reservation) if reservation.state in USAGE_SHOWN else None,
         "can_cancel": reservation.state in CANCELLABLE,
         "can_release": reservation.state == R.ACTIVE,
         "can_extend": reservation.state in (R.SCHEDULED, R.PROVISIONING, R.ACTIVE),

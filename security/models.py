@@ -3,6 +3,7 @@
 import uuid
 
 from django.db import models
+from django.utils import timezone
 
 from cloud.models import PlatformQuerySet
 from tenants.scoping import TenantScopedQuerySet
@@ -72,7 +73,8 @@ class Incident(models.Model):
     gpu_ids = models.JSONField(default=list, blank=True)
     gpus_affected = models.PositiveIntegerField(default=0)
     impact_started_at = models.DateTimeField(null=True, blank=True)
-    detected_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # Detection may be decided before the row is written (a watchdog's tick): callers pass it.
+    detected_at = models.DateTimeField(default=timezone.now, db_index=True)
     restored_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
 

@@ -424,7 +424,17 @@ def telemetry_of_gpu(world, n):
     return f"/api/v1/gpus/{gpu.pk}/telemetry/?period=raw", "platform_admin"
 
 
-DETAIL_ACTIONS = {"reservations-telemetry": telemetry_of_reservation, "gpus-telemetry": telemetry_of_gpu}
+def usage_of_reservation(world, n):
+    """t1's reservation, active on n GPUs with samples and rollups: its usage evidence (provisioning.no_shows)."""
+    url, persona = telemetry_of_reservation(world, n)
+    reservation = world.t1.objects[Reservation]
+    Reservation.objects.filter(pk=reservation.pk).update(
+        state="active", starts_at=timezone.now() - timedelta(hours=1), ends_at=timezone.now() + timedelta(hours=1))
+    return f"/api/v1/reservations/{reservation.pk}/usage/", persona
+
+
+DETAIL_ACTIONS = {"reservations-telemetry": telemetry_of_reservation, "gpus-telemetry": telemetry_of_gpu,
+                  "reservations-usage": usage_of_reservation}
 
 
 @pytest.mark.parametrize("name", list(DETAIL_ACTIONS))

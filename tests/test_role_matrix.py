@@ -262,6 +262,8 @@ MATRIX: dict[tuple[str, str], Case] = {
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/score/"),
     ("GET", "reservations-telemetry"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/telemetry/"),
+    ("GET", "reservations-usage"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/usage/"),
     ("GET", "operations-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/operations/"),
     ("GET", "operations-detail"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/operations/{w.t1.objects[Operation].pk}/"),

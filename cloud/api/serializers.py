@@ -49,7 +49,8 @@ class OfferingSerializer(StrictModelSerializer):
         model = Offering
         fields = ["id", "slug", "name", "kind", "gpu_model", "gpus_per_unit", "slots_per_gpu", "isolation_mode",
                   "price_per_gpu_hour", "reserved_discount_pct", "reserved_price_per_gpu_hour", "spot_available",
-                  "spot_floor_price", "is_active", "availability", "created_at"]
+                  "spot_floor_price", "is_active", "no_show_grace_minutes", "no_show_warning_minutes",
+                  "release_grace_minutes", "availability", "created_at"]
         read_only_fields = ["id", "created_at"]
         validators = []
 

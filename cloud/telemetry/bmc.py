@@ -39,11 +39,14 @@ def bmc_collect(*, now: datetime | None = None) -> dict:
     for gpu_id, node_id, index in GPU.objects.filter(node__in=held).values_list("id", "node_id", "index"):
         gpus.setdefault(node_id, []).append((index, gpu_id))
     readings, latest, samples = [], [], []
+    judged = []  # (node, BMC reading, power state): failure detection judges them once stored
     for node in held:
         target = Target(node_id=str(node.pk), hostname=node.hostname, bmc_address=node.bmc_address,
                         bmc_username=node.bmc_username, bmc_password=node.bmc_password)
         try:
-            reading = drivers_for(node.region.slug).power.readings(target)
+            power = drivers_for(node.region.slug).power
+            reading = power.readings(target)
+            judged.append((node, reading, power.power_state(target)))
         except DriverError as exc:
             log.warning("BMC readings of %s: %s", node.hostname, exc)
             result["failed"] += 1
@@ -60,7 +63,8 @@ def bmc_collect(*, now: datetime | None = None) -> dict:
                                        xids=[], source=TelemetrySource.BMC))
             samples.append(GPUSample(gpu_id=gpu_id, sampled_at=now, temperature_c=celsius))
         result["nodes"] += 1
-    port_rows = _fabric_port_rows(held, now, fabric_driver_for)
+    port_readings: dict = {}
+    port_rows = _fabric_port_rows(held, now, fabric_driver_for, port_readings)
     with transaction.atomic():
         NodeBMCReading.objects.bulk_create(readings, update_conflicts=True, unique_fields=["node"],
                                            update_fields=["read_at", "power_w", "temperatures", "health"])
@@ -70,11 +74,21 @@ def bmc_collect(*, now: datetime | None = None) -> dict:
         if port_rows:
             upsert_ports(port_rows)
     result["ports"] = len(port_rows)
+    from ..detection import judge_bmc
+
+    for node, reading, power in judged:
+        try:  # one node's detection must not stop the others'
+            judge_bmc(node=node, reading=reading, power=power, ports=port_readings.get(node.pk, []), now=now)
+        except Exception:
+            log.exception("failure detection on the BMC readings of %s", node.hostname)
     return result
 
 
-def _fabric_port_rows(held: list[Node], now: datetime, fabric_driver_for) -> list[tuple]:
-    """The held nodes' port states as each fabric reports them (one driver call per fabric)."""
+def _fabric_port_rows(held: list[Node], now: datetime, fabric_driver_for, readings: dict | None = None) -> list[tuple]:
+    """
+    The held nodes' port states as each fabric reports them (one driver call per fabric); each
+    node's ``PortReading``s go into ``readings`` by node id, for failure detection.
+    """
     from provisioning.drivers import DriverError
 
     known = known_ports(held)
@@ -92,5 +106,8 @@ def _fabric_port_rows(held: list[Node], now: datetime, fabric_driver_for) -> lis
             links = [(guid, states[guid]) for guid in known[node.pk]
                      if states.get(guid) in (PortLink.UP, PortLink.DOWN)]
             if links:
-                rows += [row for row, _ in port_updates(node, links, now, "fabric", known[node.pk]) if row]
+                updates = port_updates(node, links, now, "fabric", known[node.pk])
+                rows += [row for row, _ in updates if row]
+                if readings is not None:
+                    readings[node.pk] = [reading for _, reading in updates]
     return rows

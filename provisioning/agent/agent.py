@@ -109,6 +109,9 @@ class Agent:
             if command["kind"] == "scrub":
                 problems = [p for d in command["payload"]["devices"] if (p := self.scrub(d))]
                 return {"ok": not problems, "detail": "; ".join(problems)}
+            if command["kind"] == "reset_gpu":
+                problem = self.reset_gpu(int(command["payload"]["index"]))
+                return {"ok": not problem, "detail": problem}
             if command["kind"] == "inventory":
                 return {"ok": True, "gpus": self.inventory()}
             if command["kind"] == "mig":
@@ -178,6 +181,29 @@ class Agent:
         else:
             return "this host has no MIG command configured (--mig-command)"
         self.mig_layouts[index] = layout
+        return ""
+
+    def reset_gpu(self, index: int) -> str:
+        """
+        Reset one GPU after a hardware error (failure detection asks), the same way a scrub resets
+        it: the host's scrub command, or a simulated GPU cleared whole. Returns what is wrong ("" when
+        the GPU is back: nothing runs on it and it reports healthy); the control plane escalates then.
+        """
+        if self.scrub_command:
+            command = [part.replace("{index}", str(index)) for part in self.scrub_command]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)  # noqa: S603
+            if done.returncode:
+                return f"GPU {index}: the reset command failed ({done.returncode}): {done.stderr.strip()[:200]}"
+        else:
+            gpu = next((g for g in self.nvml.inventory() if g["index"] == index), None)
+            if gpu is None:
+                return f"GPU {index}: not found"
+            self.nvml.scrub(index, 0, gpu["memory_mib"])
+        if self.nvml.processes(index):
+            return f"GPU {index}: processes still running after the reset"
+        gpu = next((g for g in self.nvml.inventory() if g["index"] == index), None)
+        if gpu is None or not gpu.get("healthy", True):
+            return f"GPU {index}: still unhealthy after the reset"
         return ""
 
     def scrub(self, device: dict) -> str:

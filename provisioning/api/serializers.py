@@ -198,6 +198,74 @@ class ReservationTelemetrySerializer(serializers.Serializer):
         return ReservationGPUTelemetrySerializer(data["gpus"], many=True, context={"period": data["period"]}).data
 
 
+class UsageGPUSerializer(serializers.Serializer):
+    """One GPU of the reservation: its latest sample and what the window's 1-minute rollups showed."""
+
+    uuid = serializers.CharField()
+    source = serializers.CharField(allow_null=True, help_text="agent (NVML) or bmc (out of band).")
+    sampled_at = serializers.DateTimeField(allow_null=True)
+    utilization_pct = serializers.IntegerField(allow_null=True)
+    processes = serializers.IntegerField(allow_null=True, help_text="Empty on a GPU shared by slots.")
+    power_w = serializers.FloatField(allow_null=True)
+    idle_power_w = serializers.FloatField(help_text="At or below this draw the GPU counts as idle.")
+    minutes = serializers.IntegerField(help_text="Minutes of the window with telemetry.")
+    samples = serializers.IntegerField()
+    idle_samples = serializers.IntegerField(help_text="Samples with 0 % utilization and no process.")
+    idle_fraction = serializers.FloatField(allow_null=True)
+    verdict = serializers.ChoiceField(choices=["idle", "used", "unknown"])
+
+
+class UsageNodeSerializer(serializers.Serializer):
+    """A bare-metal server's chassis draw as its BMC reports it."""
+
+    name = serializers.CharField()
+    read_at = serializers.DateTimeField()
+    power_w = serializers.FloatField(allow_null=True)
+    idle_power_w = serializers.FloatField()
+    verdict = serializers.ChoiceField(choices=["idle", "used", "unknown"])
+
+
+class UsageEvidenceSerializer(serializers.Serializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    minutes = serializers.IntegerField()
+    needed_minutes = serializers.IntegerField(help_text="Minutes with telemetry needed to call a GPU idle.")
+    verdict = serializers.ChoiceField(choices=["idle", "used", "unknown"],
+                                      help_text="unknown: not enough telemetry; nothing is released then.")
+    gpus = UsageGPUSerializer(many=True)
+    nodes = UsageNodeSerializer(many=True)
+
+
+class UsageWarningSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["pending", "cleared", "released"])
+    warned_at = serializers.DateTimeField(allow_null=True)
+    release_at = serializers.DateTimeField(allow_null=True)
+    cleared_at = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField(allow_blank=True)
+    evidence = UsageEvidenceSerializer(allow_null=True, help_text="As it was when the warning was sent.")
+
+
+class UsagePolicySerializer(serializers.Serializer):
+    no_show_grace_minutes = serializers.IntegerField()
+    no_show_warning_minutes = serializers.IntegerField()
+    release_grace_minutes = serializers.IntegerField()
+
+
+class LateReleaseSerializer(serializers.Serializer):
+    ended_at = serializers.DateTimeField()
+    reclaim_at = serializers.DateTimeField()
+    overdue_s = serializers.FloatField()
+
+
+class ReservationUsageSerializer(serializers.Serializer):
+    reservation = serializers.UUIDField()
+    state = serializers.CharField()
+    policy = UsagePolicySerializer()
+    evidence = UsageEvidenceSerializer()
+    warning = UsageWarningSerializer(allow_null=True)
+    late_release = LateReleaseSerializer(allow_null=True)
+
+
 class StepRunSerializer(serializers.ModelSerializer):
     class Meta:
         model = StepRun

@@ -106,6 +106,18 @@ class ReservationViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
             reservation_telemetry(reservation=reservation, **query.validated_data)).data)
 
 
+    @extend_schema(responses=s.ReservationUsageSerializer)
+    @action(detail=True, methods=["get"])
+    def usage(self, request, pk=None):
+        """
+        Whether the reservation's GPUs are used, with the telemetry as evidence, and any pending
+        no-show warning or overdue end: what is shown before anything is taken back.
+        """
+        from ..no_shows import usage_report
+
+        return Response(s.ReservationUsageSerializer(usage_report(self.get_object())).data)
+
+
 class OperationViewSet(ReadMixin, TenantScopedViewSet):
     """Asynchronous changes of reservations, to poll for progress."""
 

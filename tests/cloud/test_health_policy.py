@@ -4,13 +4,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from cloud.health import Action, FailurePolicy, evaluate_gpu, evaluate_port, heartbeat_state, strongest
+from cloud.health import Action, FailurePolicy, counted_xids, evaluate_gpu, evaluate_port, heartbeat_state, strongest
 
 POLICY = FailurePolicy()
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
-@pytest.mark.parametrize("seconds, state", [(0, "ok"), (29.9, "ok"), (30, "suspect"), (59, "suspect"), (60, "faulty")])
+@pytest.mark.parametrize("seconds, state", [(0, "ok"), (19.9, "ok"), (20, "suspect"), (29.9, "suspect"),
+                                            (30, "faulty")])
 def test_missed_heartbeats_make_a_node_suspect_then_faulty(seconds, state):
     assert heartbeat_state(T0, T0 + timedelta(seconds=seconds), POLICY) == state
 
@@ -62,3 +63,16 @@ def test_the_policy_is_configuration():
         FailurePolicy.from_mapping({"xid_actions": {"48": "panic"}})
     with pytest.raises(ValueError, match="suspect_after_misses"):
         FailurePolicy(suspect_after_misses=5, faulty_after_misses=2)
+
+
+def test_only_xids_the_policy_does_not_ignore_count_towards_repeats():
+    assert counted_xids([13, 31, 48, 79, 999], POLICY) == 3
+    assert counted_xids(None, POLICY) == 0
+
+
+def test_escalations_are_configuration_too():
+    policy = FailurePolicy.from_mapping({"reset_failed_action": "drain_node", "bmc_critical_action": "drain_node",
+                                         "power_lost_action": "ignore"})
+    assert policy.reset_failed_action == Action.DRAIN_NODE and policy.bmc_critical_action == Action.DRAIN_NODE
+    assert policy.power_lost_action == Action.IGNORE
+    assert POLICY.reset_failed_action == Action.FAULTY == POLICY.power_lost_action

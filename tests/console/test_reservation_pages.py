@@ -168,3 +168,12 @@ def test_the_progress_poll_asks_for_a_full_redraw_once_the_state_moves(console, 
     client.post(f"/reservations/{reservation.pk}/cancel/")
     moved = client.get(url, {"shown": "queued"}, HTTP_HX_REQUEST="true")
     assert moved.status_code == 204 and moved["HX-Refresh"] == "true"
+
+
+def test_an_active_reservation_shows_its_usage_evidence_and_policy(console, world, fleet):
+    client = console("t1_member")
+    client.post("/reservations/new/", form())
+    reservation = Reservation.objects.get(name="finetune")
+    Reservation.objects.filter(pk=reservation.pk).update(state="active")
+    page = client.get(f"/reservations/{reservation.pk}/").content.decode()
+    assert "Usage" in page and "released as a no-show after 15 idle minutes" in page

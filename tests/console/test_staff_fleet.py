@@ -207,3 +207,20 @@ def test_node_page_query_count_does_not_grow_with_history(console, world, fleet,
     with django_assert_max_num_queries(len(few)):
         body = client.get(url).content.decode()
     assert "XID 79 #4" in body
+
+
+def test_a_faulty_node_goes_to_repair_and_back_through_validation(console, world):
+    from cloud.models import Node
+    from tests.world import small_fleet
+
+    node = small_fleet(2)[0]
+    Node.objects.filter(pk=node.pk).update(state="faulty")
+    admin = console("platform_admin")
+    assert "Send to repair" in admin.get(f"/staff/fleet/nodes/{node.pk}/").content.decode()
+    assert console("platform_approver").post(f"/staff/fleet/nodes/{node.pk}/repair/").status_code == 403
+    admin.post(f"/staff/fleet/nodes/{node.pk}/repair/", {"reason": "PSU swap"})
+    node.refresh_from_db()
+    assert node.state == "repair"
+    admin.post(f"/staff/fleet/nodes/{node.pk}/repaired/")
+    node.refresh_from_db()
+    assert node.state == "validating"
