@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from rest_framework.exceptions import NotFound
@@ -100,8 +100,11 @@ def chosen_team_id(request):
         return None
     from tenants.models import Team
 
-    if scoped(request, Team).filter(pk=team_id).exists():
-        return team_id
+    try:
+        if scoped(request, Team).filter(pk=team_id).exists():
+            return team_id
+    except (ValueError, ValidationError):  # not a team id at all
+        pass
     request.session.pop(SESSION_TEAM, None)
     return None
 

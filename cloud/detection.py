@@ -123,9 +123,12 @@ def _act(node: Node, per_gpu: list, per_port: list, now: datetime, policy: Failu
         reading, finding = drains[0]
         gpu_ids = [str(reading.gpu_id)] if hasattr(reading, "gpu_id") else []
         node_drain(node=node, finding=finding, gpu_ids=gpu_ids, now=now)
-    for reading, finding in per_gpu:
-        if finding.action == Action.RESET_GPU:
-            gpu_reset(node=node, gpu_id=reading.gpu_id, finding=finding, now=now, policy=policy)
+    resets = [(r, f) for r, f in per_gpu if f.action == Action.RESET_GPU]
+    # Escalations first: they may fail GPUs (locking reservations), which must come before any GPU
+    # lock a fresh reset takes in this transaction (the lock order: reservations, then GPUs).
+    resets.sort(key=lambda rf: _escalating(node, rf[0].gpu_id) is None)
+    for reading, finding in resets:
+        gpu_reset(node=node, gpu_id=reading.gpu_id, finding=finding, now=now, policy=policy)
 
 
 def _recent_xids(gpu_id, now: datetime, policy: FailurePolicy) -> int:
@@ -155,14 +158,22 @@ def gpu_reset(*, node: Node, gpu_id, finding: Finding, now: datetime, policy: Fa
     The GPU is failed and held until a reset brings it back: an incident (and one per live
     reservation on it, its tenant told) and a ``reset_gpu`` command for the node's agent. A GPU
     whose reset is under way asks nothing twice; one failing again after its reset escalates.
+
+    Lock order: reservations, then the GPU (provisioning's). An escalation may fail the GPU, which
+    locks its reservations, so it is decided and taken without the GPU's lock; only a fresh reset
+    locks the GPU.
     """
-    gpu = GPU.objects.select_for_update().get(pk=gpu_id)
-    platform = _open_platform(GPU_RESET, node, gpu=gpu.pk)
+    platform = _open_platform(GPU_RESET, node, gpu=gpu_id)
     if platform is not None:
         if platform.evidence.get("reset", {}).get("state") == "succeeded":
+            gpu = GPU.objects.get(pk=gpu_id)
             _reset_escalate(platform, node, gpu, policy, cause="failed_after_reset",
                             summary=f"GPU {gpu.index} failed again after its reset: {finding.summary}", now=now)
         return platform
+    gpu = GPU.objects.select_for_update().get(pk=gpu_id)
+    platform = _open_platform(GPU_RESET, node, gpu=gpu.pk)
+    if platform is not None:
+        return platform  # opened meanwhile: its reset is under way
     held_from = gpu.state
     if gpu.state == GPUState.AVAILABLE:
         GPU.objects.filter(pk=gpu.pk, state=GPUState.AVAILABLE).update(state=GPUState.QUARANTINED,
@@ -183,6 +194,14 @@ def gpu_reset(*, node: Node, gpu_id, finding: Finding, now: datetime, policy: Fa
              body=f"A GPU under reservation {{name}} reported {finding.summary} at {now:%Y-%m-%d %H:%M:%S} UTC and "
                   "is being reset; work on it was interrupted. You are told here when it is back.")
     return platform
+
+
+def _escalating(node: Node, gpu_id):
+    """The GPU's open reset incident when its reset seemed to work (a new finding escalates it), else None."""
+    platform = _open_platform(GPU_RESET, node, gpu=gpu_id)
+    if platform is not None and platform.evidence.get("reset", {}).get("state") == "succeeded":
+        return platform
+    return None
 
 
 @transaction.atomic
@@ -269,13 +288,16 @@ def node_drain(*, node: Node, finding: Finding, gpu_ids: list, now: datetime):
     """
     node = Node.objects.select_for_update().get(pk=node.pk)
     platform = _open_platform(DRAIN, node)
-    if platform is not None:
+    if platform is not None or node.state in HANDED_ON:
+        # Already drained, or already out of sale in an operator's (or repair's) hands: a condition
+        # that persists there opens nothing again and leaves the node's health as it is.
         return platform
     Node.objects.filter(pk=node.pk).update(health=Health.FAILED)
     platform = _open(kind=DRAIN, node=node, gpu_ids=gpu_ids, impact_started_at=now, detected_at=now,
                      summary=f"{node.hostname}: {finding.summary}; drained (no longer sold)",
                      evidence=_describe(finding))
-    _tenants(platform, node, gpu_ids=None, now=now, kind="node.drained",
+    # The tenants' work runs on: they are told, but their incidents count no GPU as lost (no outage).
+    _tenants(platform, node, gpu_ids=None, now=now, kind="node.drained", outage=False,
              title="Hardware under your reservation is being drained",
              body=f"A problem was found under reservation {{name}} ({finding.summary}) at "
                   f"{now:%Y-%m-%d %H:%M:%S} UTC. Your work keeps running; no new work is placed there. "
@@ -386,13 +408,46 @@ def watch_heartbeats(*, now: datetime | None = None) -> dict:
 
 
 def _watch(node_id, now: datetime, policy: FailurePolicy) -> str | None:
+    """
+    Lock order: a node's live reservations (by pk), then the node -- the lifecycle's order (a failed
+    step holds its reservation, then marks the node), and ``node_failed``'s. So the decision is
+    read unlocked first; a failure locks the node's live reservations before the node, decides
+    again and goes to ``node_failed`` (which does nothing when a racing caller handled it already).
+    """
+    from provisioning.replacement import _live_reservations
+
+    node = Node.objects.select_related("agent_state").get(pk=node_id)
+    decided = _watch_decide(node, now, policy)
+    if decided is None:
+        return None
+    failing = decided[0] == "failed"
+    if failing:
+        list(_live_reservations(node.pk, now).select_for_update(of=("self",)).order_by("pk").values_list("pk"))
     node = Node.objects.select_for_update(of=("self",)).select_related("agent_state").get(pk=node_id)
+    decided = _watch_decide(node, now, policy)
+    if decided is None or (decided[0] == "failed") != failing:
+        return None  # it changed meanwhile: the next round decides again, taking the locks in order
+    if failing:
+        _, since, finding = decided
+        _node_fail(node, finding, impact_started_at=since, now=now)
+        return "failed"
+    if decided[0] == "back":
+        return _back(node, decided[2], now)
+    _, since, missed = decided
+    return _suspect(node, since, missed, policy.heartbeat_interval_s, now)
+
+
+def _watch_decide(node: Node, now: datetime, policy: FailurePolicy):
+    """
+    What the watchdog does with ``node``: None, ("failed", since, finding), ("back", None,
+    suspicion) or ("suspect", since, missed).
+    """
     last_seen = node.agent_state.last_seen_at
     period_s = policy.heartbeat_interval_s
     if node.state == N.SUSPECT:
         suspicion = _open_platform(SUSPECT, node)
         if node.state_changed_at is None or last_seen > node.state_changed_at:
-            return _back(node, suspicion, now)
+            return "back", None, suspicion
         since = suspicion.impact_started_at if suspicion is not None else last_seen
     elif node.state in WATCHED or node.state == N.ALLOCATED:
         since = max(last_seen, node.state_changed_at or last_seen)
@@ -401,12 +456,11 @@ def _watch(node_id, now: datetime, policy: FailurePolicy) -> str | None:
         return None
     missed = int((now - since).total_seconds() // period_s)
     if missed >= policy.faulty_after_misses:
-        finding = Finding(Action.FAULTY, "heartbeat_lost", f"no heartbeat for {missed} periods ({period_s:g} s each)",
-                          {"last_seen": last_seen.isoformat(), "missed": missed, "interval_s": period_s})
-        _node_fail(node, finding, impact_started_at=since, now=now)
-        return "failed"
+        return "failed", since, Finding(
+            Action.FAULTY, "heartbeat_lost", f"no heartbeat for {missed} periods ({period_s:g} s each)",
+            {"last_seen": last_seen.isoformat(), "missed": missed, "interval_s": period_s})
     if missed >= policy.suspect_after_misses and suspicion is None and node.state != N.SUSPECT:
-        return _suspect(node, since, missed, period_s, now)
+        return "suspect", since, missed
     return None
 
 
@@ -456,7 +510,8 @@ def judge_bmc(*, node: Node, reading: dict, power: str | None, ports: list, now:
     """
     A held bare-metal node's BMC reading, its power state and its ports (``PortReading``s) from
     the fabric: a critical BMC (``bmc_critical_action``), power off under a handed-over server
-    (faulty), ports down or flapping, GPUs over the temperature limit. Returns the finding acted on.
+    (``power_lost_action``, a drain by default), ports down or flapping, GPUs over the temperature
+    limit. Returns the finding acted on.
     """
     from provisioning.choices import InstanceState
     from provisioning.models import Instance
@@ -529,13 +584,19 @@ def _live(node: Node, now: datetime, gpu_ids=None):
     return [(r, sorted(gpus[r.pk])) for r in reservations.order_by("pk")]
 
 
-def _tenants(platform, node: Node, *, gpu_ids, now: datetime, kind: str, title: str, body: str) -> list:
-    """One incident per reservation with live work hit (its tenant may read it) and a message to its team."""
+def _tenants(platform, node: Node, *, gpu_ids, now: datetime, kind: str, title: str, body: str,
+             outage: bool = True) -> list:
+    """
+    One incident per reservation with live work hit (its tenant may read it) and a message to its
+    team. ``outage=False``: the work runs on (a drain), so the incident names no GPU (the SLA counts
+    a tenant incident's GPUs as unavailable until it is resolved).
+    """
     from tenants.notifications import notify
 
     opened = []
     for reservation, hit in _live(node, now, gpu_ids):
-        incident = _open(kind=platform.kind, node=node, gpu_ids=hit, impact_started_at=platform.impact_started_at,
+        incident = _open(kind=platform.kind, node=node, gpu_ids=hit if outage else [],
+                         impact_started_at=platform.impact_started_at,
                          detected_at=platform.detected_at,
                          summary=f"{title} (reservation {reservation.name})",
                          evidence={"cause": platform.evidence.get("cause"), "platform_incident": str(platform.pk)})

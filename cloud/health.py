@@ -75,9 +75,13 @@ class FailurePolicy:
     # A GPU whose reset failed, or that fails again after a reset that seemed to work.
     reset_failed_action: Action = Action.FAULTY
     # Out of band (bare metal a tenant holds): the BMC reports the system critical; a handed-over
-    # server is off (no tenant API powers a server; a tenant's own ``poweroff`` reads the same).
+    # server is off.
     bmc_critical_action: Action = Action.FAULTY
-    power_lost_action: Action = Action.FAULTY
+    # Drain, not faulty: one reading of "off" cannot tell a lost server from the tenant's own
+    # ``poweroff`` (or a reboot caught between off and on), and failing it would move the tenant's
+    # work and send a sound server to repair. Drained, it is not sold again once the reservation
+    # ends and nothing is replaced; operators who want replacement set this to faulty.
+    power_lost_action: Action = Action.DRAIN_NODE
 
     def __post_init__(self):
         if not 0 < self.suspect_after_misses <= self.faulty_after_misses:

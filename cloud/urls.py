@@ -20,6 +20,8 @@ urlpatterns = [
     path("invitations/accept/", views.invitation_accept, name="invitation-accept-page"),
     path("invitations/<str:secret>/", views.invitation_open, name="invitation-open"),
     path("health/", views.health, name="health"),
+    # Pages Django draws itself (the CSRF failure page) declare no icon, so browsers ask here.
+    path("favicon.ico", views.no_icon),
     # Prometheus scrape: platform tokens or the metrics user only (cloud.metrics_views).
     path("metrics", metrics_views.metrics, name="metrics"),
     path(".well-known/jwks.json", jwks_view, name="jwks"),

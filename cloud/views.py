@@ -3,6 +3,8 @@ The console's entry pages: sign-in, the dashboard, the tenant and team switchers
 an invitation. They use the same scoping and services as the API (cloud.console).
 """
 
+import uuid
+
 from django import forms
 from django.contrib import messages
 from django.contrib.auth import login
@@ -11,7 +13,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.password_validation import validate_password
 from django.db import connection
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -70,7 +72,7 @@ def switch(request):
     else:
         request.session.pop(SESSION_TENANT, None)
     team = request.POST.get("team", "").strip()
-    request.session[SESSION_TEAM] = team if tenant and team else ""
+    request.session[SESSION_TEAM] = team if tenant and _is_uuid(team) else ""
     target = request.POST.get("next") or "/"
     if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}, require_https=False):
         target = "/"
@@ -131,3 +133,17 @@ def health(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"status": "ok"})
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+@require_GET
+def no_icon(request):
+    """No icon (yet): an empty answer, so a browser's automatic request is not a 404 in its console."""
+    return HttpResponse(status=204)

@@ -68,8 +68,10 @@ class ReservationForm(forms.Form):
         self.fields["region"].choices = regions
         self.fields["burst_regions"].choices = regions
         principal = request.principal
-        self.fields["team"].choices = [("", "Tenant-wide")] + [
-            (str(t.pk), t.name) for t in Team.objects.visible_to(principal).order_by("name")]
+        teams = Team.objects.visible_to(principal).order_by("name")
+        if not principal.sees_all_teams:
+            teams = teams.filter(pk__in=principal.team_ids)  # one books only for one's own teams
+        self.fields["team"].choices = [("", "Tenant-wide")] + [(str(t.pk), t.name) for t in teams]
         self.fields["vpc"].choices = [("", "Default VPC")] + [
             (str(v.pk), f"{v.name} ({v.cidr})") for v in VPC.objects.visible_to(principal).order_by("name")]
 
@@ -127,9 +129,16 @@ class ReservationForm(forms.Form):
 
     def validated(self):
         """The API serializer over this form's payload: errors land on the form's fields, else the Ask."""
+        from cloud.console import add_domain_error
+        from cloud.errors import DomainError
+
         serializer = ReservationCreateSerializer(data=self.payload(), context={"request": self.request})
-        if serializer.is_valid():
-            return serializer.validated_data
+        try:
+            if serializer.is_valid():
+                return serializer.validated_data
+        except DomainError as exc:  # raised inside validation (no offering fits the spec): the API's 400
+            add_domain_error(self, exc, aliases={"spec": "spec_kind"})
+            return None
         self.add_api_errors(serializer.errors)
         return None
 

@@ -258,6 +258,8 @@ def usage_evidence(reservation: Reservation, *, now: datetime | None = None, sin
     nodes = []
     chassis_idle = {}
     for node_id, reading in chassis.items():
+        if not _while_held(reading.read_at, since, reservation.released_at):
+            continue  # read before its use began, or after it ended: another tenant's server then
         node_w = node_idle_power_w(idle_w, gpus_per_node.get(node_id, 0))
         fresh = reading.read_at >= fresh_after and reading.power_w is not None
         chassis_idle[node_id] = (reading.power_w <= node_w) if fresh else None
@@ -268,7 +270,9 @@ def usage_evidence(reservation: Reservation, *, now: datetime | None = None, sin
     rows, verdicts = [], []
     for gpu_id, (uuid, node_id, _) in gpus.items():
         row = latest.get(gpu_id)
-        sample = None if row is None or row.sampled_at < since else Latest(
+        # Only a sample taken while the GPU was this reservation's: after its release the GPU (and
+        # its latest sample) may be another tenant's.
+        sample = None if row is None or not _while_held(row.sampled_at, since, reservation.released_at) else Latest(
             source=row.source, sampled_at=row.sampled_at, utilization_pct=row.utilization_pct,
             processes=row.processes, power_w=row.power_w)
         window = minutes.get(gpu_id, Minutes())
@@ -292,6 +296,11 @@ def usage_evidence(reservation: Reservation, *, now: datetime | None = None, sin
         })
     return {"since": _iso(since), "until": _iso(until), "minutes": expected, "needed_minutes": needed,
             "verdict": judge(verdicts), "gpus": rows, "nodes": nodes}
+
+
+def _while_held(moment: datetime, since: datetime, released_at: datetime | None) -> bool:
+    """Taken while the reservation held its hardware (a live one: any time from its start of use)."""
+    return since <= moment and (released_at is None or moment <= released_at)
 
 
 def _iso(moment: datetime | None) -> str | None:

@@ -79,10 +79,14 @@ def heartbeat(*, node: Node, agent_version: str, gpus: list[dict], samples: list
               ports: list | None = None, now=None) -> AgentState:
     """
     Record what the agent sees: its inventory, and its GPU samples and port states through
-    ``cloud.telemetry.ingest``. A GPU or port that is not this node's is refused (403), more
-    entries than the node has, or a bad reading, too (400); then nothing is stored, not even the
-    heartbeat. A fixed number of statements whatever the GPU count (every node sends one every
-    MERIDIAN_AGENT_INTERVAL seconds).
+    ``cloud.telemetry.ingest``. An inventory that lists a GPU that is not this node's is refused
+    (403), one with more GPUs than the node has too (400); then nothing is stored. Telemetry that
+    ``ingest`` refuses (a sample of another node's GPU: 403; a bad reading, more samples than GPUs:
+    400) is not stored, but the heartbeat's liveness (AgentState) is, and then the refusal is
+    raised for the API to answer: a node whose telemetry is bad is still alive, and the watchdog
+    must not fail it (and move its tenants) for that. A port GUID the node has no HCAPort for is
+    skipped by ``ingest``. A fixed number of statements whatever the GPU count (every node sends
+    one every MERIDIAN_AGENT_INTERVAL seconds).
     """
     from cloud import telemetry
     from cloud.detection import judge_samples
@@ -98,14 +102,24 @@ def heartbeat(*, node: Node, agent_version: str, gpus: list[dict], samples: list
                         code="foreign_gpu")
     if len(gpus) > len(known):
         raise DomainError(f"{len(gpus)} GPUs listed, but {node.hostname} has {len(known)}.", code="too_many")
+    state = AgentState(node=node, last_seen_at=now, agent_version=agent_version[:32], gpus=gpus)
+    refused = None
     with transaction.atomic():
+        _agent_state_save(state)  # liveness first: kept even when the telemetry below is refused
         if samples or ports:
-            # ingest returns each GPU's new sample with the one before it, and each port's link with
-            # its recent flaps: failure detection judges that (no query unless something is wrong).
-            ingested = telemetry.ingest(node=node, samples=samples or [], ports=ports or [], now=now, known=stored)
-            judge_samples(node=node, ingested=ingested, now=now)
-        state = AgentState(node=node, last_seen_at=now, agent_version=agent_version[:32], gpus=gpus)
-        _agent_state_save(state)
+            try:
+                # ingest returns each GPU's new sample with the one before it, and each port's link with
+                # its recent flaps: failure detection judges that (no query unless something is wrong).
+                ingested = telemetry.ingest(node=node, samples=samples or [], ports=ports or [], now=now,
+                                            known=stored)
+            except DomainError as exc:
+                # ingest refuses before its one write (no savepoint needed): nothing of the telemetry
+                # is stored, the liveness above commits, and the API still answers the refusal.
+                refused = exc
+            else:
+                judge_samples(node=node, ingested=ingested, now=now)
+    if refused is not None:
+        raise refused
     return state
 
 

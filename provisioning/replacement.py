@@ -289,7 +289,12 @@ def reservation_replace(reservation_id, *, now: datetime | None = None) -> str:
     now = now or timezone.now()
     reservation = (Reservation.objects.select_for_update(of=("self",)).select_related("offering", "tenant", "team")
                    .filter(pk=reservation_id).first())
-    if reservation is None or reservation.state not in LIVE:
+    if reservation is None:
+        return "skipped"
+    if reservation.state not in LIVE:
+        # Released, cancelled, reclaimed, expired while it waited: nothing is replaced, and its
+        # incidents end (not restored) so they stop counting as an outage.
+        Incident.objects.filter(pk__in=[i.pk for i in open_incidents(reservation)]).update(resolved_at=now)
         return "skipped"
     incidents = open_incidents(reservation)
     if not incidents:
@@ -533,11 +538,14 @@ def attempt_failed(*, reservation, instances: list, failures: int, cause: str) -
 
 
 def replacements_due(now: datetime, limit: int) -> list:
-    """Reservations with open incidents and no attempt under way: waiting for capacity, or never started."""
+    """
+    Reservations with open incidents and no attempt under way: waiting for capacity, or never
+    started; or no longer live (reservation_replace resolves their incidents).
+    """
     waiting = Incident.objects.filter(kind=NODE_FAILURE, reservation_id__isnull=False, restored_at__isnull=True,
                                       resolved_at__isnull=True).values("reservation_id")
     busy = Operation.objects.filter(reservation=OuterRef("pk"), kind=OperationKind.PROVISION, state__in=UNFINISHED)
-    return list(Reservation.objects.filter(pk__in=waiting, state__in=LIVE).exclude(Exists(busy))
+    return list(Reservation.objects.filter(pk__in=waiting).exclude(Q(state__in=LIVE) & Exists(busy))
                 .order_by("state_changed_at").values_list("pk", flat=True)[:limit])
 
 

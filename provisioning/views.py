@@ -71,9 +71,14 @@ def reservation_estimate(request):
     form = ReservationForm(request.GET, request=request)
     context = {"estimate": None, "problems": []}
     if form.is_valid() and (data := form.validated()) is not None:
-        context["estimate"] = estimates.estimate(ask=data["ask"], tenant=request.principal.tenant,
-                                                 team=data.get("team"), now=timezone.now())
-        context["ask"] = data["ask"]
+        try:
+            team = services.team_for(request.principal, data.get("team"))  # as the create would
+        except DomainError as exc:
+            context["problems"] = [error_text(exc)]
+        else:
+            context["estimate"] = estimates.estimate(ask=data["ask"], tenant=request.principal.tenant, team=team,
+                                                     now=timezone.now())
+            context["ask"] = data["ask"]
     else:
         context["problems"] = [f"{form[name].label}: {' '.join(errs)}" if name in form.fields
                                else " ".join(errs) for name, errs in form.errors.items()][:4]

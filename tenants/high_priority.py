@@ -335,14 +335,17 @@ def hp_revoke_due(*, now: datetime | None = None) -> dict[str, int]:
     """
     now = now or timezone.now()
     report = {"expired": 0, "revoked": 0, "kept": 0, "errors": 0}
-    for team in Team.objects.filter(high_priority_until__isnull=False).order_by("pk"):
+    for team in (Team.objects.filter(high_priority_until__isnull=False).select_related("high_priority_application")
+                 .order_by("pk")):
         try:
             if team.high_priority_until <= now:
                 outcome = _end_status(team.pk, now=now, target=S.EXPIRED, reasons=[])
             else:
                 snapshot = hp_assess(team, now=now)
-                outcome = "kept" if snapshot["eligible"] else _end_status(
-                    team.pk, now=now, target=S.REVOKED, reasons=snapshot["reasons"])
+                reasons = _revocation_reasons(team.high_priority_application, snapshot)
+                outcome = "kept" if not reasons else _end_status(
+                    team.pk, now=now, target=S.REVOKED, reasons=reasons,
+                    assessed=team.high_priority_application_id)
         except Exception:
             log.exception("high priority: ending the status of team %s failed", team.pk)
             outcome = "errors"
@@ -350,14 +353,39 @@ def hp_revoke_due(*, now: datetime | None = None) -> dict[str, int]:
     return report
 
 
+def _revocation_reasons(application: HighPriorityApplication | None, now_snapshot: dict) -> list[str]:
+    """
+    Why the status should go now: the thresholds the record misses -- or, for a status granted
+    over the thresholds by an admin's override, only the figures that got worse than when it
+    was granted (it was below the thresholds on purpose).
+    """
+    if now_snapshot["eligible"]:
+        return []
+    if application is None or not application.override_note:
+        return list(now_snapshot["reasons"])
+    then = {check["name"]: check["value"] for check in (application.snapshot or {}).get("checks", [])}
+    worse = []
+    for check in now_snapshot["checks"]:
+        before, value = then.get(check["name"]), check["value"]
+        if check["met"] or value is None:
+            continue
+        if before is None:  # no figure when granted (a new team): the record it has now misses
+            worse.append(f"{check['name'].replace('_', ' ')} is {value:g}, below the threshold, since the approval")
+        elif (value < before) if check["rule"] == "above" else (value > before):
+            worse.append(f"{check['name'].replace('_', ' ')} worsened from {before:g} to {value:g} since the approval")
+    return worse
+
+
 @transaction.atomic
-def _end_status(team_id, *, now: datetime, target: str, reasons: list[str]) -> str:
+def _end_status(team_id, *, now: datetime, target: str, reasons: list[str], assessed=None) -> str:
     """Clear the team's status and move its application to ``target``; "kept" if it changed meanwhile."""
     team = (Team.objects.select_for_update(of=("self",)).select_related("tenant", "high_priority_application")
             .get(pk=team_id))
     ran_out = team.high_priority_until is not None and team.high_priority_until <= now
     if team.high_priority_until is None or ran_out != (target == S.EXPIRED):
         return "kept"
+    if target == S.REVOKED and team.high_priority_application_id != assessed:
+        return "kept"  # renewed since its record was read: the next run judges the new approval
     if target == S.EXPIRED:
         why = f"The status ran out on {team.high_priority_until:%Y-%m-%d %H:%M} UTC."
     else:

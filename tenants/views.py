@@ -11,6 +11,7 @@ back button never shows it again.
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -24,6 +25,7 @@ from django.views.decorators.http import require_POST
 
 from cloud.console import CHANGE, add_domain_error, console_page, error_text, may, scoped, scoped_or_404
 from cloud.errors import DomainError
+from security import crypto
 
 from . import services
 from .choices import QuotaResource, TeamRole, TenantRole
@@ -42,6 +44,22 @@ from .quotas import QuotaLimit, limits_from_rows
 PAGE_SIZE = 50
 ISSUED_TOKEN = "console_issued_token"
 INVITATION_LINK = "console_invitation_link"
+# A new secret crosses the redirect to its one showing encrypted (sessions are signed, not
+# encrypted, and live in the database) and only for this long.
+SEALED_FOR_S = 120
+
+
+def _sealed(object_id, secret: str) -> dict:
+    return {"id": str(object_id), "sealed": crypto.encrypt(secret), "until": time.time() + SEALED_FOR_S}
+
+
+def _unsealed(request, key: str, object_id) -> str | None:
+    """The secret held for ``object_id``'s page, taken out of the session (shown once), if still fresh."""
+    held = request.session.get(key) or {}
+    if held.get("id") != str(object_id):
+        return None
+    request.session.pop(key)
+    return crypto.decrypt(held["sealed"]) if held.get("until", 0) >= time.time() else None
 
 
 def _row_or_redirect(request, template: str, context: dict, *, to: str, message: str = "", error: str = ""):
@@ -80,7 +98,7 @@ def token_create(request):
         except DomainError as exc:
             add_domain_error(form, exc, aliases={"expires_at": "expires_in_days"})
         else:
-            request.session[ISSUED_TOKEN] = {"id": str(issued.token.pk), "secret": issued.secret}
+            request.session[ISSUED_TOKEN] = _sealed(issued.token.pk, issued.secret)
             return redirect("token-issued", pk=issued.token.pk)
     return _token_page(request, form)
 
@@ -103,8 +121,7 @@ def _token_page(request, form: TokenForm):
 def token_issued(request, pk):
     """The new token's secret, once: taken out of the session as it is shown."""
     token = scoped_or_404(request, APIToken.objects.select_related("team"), pk=pk)
-    held = request.session.get(ISSUED_TOKEN) or {}
-    secret = request.session.pop(ISSUED_TOKEN)["secret"] if held.get("id") == str(token.pk) else None
+    secret = _unsealed(request, ISSUED_TOKEN, token.pk)
     return render(request, "tenants/token_issued.html", {"token": token, "secret": secret})
 
 
@@ -297,7 +314,7 @@ def invitation_create(request):
         except DomainError as exc:
             add_domain_error(form, exc)
         else:
-            request.session[INVITATION_LINK] = {"id": str(invitation.pk), "link": link}
+            request.session[INVITATION_LINK] = _sealed(invitation.pk, link)
             return redirect("invitation-created", pk=invitation.pk)
     return _teams_page(request, invitation_form=form)
 
@@ -307,8 +324,7 @@ def invitation_create(request):
 def invitation_created(request, pk):
     """The new invitation's link, once: taken out of the session as it is shown."""
     invitation = scoped_or_404(request, Invitation.objects.select_related("team"), pk=pk)
-    held = request.session.get(INVITATION_LINK) or {}
-    link = request.session.pop(INVITATION_LINK)["link"] if held.get("id") == str(invitation.pk) else None
+    link = _unsealed(request, INVITATION_LINK, invitation.pk)
     return render(request, "tenants/invitation_created.html", {"invitation": invitation, "link": link})
 
 

@@ -18,6 +18,7 @@ rows are written through the ORM.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,6 +30,8 @@ from django.utils import timezone
 
 from ..errors import DomainError, Forbidden
 from ..models import GPU, GPUSample, GPUTelemetry, HCAPort, HCAPortStatus, Node, PortLink, TelemetrySource
+
+log = logging.getLogger(__name__)
 
 MAX_GPUS_PER_NODE = 64  # refused before any query: a body cannot make the server loop over 10^5 entries
 MAX_PORTS_PER_NODE = 64
@@ -106,11 +109,15 @@ def ingest(*, node: Node, samples: list, ports: list, now: datetime | None = Non
            source: str = TelemetrySource.AGENT, known: Known | None = None) -> Ingested:
     """
     Store one heartbeat's ``samples`` (one per GPU of ``node``) and ``ports`` (the link of HCA
-    ports of ``node`` by GUID). A reading out of range, a malformed entry or more entries than the
-    node has GPUs or ports is a 400 (BadTelemetry), a GPU or port of another node a 403; then
-    nothing is stored. Fields it does not know are ignored. ``known`` is ``node_known(node)`` when
-    the caller read it already. Returns each GPU's new and previous sample and each port's link
-    and recent flaps: what failure detection (cloud.health) evaluates, with no further query.
+    ports of ``node`` by GUID). A reading out of range, a malformed entry or more samples than the
+    node has GPUs is a 400 (BadTelemetry), a GPU of another node a 403; then nothing is stored.
+    Every such refusal is raised before the one write, so a caller may catch it and keep its own
+    writes (the heartbeat's liveness, provisioning.node_agents.heartbeat). A port GUID that is not
+    one of the node's HCAPorts (an SR-IOV virtual function, a newly fitted HCA) is skipped and
+    logged, never refused: the rest of the heartbeat is stored. Fields it does not know are
+    ignored. ``known`` is ``node_known(node)`` when the caller read it already. Returns each GPU's
+    new and previous sample and each port's link and recent flaps: what failure detection
+    (cloud.health) evaluates, with no further query.
     """
     now = now or timezone.now()
     if not isinstance(samples, list) or not isinstance(ports, list):
@@ -296,15 +303,17 @@ def port_updates(node: Node, links: list[tuple[str, str]], now: datetime, source
     down counts inside the flap window (MERIDIAN_PORT_FLAP_WINDOW_S) that began at the first
     change; a port first seen, or seen again after "unknown", counts no flap. A row to write is
     (port id, link, changed_at, changes, window_started_at, seen_at, source), times in Unix seconds.
+    A GUID that is not one of the node's ports (SR-IOV virtual functions show under
+    /sys/class/infiniband too; a newly fitted HCA is not registered yet) is skipped, logged once
+    with the GUIDs: refusing the heartbeat for it would cost the node its telemetry.
     """
-    if len(links) > len(known):
-        raise BadTelemetry(f"{len(links)} ports, but {node.hostname} has {len(known)}.", code="too_many")
     if len({guid for guid, _ in links}) != len(links):
         raise BadTelemetry("A port is reported twice in one heartbeat.", code="duplicate")
-    foreign = sorted(guid for guid, _ in links if guid not in known)
-    if foreign:
-        raise Forbidden(f"This node has no port {', '.join(foreign[:3])}; an agent speaks only for its own ports.",
-                        code="foreign_port")
+    unknown = sorted(guid for guid, _ in links if guid not in known)
+    if unknown:
+        log.warning("%s reported %d port(s) it has no HCAPort for, skipped: %s", node.hostname, len(unknown),
+                    ", ".join(unknown[:16]) + (" ..." if len(unknown) > 16 else ""))
+        links = [(guid, link) for guid, link in links if guid in known]
     window, refresh = settings.MERIDIAN_PORT_FLAP_WINDOW_S, PORT_REFRESH.total_seconds()
     at = now.timestamp()
     rows = []

@@ -15,7 +15,9 @@ from sushy import exceptions as sushy_errors
 from .base import DriverError, PowerDriver, Target
 
 BOOT_SOURCES = {"pxe": sushy.BootSource.PXE, "cd": sushy.BootSource.CD, "hdd": sushy.BootSource.HDD}
-ON_STATES = {sushy.PowerState.ON, sushy.PowerState.POWERING_ON}
+# Transitional states read as on: a server powering off (a reboot, a tenant's shutdown) or on has
+# not lost its power, and failure detection must not take it for a server that is off.
+ON_STATES = {sushy.PowerState.ON, sushy.PowerState.POWERING_ON, sushy.PowerState.POWERING_OFF}
 
 
 class RedfishPower(PowerDriver):

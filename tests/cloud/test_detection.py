@@ -5,6 +5,7 @@ fatal one fails the GPU and moves the work; a GPU that recovers after its reset 
 service. Every detection opens one incident and tells the affected tenant, and no other.
 """
 
+import types
 from datetime import timedelta
 
 import pytest
@@ -13,14 +14,18 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from cloud.capacity import SELLABLE_HEALTH
 from cloud.detection import DRAIN, GPU_RESET, SUSPECT, failure_policy, judge_bmc, judge_samples, watch_heartbeats
 from cloud.models import GPU, Node
+from cloud.services import node_maintenance_end, node_transition
 from cloud.telemetry import Ingested, PortReading
+from provisioning import lifecycle
 from provisioning.agent.agent import Agent
 from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
 from provisioning.models import AgentCommand, AgentState, Allocation, Reservation
 from provisioning.node_agents import command_answer, commands_take, heartbeat
 from provisioning.replacement import NODE_FAILURE
+from provisioning.services import reservation_release
 from security.models import Incident
 from tenants.models import Notification
 from tests.provisioning.factories import offering
@@ -277,6 +282,9 @@ def test_an_overheating_gpu_drains_its_host_and_the_work_runs_on(world, fleet, s
     assert host.health == "failed" and host.state == "in_service"  # no longer sold; the tenant's VM runs on
     assert Incident.objects.filter(kind=DRAIN, tenant_id__isnull=True).count() == 1
     assert Incident.objects.filter(kind=DRAIN, reservation_id=pk).count() == 1
+    # The tenant is told, but its work runs on: its incident names no GPU, so the SLA counts no outage.
+    tenant_one = Incident.objects.get(kind=DRAIN, reservation_id=pk)
+    assert tenant_one.gpu_ids == [] and tenant_one.gpus_affected == 0
     assert told(world, "t1", "node.drained") == 1 and told(world, "t2", "node.drained") == 0
     assert reservation(pk).state == "active"
 
@@ -302,6 +310,24 @@ def test_an_idle_node_with_a_link_down_goes_to_the_operators_hold(world, fleet):
     assert host.state == "maintenance"
     drain = Incident.objects.get(kind=DRAIN)
     assert drain.evidence["cause"] == "port_down" and drain.evidence["port"] == guid
+
+
+def test_a_link_staying_down_on_a_held_node_opens_nothing_again_and_the_node_is_sold_after_the_hold(world, fleet):
+    host = Node.objects.filter(pool="shared").first()
+    guid = host.ib_ports.first().guid
+    t0 = timezone.now()
+    beat(host, t0, ports=[{"guid": guid, "link": "up"}])
+    beat(host, t0 + timedelta(seconds=PERIOD), ports=[{"guid": guid, "link": "down"}])
+    host.refresh_from_db()
+    assert host.state == "maintenance" and host.health == "healthy"
+    for i in range(2, 5):  # the link stays down while the operator holds it
+        beat(host, t0 + timedelta(seconds=i * PERIOD), ports=[{"guid": guid, "link": "down"}])
+    host.refresh_from_db()
+    assert host.state == "maintenance" and host.health == "healthy"  # as the drain left it
+    assert Incident.objects.filter(kind=DRAIN).count() == 1
+    node_maintenance_end(actor=None, node=host)
+    host.refresh_from_db()
+    assert host.state == "in_service" and host.health in SELLABLE_HEALTH  # a shared host sold again
 
 
 def test_a_flapping_link_is_found_even_while_it_is_up(world, fleet, settings):
@@ -333,6 +359,51 @@ def test_a_critical_bmc_under_a_tenants_server_fails_it_and_replaces_it(world, f
     assert told(world, "t1", "reservation.hardware_failed") == 1
     steps.run()
     assert reservation(pk).state == "active" and active_instance(pk).node_id != server.pk
+
+
+def test_a_tenants_server_read_as_off_is_drained_not_failed(world, fleet, steps):
+    """Its own ``poweroff`` reads the same as a lost server: no longer sold, but nothing moves or is failed."""
+    pk = activate(world, steps, offering("bare_metal", 8), nodes=1)
+    server = active_instance(pk).node
+    finding = judge_bmc(node=server, reading={"health": "ok", "temperatures": []}, power="off", ports=[],
+                        now=timezone.now())
+    assert finding.cause == "power_lost"
+    server.refresh_from_db()
+    assert server.state == "allocated" and server.health == "failed"
+    assert not Incident.objects.filter(kind=NODE_FAILURE).exists()
+    assert reservation(pk).state == "active" and active_instance(pk).node_id == server.pk
+
+
+def test_a_redfish_server_powering_off_or_on_is_not_read_as_off(monkeypatch):
+    import sushy
+
+    from provisioning.drivers.redfish import RedfishPower
+
+    def read(state):
+        monkeypatch.setattr(RedfishPower, "_call", lambda self, target, what, act: act(
+            types.SimpleNamespace(power_state=state)))
+        return RedfishPower().power_state(None)
+
+    assert read(sushy.PowerState.POWERING_OFF) == read(sushy.PowerState.POWERING_ON) == "on"
+    assert read(sushy.PowerState.ON) == "on" and read(sushy.PowerState.OFF) == "off"
+
+
+def test_a_reservation_released_while_it_waits_for_a_replacement_has_its_incidents_resolved(world, fleet, steps,
+                                                                                           settings):
+    settings.MERIDIAN_REPLACEMENT_FROM_POOL = False
+    pk = activate(world, steps, offering("bare_metal", 8), nodes=1)
+    server = active_instance(pk).node
+    node_transition(actor=None, node=Node.objects.get(hostname="us-east-1-ib-a-n0003"), target="maintenance")
+    judge_bmc(node=server, reading={"health": "critical", "temperatures": []}, power="on", ports=[],
+              now=timezone.now())
+    assert reservation(pk).state == "provisioning"  # waiting for capacity
+    waiting = Incident.objects.get(kind=NODE_FAILURE, reservation_id=pk)
+    assert waiting.resolved_at is None
+    reservation_release(actor=None, reservation=Reservation.objects.get(pk=pk))
+    lifecycle.tick()
+    waiting.refresh_from_db()
+    assert waiting.resolved_at is not None and waiting.restored_at is None
+    assert reservation(pk).state not in ("active", "provisioning")
 
 
 def test_a_dead_link_under_a_tenants_server_drains_it_and_the_server_runs_on(world, fleet, steps):

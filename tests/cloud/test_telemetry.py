@@ -180,13 +180,32 @@ def test_bad_ports_are_refused(fleet, ports, status):
     assert stored() == (0, 0, 0)
 
 
-def test_another_nodes_port_and_more_ports_than_the_node_has_are_refused(fleet):
+def test_unknown_ports_are_skipped_and_the_rest_is_stored(fleet, caplog):
+    """
+    A port GUID the node has no HCAPort for -- SR-IOV virtual functions under /sys/class/infiniband,
+    a newly fitted HCA, another node's GUID -- is skipped and logged once with the GUIDs, not
+    refused: refusing it refused every heartbeat of such a host, and the watchdog failed it. Its
+    own ports and samples are stored; nothing is written for the unknown GUIDs.
+    """
     node, other = fleet[0], fleet[1]
-    with pytest.raises(Forbidden):
-        telemetry.ingest(node=node, samples=[], ports=ports_of(other)[:1], now=T0)
+    vfs = [{"guid": f"0x{0xab + i:016x}", "link": "up"} for i in range(len(ports_of(node)))]  # more than it has
+    with caplog.at_level("WARNING", logger="cloud.telemetry.ingestion"):
+        result = telemetry.ingest(node=node, samples=samples_of(node), ports=ports_of(node) + vfs
+                                  + ports_of(other)[:1], now=T0)
+    assert {p.guid for p in result.ports} == {p["guid"] for p in ports_of(node)}
+    assert stored() == (node.gpus.count(), node.gpus.count(), node.ib_ports.count())
+    assert not HCAPortStatus.objects.filter(port__node=other).exists()
+    warnings = [r.getMessage() for r in caplog.records if "no HCAPort" in r.getMessage()]
+    assert len(warnings) == 1 and "00000000000000ab" in warnings[0] and ports_of(other)[0]["guid"] in warnings[0]
+
+    only_unknown = telemetry.ingest(node=node, samples=[], ports=vfs[:1], now=T0 + timedelta(seconds=10))
+    assert only_unknown.ports == [] and HCAPortStatus.objects.count() == node.ib_ports.count()
+
+
+def test_a_port_reported_twice_is_refused(fleet):
+    node = fleet[0]
     with pytest.raises(DomainError) as raised:
-        telemetry.ingest(node=node, samples=[], ports=ports_of(node) + [{"guid": "00000000000000ab", "link": "up"}],
-                         now=T0)
+        telemetry.ingest(node=node, samples=samples_of(node), ports=ports_of(node) + ports_of(node)[:1], now=T0)
     assert raised.value.status_code == 400
     assert stored() == (0, 0, 0)
 

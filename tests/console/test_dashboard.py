@@ -46,3 +46,13 @@ def test_tenant_users_see_no_staff_pages_nor_links(console, world):
     assert "/staff/fleet/" not in client.get("/").content.decode()
     # A 404 on a staff page does not lose the tenant chosen with the switcher.
     assert world.t1.tenant.name in client.get("/").content.decode()
+
+
+def test_a_team_that_is_no_id_is_ignored_not_a_500(console, world):
+    client = console("t1_member")
+    client.post("/switch/", {"tenant": world.t1.tenant.slug, "team": "x", "next": "/"})
+    assert client.get("/").status_code == 200
+    session = client.session
+    session["console_team"] = "not-a-uuid"  # an older session holding garbage
+    session.save()
+    assert client.get("/reservations/").status_code == 200

@@ -177,3 +177,24 @@ def test_an_active_reservation_shows_its_usage_evidence_and_policy(console, worl
     Reservation.objects.filter(pk=reservation.pk).update(state="active")
     page = client.get(f"/reservations/{reservation.pk}/").content.decode()
     assert "Usage" in page and "released as a no-show after 15 idle minutes" in page
+
+
+def test_a_logical_gpu_no_offering_fits_is_a_form_error_not_a_500(console, fleet):
+    spec = form(mode="spec", offering="", spec_kind="container", spec_min_fp16_tflops=100000, spec_min_memory_gib=4096)
+    client = console("t1_member")
+    response = client.post("/reservations/new/", spec)
+    assert response.status_code == 400 and "errorlist" in response.content.decode() or "flash error" in \
+        response.content.decode()
+    assert client.get("/reservations/estimate/", spec).status_code == 200
+    assert not Reservation.objects.filter(name="finetune").exists()
+
+
+def test_a_member_cannot_estimate_against_another_teams_quota(console, world, fleet):
+    from tenants.models import Team
+
+    other = Team.objects.create(tenant=world.t1.tenant, name="Other team", slug="other")
+    client = console("t1_member")
+    page = client.get("/reservations/new/").content.decode()
+    assert page.count(f'value="{other.pk}"') == 1  # in the top bar's team switcher only, not the form
+    body = client.get("/reservations/estimate/", form(team=str(other.pk))).content.decode()
+    assert "Nothing to estimate yet" in body and "Quota left" not in body

@@ -130,3 +130,14 @@ def test_list_query_count_does_not_grow_with_tokens(console, world, django_asser
     with django_assert_max_num_queries(len(few)):
         body = client.get(reverse("token-list")).content.decode()
     assert "more-4" in body
+
+
+def test_the_new_secret_never_rests_in_the_session_in_plain_text(console, world):
+    from tenants.views import ISSUED_TOKEN
+
+    client = console("t1_member")
+    response = client.post(reverse("token-create"), {"name": "ci", "scope": "read"})
+    assert response.status_code == 302
+    held = client.session[ISSUED_TOKEN]
+    assert "mrd_" not in str(held) and "secret" not in held
+    assert "mrd_" in client.get(response["Location"]).content.decode()  # shown once, decrypted

@@ -411,3 +411,19 @@ def test_bare_metal_is_judged_by_its_bmc_chassis_power(world, fleet, steps):
     reading.save()
     GPUTelemetry.objects.filter(gpu__in=gpus_of(reservation)).update(sampled_at=at + timedelta(minutes=1))
     assert no_show_scan(now=at + timedelta(minutes=1, seconds=10))["cleared"] == 1
+
+
+def test_a_released_reservation_never_shows_the_next_tenants_samples(world, fleet, steps):
+    """After release its GPUs may be someone else's: a latest sample taken later is not its evidence."""
+    reservation = active(world, steps)
+    t0 = reservation.state_changed_at
+    telemetry(reservation, start=t0, end=timezone.now() + timedelta(minutes=1))
+    released = timezone.now()
+    Reservation.objects.filter(pk=reservation.pk).update(state="released", released_at=released)
+    for gpu in gpus_of(reservation):  # the next tenant is busy on the same GPUs
+        GPUTelemetry.objects.filter(gpu=gpu).update(sampled_at=released + timedelta(minutes=5),
+                                                    utilization_pct=97, processes=3, power_w=650.0)
+    reservation.refresh_from_db()
+    evidence = no_shows.usage_evidence(reservation, now=released + timedelta(minutes=6))
+    assert all(g["utilization_pct"] is None and g["processes"] is None and g["power_w"] is None
+               for g in evidence["gpus"])

@@ -7,9 +7,11 @@ command), the pipeline's scrub going through the agent, and the telemetry a hear
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from cloud.errors import Conflict
 from cloud.models import Node
@@ -326,21 +328,56 @@ def test_an_agent_that_sends_only_its_inventory_is_still_heard(world, fleet):
     assert AgentState.objects.filter(node=node).exists() and not GPUSample.objects.exists()
 
 
-@pytest.mark.parametrize(("change", "status", "code"), [
+TELEMETRY_REFUSED = [
     (lambda body, other: body["samples"][0].update(memory_used_mib=10**6, memory_total_mib=81920), 400,
      "out_of_range"),
     (lambda body, other: body["samples"][0].update(utilization_pct=-3), 400, "out_of_range"),
     (lambda body, other: body["samples"][0].update(temperature_c=201), 400, "out_of_range"),
     (lambda body, other: body["samples"].append({"uuid": other.gpus.first().uuid}), 400, "too_many"),
     (lambda body, other: body["samples"].__setitem__(0, {"uuid": other.gpus.first().uuid}), 403, "foreign_gpu"),
+]
+
+
+@pytest.mark.parametrize(("change", "status", "code"), TELEMETRY_REFUSED)
+def test_bad_telemetry_on_a_heartbeat_is_refused_but_the_node_is_still_alive(world, fleet, change, status, code):
+    """
+    ENGINEERING.md §7: each is a clean 4xx naming the problem, and none of the telemetry is stored
+    (no raw sample, no latest, no port state). The heartbeat's liveness (AgentState) is recorded
+    all the same: the agent did call, signed, with its own inventory. Refusing that too made the
+    watchdog (suspect after 2 missed periods, faulty after 3) fail a node whose only fault was a
+    bad reading, and move every tenant off it.
+    """
+    from cloud.models import GPUSample, GPUTelemetry, HCAPortStatus
+
+    client, node = Client(), shared_host()
+    other = Node.objects.exclude(pk=node.pk).order_by("hostname").first()
+    agent, _ = telemetry_agent(node)
+    node_agents.heartbeat(node=node, agent_version="0", gpus=heartbeat_body(node)["gpus"])
+    AgentState.objects.filter(node=node).update(last_seen_at=timezone.now() - timedelta(minutes=5))
+    before = AgentState.objects.get(node=node).last_seen_at
+    body = agent.heartbeat()
+    change(body, other)
+    response = send(client, agent.control_plane.key_id, agent.control_plane.secret, "POST", "/heartbeat/", body)
+    assert response.status_code == status, response.content[:300]
+    error = response.json()["errors"][0]
+    assert error["code"] == code and error["detail"]
+    state = AgentState.objects.get(node=node)
+    assert state.last_seen_at > before and state.agent_version == body["agent_version"]
+    assert (GPUSample.objects.count(), GPUTelemetry.objects.count(), HCAPortStatus.objects.count()) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(("change", "status", "code"), [
     (lambda body, other: body.update(samples="all of them"), 400, "invalid"),
-    (lambda body, other: body.update(ports=[{"guid": other.ib_ports.first().guid, "link": "up"}]), 403,
-     "foreign_port"),
+    (lambda body, other: body.update(gpus=[{"uuid": other.gpus.first().uuid}]), 403, "foreign_gpu"),
     (lambda body, other: body.update(gpus=[{"uuid": "GPU-x"}] * 100), 400, "too_many"),
     (lambda body, other: body.update(gpus=[{"uuid": "GPU-x"}] * 100_000), 413, "request_too_large"),
 ])
-def test_bad_telemetry_on_a_heartbeat_is_refused_and_stores_nothing(world, fleet, change, status, code):
-    """ENGINEERING.md §7: each is a clean 4xx naming the problem; not even the heartbeat is recorded."""
+def test_a_malformed_heartbeat_or_a_foreign_inventory_stores_nothing(world, fleet, change, status, code):
+    """
+    A body of the wrong shape, or an inventory that is not the node's, is not a heartbeat of this
+    node's agent as it should be: a clean 4xx, and nothing is recorded, not even liveness (the
+    AgentState would carry that inventory). Only refused *telemetry* keeps the liveness (above).
+    """
     from cloud.models import GPUSample, GPUTelemetry, HCAPortStatus
 
     client, node = Client(), shared_host()
@@ -354,3 +391,25 @@ def test_bad_telemetry_on_a_heartbeat_is_refused_and_stores_nothing(world, fleet
     assert error["code"] == code and error["detail"]
     assert not AgentState.objects.exists()
     assert (GPUSample.objects.count(), GPUTelemetry.objects.count(), HCAPortStatus.objects.count()) == (0, 0, 0)
+
+
+def test_a_heartbeat_with_unknown_ports_is_heard_and_its_own_telemetry_stored(world, fleet):
+    """
+    SR-IOV virtual functions (or a newly fitted HCA, or another node's GUID) among the ports: those
+    GUIDs are skipped, the rest is stored and the heartbeat answered 200. Refusing them (403
+    foreign_port) refused every heartbeat of such a host, and the watchdog failed it.
+    """
+    from cloud.models import GPUSample, HCAPortStatus
+
+    client, node = Client(), shared_host()
+    other = Node.objects.exclude(pk=node.pk).order_by("hostname").first()
+    agent, _ = telemetry_agent(node)
+    body = agent.heartbeat()
+    body["ports"] += [{"guid": "0x00000000000000ab", "link": "up"}, {"guid": other.ib_ports.first().guid,
+                                                                     "link": "down"}]
+    response = send(client, agent.control_plane.key_id, agent.control_plane.secret, "POST", "/heartbeat/", body)
+    assert response.status_code == 200, response.content[:300]
+    assert AgentState.objects.filter(node=node).exists()
+    assert GPUSample.objects.filter(gpu__node=node).count() == node.gpus.count()
+    assert set(HCAPortStatus.objects.values_list("port__node", flat=True)) == {node.pk}
+    assert HCAPortStatus.objects.count() == node.ib_ports.count()

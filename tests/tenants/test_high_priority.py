@@ -510,3 +510,17 @@ def test_the_admin_who_filed_on_a_teams_behalf_cannot_also_approve_it(world, tea
     response = review(world, filed["id"], persona="platform_admin")
     assert response.status_code == 403 and code(response) == "hp_reviewer_is_applicant"
     assert review(world, filed["id"]).status_code == 200  # the platform approver may
+
+
+def test_an_override_approval_is_not_revoked_for_the_record_it_was_granted_on(world, team):
+    """Granted below the thresholds on purpose: the hourly check revokes it only if the record got worse."""
+    team_record(team, used=1, no_show=1)  # 50 % fulfilment: below the thresholds
+    filed = apply(world, "platform_admin", override_note="Launch contract.").json()
+    assert review(world, filed["id"]).status_code == 200
+    assert hp.hp_revoke_due()["revoked"] == 0
+    team.refresh_from_db()
+    assert team.high_priority_until is not None
+    team_record(team, used=0, no_show=2)  # worse than when it was granted
+    assert hp.hp_revoke_due()["revoked"] == 1
+    application = HighPriorityApplication.objects.get(pk=filed["id"])
+    assert application.state == "revoked" and "worsened" in application.state_reason
