@@ -29,13 +29,13 @@ from pathlib import Path
 import pytest
 from celery.signals import after_task_publish
 from django.conf import settings
-from kombu import Connection, pools
-from kombu.utils.collections import eqhash
+from kombu import Connection
 
 from cloud.models import Node
 from provisioning.drivers.simulated import Simulated
 from provisioning.models import Allocation, Instance, Operation, Reservation, SimulatedDevice, StepRun
 from provisioning.steps import PIPELINES
+from tests.celery_app import app_on_broker
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY
 from tests.test_celery_worker import BROKER, REPO, database_url_of_tests
@@ -186,36 +186,18 @@ def published(queue):
     (Celery caches the broker connection pool in ``app._pool``, the producer pool and the queues
     in ``app.amqp``; kombu keeps both pools in global registries keyed by connection).
     """
-    from cloud.celery import app
-
-    keys = ("broker_url", "broker_transport_options", "task_default_queue")
-    saved_conf = {key: app.conf[key] for key in keys}
-    saved_pool, saved_amqp = app._pool, app.__dict__.pop("amqp", None)
-    app._pool = None
-    app.set_current()  # shared tasks send through the current app: make sure it is the project's
-    app.conf.update(broker_url=BROKER, broker_transport_options={"confirm_publish": True}, task_default_queue=queue)
-    connection = app.connection_for_write()
-    assert connection.transport.driver_type == "amqp", connection.as_uri()
     sent: list[tuple[str, str, str]] = []
 
     def record(sender=None, routing_key=None, headers=None, **_):
         sent.append((sender, routing_key, (headers or {}).get("id")))
 
-    after_task_publish.connect(record, weak=False)
-    try:
-        yield sent
-    finally:
-        after_task_publish.disconnect(record)
-        for group in (pools.producers, pools.connections):
-            pool = group.pop(eqhash(connection), None)
-            if pool is not None:
-                pool.force_close_all()
-        connection.release()
-        app.conf.update(saved_conf)
-        app._pool = saved_pool
-        app.__dict__.pop("amqp", None)
-        if saved_amqp is not None:
-            app.__dict__["amqp"] = saved_amqp
+    with app_on_broker(broker_url=BROKER, queue=queue, transport_options={"confirm_publish": True}) as connection:
+        assert connection.transport.driver_type == "amqp", connection.as_uri()
+        after_task_publish.connect(record, weak=False)
+        try:
+            yield sent
+        finally:
+            after_task_publish.disconnect(record)
 
 
 @pytest.fixture

@@ -28,12 +28,11 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from celery.signals import setup_logging, task_postrun
 from django.db import connections
-from kombu import pools
-from kombu.utils.collections import eqhash
 from playwright.sync_api import sync_playwright
 
 from cloud.celery import app
 from tests.browser.pages import CHROMIUM, LAUNCH_ARGS, PAGE_TIMEOUT_S, PASSWORD, ConsoleLog
+from tests.celery_app import app_on_broker
 
 #
 # Browser
@@ -121,30 +120,11 @@ def broker():
     helper, which Celery caches in ``app._pool`` and ``app.amqp``). Yields the queue's name.
     """
     queue = f"meridian-browser-{uuid.uuid4().hex[:12]}"
-    keys = ("broker_url", "broker_transport_options", "task_default_queue")
-    saved_conf = {key: app.conf[key] for key in keys}
-    saved_pool, saved_amqp = app._pool, app.__dict__.pop("amqp", None)
-    app._pool = None
-    app.set_current()  # shared tasks send through the current app: make sure it is the project's
-    app.conf.update(broker_url="memory://", broker_transport_options={"polling_interval": 0.05},
-                    task_default_queue=queue)
-    connection = app.connection_for_write()
-    try:
-        yield queue
-    finally:
-        connection.default_channel.queue_delete(queue)  # what no worker took (tests without one)
-        # kombu keeps the producer and connection pools in global registries keyed by the
-        # connection's parameters: the next test's memory:// app would get these closed ones.
-        for group in (pools.producers, pools.connections):
-            pool = group.pop(eqhash(connection), None)
-            if pool is not None:
-                pool.force_close_all()
-        connection.release()
-        app.conf.update(saved_conf)
-        app._pool = saved_pool
-        app.__dict__.pop("amqp", None)
-        if saved_amqp is not None:
-            app.__dict__["amqp"] = saved_amqp
+    with app_on_broker(broker_url="memory://", queue=queue, transport_options={"polling_interval": 0.05}) as connection:
+        try:
+            yield queue
+        finally:
+            connection.default_channel.queue_delete(queue)  # what no worker took (tests without one)
 
 
 @pytest.fixture
