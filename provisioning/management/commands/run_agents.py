@@ -18,6 +18,7 @@ from cloud.models import Node
 from provisioning.agent.agent import Agent, ControlPlane, ControlPlaneError, simulated_host
 from provisioning.agent.attester import SimulatedAttester
 from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
+from provisioning.agent.ports import SimulatedPorts
 from provisioning.models import NodeCredential
 from provisioning.node_agents import credential_issue
 from security.simulated_devices import attester_identities
@@ -38,9 +39,9 @@ class Command(BaseCommand):
         stopping = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stopping.set())
-        agents = [Agent(ControlPlane(url, key_id, secret), nvml, attester=attester, hostname=hostname,
+        agents = [Agent(ControlPlane(url, key_id, secret), nvml, attester=attester, hostname=hostname, ports=ports,
                         **dict(zip(("process_owner", "kill"), simulated_host(nvml), strict=True)))
-                  for key_id, secret, nvml, hostname, attester in self._fleet()]
+                  for key_id, secret, nvml, hostname, attester, ports in self._fleet()]
         self.stdout.write(f"{len(agents)} simulated node agents, a turn every {interval:g} s, against {url}")
         self._wait_for(url, stopping)
         while not stopping.is_set():
@@ -56,14 +57,14 @@ class Command(BaseCommand):
 
     def _fleet(self):
         """Each node's key (issued on first run) and its GPUs as a simulated NVML sees them."""
-        for node in Node.objects.prefetch_related("gpus").order_by("hostname"):
+        for node in Node.objects.prefetch_related("gpus", "ib_ports").order_by("hostname"):
             credential = NodeCredential.objects.filter(node=node, revoked_at=None).first()
             secret = credential.secret if credential else None
             if credential is None:
                 credential, secret = credential_issue(actor=None, node=node)
             gpus = [SimulatedGPU(index=g.index, uuid=g.uuid, memory_mib=g.memory_mib) for g in node.gpus.all()]
             yield (credential.key_id, secret, SimulatedNVML(gpus), node.hostname,
-                   SimulatedAttester(attester_identities(node)))
+                   SimulatedAttester(attester_identities(node)), SimulatedPorts([p.guid for p in node.ib_ports.all()]))
 
     @staticmethod
     def _wait_for(url: str, stopping: threading.Event, timeout: float = 120.0) -> None:
