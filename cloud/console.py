@@ -157,12 +157,19 @@ def context(request) -> dict:
         return {}
     from tenants.models import Membership, Team
 
-    tenants = Membership.objects.filter(user=request.user).select_related("tenant").order_by("tenant__name")
-    teams = list(Team.objects.visible_to(principal).order_by("name")) if principal.tenant else []
+    def tenants():
+        rows = Membership.objects.filter(user=request.user).select_related("tenant").order_by("tenant__name")
+        return [m.tenant for m in rows]
+
+    def teams():
+        return list(Team.objects.visible_to(principal).order_by("name")) if principal.tenant else []
+
+    # The switchers are read only by pages that draw the top bar (templates call a callable):
+    # the htmx partials polled every few seconds run no query for them.
     return {
         "principal": principal,
         "can": Abilities(principal),
-        "switch_tenants": [m.tenant for m in tenants],
+        "switch_tenants": tenants,
         "switch_teams": teams,
         "chosen_team": request.session.get(SESSION_TEAM) or "",
         "is_staff_view": principal.is_platform,

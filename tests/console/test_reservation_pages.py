@@ -198,3 +198,13 @@ def test_a_member_cannot_estimate_against_another_teams_quota(console, world, fl
     assert page.count(f'value="{other.pk}"') == 1  # in the top bar's team switcher only, not the form
     body = client.get("/reservations/estimate/", form(team=str(other.pk))).content.decode()
     assert "Nothing to estimate yet" in body and "Quota left" not in body
+
+
+def test_the_polled_progress_partial_reads_nothing_for_the_top_bar(console, world, fleet,
+                                                                   django_assert_max_num_queries):
+    """The partial is polled every 2 s: the switchers' tenant and team lists are not read for it."""
+    reservation = world.t1.objects[Reservation]
+    client = console("t1_member")
+    client.get(f"/reservations/{reservation.pk}/progress/")
+    with django_assert_max_num_queries(7):  # 9 when the top bar's lists were read for every render
+        client.get(f"/reservations/{reservation.pk}/progress/")
