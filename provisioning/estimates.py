@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from cloud.capacity import SELLABLE_HEALTH, availability
-from cloud.models import GPU
+from django.db.models import Q, Sum
+
+from cloud.capacity import availability
 
 from .admission import Ask, quota_headroom
 from .choices import BillingTerm
 from .choices import ReservationState as R
-from .models import Allocation, Reservation
+from .models import Reservation
+from .queue import free_enough_at
 from .snapshot import pool_of
 from .usage import price_per_gpu_hour
 
@@ -63,18 +65,13 @@ def _expected_start(ask: Ask, fits_now: str | None, now: datetime) -> tuple[date
         return ask.requested_start, "an advance reservation: placed for its window when it is made, if it fits"
     if fits_now:
         return now, f"placed at once in {fits_now} unless higher-priority work takes the capacity first"
-    # As provisioning.queue.estimated_start does for a queued reservation: when enough GPUs of the
-    # model free up in the first region for it and what is queued of that model.
+    # When enough GPUs of the model free up in the first region for it and what is queued of that
+    # model (as a queued reservation's estimate is made, provisioning.queue).
     region = ask.regions[0]
-    gpus = GPU.objects.filter(model_id=ask.offering.gpu_model_id, node__region=region, node__is_spare=False,
-                              node__pool=pool_of(ask.offering.kind), health__in=SELLABLE_HEALTH)
-    held = Allocation.objects.filter(gpu__in=gpus, starts_at__lt=now, ends_at__gt=now)
-    free = gpus.count() - held.values("gpu").distinct().count()
-    queued = sum(Reservation.objects.filter(state=R.QUEUED, gpu_model_id=ask.offering.gpu_model_id)
-                 .values_list("gpus", flat=True)[:5000])
-    needed = max(ask.gpus, 1) + queued
-    for end in held.order_by("ends_at").values_list("ends_at", flat=True)[:needed]:
-        free += 1
-        if free >= needed:
-            return end, f"when GPUs free up in {region.slug}, behind {queued} queued GPUs of this model"
+    queued = Reservation.objects.filter(state=R.QUEUED, gpu_model_id=ask.offering.gpu_model_id).aggregate(
+        n=Sum("gpus"))["n"] or 0
+    start = free_enough_at(gpu_model_id=ask.offering.gpu_model_id, region=Q(node__region=region),
+                           pool=pool_of(ask.offering.kind), needed=max(ask.gpus, 1) + queued, start=now, now=now)
+    if start is not None:
+        return start, f"when GPUs free up in {region.slug}, behind {queued} queued GPUs of this model"
     return None, f"not before more capacity frees up in {region.slug}: it would wait in the queue"

@@ -36,18 +36,26 @@ def estimated_start(reservation: Reservation, now: datetime) -> datetime | None:
     """
     if reservation.state not in (R.PENDING, R.QUEUED):
         return reservation.starts_at
-    region = reservation.regions[0]
-    gpus = GPU.objects.filter(model_id=reservation.gpu_model_id, node__region__slug=region, node__is_spare=False,
-                              node__pool=pool_of(reservation.offering.kind), health__in=SELLABLE_HEALTH)
-    held = Allocation.objects.filter(gpu__in=gpus, starts_at__lt=now, ends_at__gt=now)
-    free_now = gpus.count() - held.values("gpu").distinct().count()
     ahead = Reservation.objects.filter(state=R.QUEUED, gpu_model_id=reservation.gpu_model_id,
                                        score__gt=reservation.score).aggregate(n=Sum("gpus"))["n"] or 0
-    needed = max(reservation.gpus, 1) + ahead
-    start = max(reservation.requested_start or now, now)
+    return free_enough_at(gpu_model_id=reservation.gpu_model_id, region=Q(node__region__slug=reservation.regions[0]),
+                          pool=pool_of(reservation.offering.kind), needed=max(reservation.gpus, 1) + ahead,
+                          start=max(reservation.requested_start or now, now), now=now)
+
+
+def free_enough_at(*, gpu_model_id, region: Q, pool: str, needed: int, start: datetime,
+                   now: datetime) -> datetime | None:
+    """
+    The first moment ``needed`` sellable GPUs of the model are free in the region, going by the
+    ends of current allocations (``start`` at the earliest); None if current ends never free enough.
+    """
+    gpus = GPU.objects.filter(region, model_id=gpu_model_id, node__is_spare=False, node__pool=pool,
+                              health__in=SELLABLE_HEALTH)
+    held = Allocation.objects.filter(gpu__in=gpus, starts_at__lt=now, ends_at__gt=now)
+    free_now = gpus.count() - held.values("gpu").distinct().count()
     if free_now >= needed:
         return start
-    for end in held.order_by("ends_at").values_list("ends_at", flat=True):
+    for end in held.order_by("ends_at").values_list("ends_at", flat=True)[:needed]:
         free_now += 1
         if free_now >= needed:
             return max(end, start)

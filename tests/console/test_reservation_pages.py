@@ -208,3 +208,11 @@ def test_the_polled_progress_partial_reads_nothing_for_the_top_bar(console, worl
     client.get(f"/reservations/{reservation.pk}/progress/")
     with django_assert_max_num_queries(7):  # 9 when the top bar's lists were read for every render
         client.get(f"/reservations/{reservation.pk}/progress/")
+
+
+def test_the_estimate_of_a_full_region_says_when_gpus_free_up(console, fleet):
+    client = console("t1_owner")
+    assert client.post("/reservations/new/", form(offering=vm_offering(8).slug, count=8,
+                                                  duration_hours=3)).status_code == 302
+    body = client.get("/reservations/estimate/", form(count=1)).content.decode()
+    assert "when GPUs free up in us-east-1" in body and "unknown" not in body
