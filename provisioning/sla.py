@@ -228,9 +228,8 @@ def _unavailable(hold: Hold, outages: list[Outage], since: datetime, until: date
 
 def _cost(hold: Hold, since: datetime, until: datetime) -> Decimal:
     """The hold's spend inside the period, rounded as ``usage.month_to_date`` rounds it."""
-    hours = usage.Held(team="", gpus=float(hold.gpus), start=hold.start, end=hold.end,
-                       price=hold.price).hours_within(since, until)
-    return (Decimal(str(round(hours, 6))) * hold.price).quantize(CENT)
+    return usage.Held(team="", gpus=float(hold.gpus), start=hold.start, end=hold.end,
+                      price=hold.price).cost_within(since, until)
 
 
 def sla_compute(*, holds: list[Hold], outages: list[Outage], since: datetime, until: datetime,

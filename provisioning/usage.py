@@ -37,6 +37,10 @@ class Held:
     end: datetime
     price: Decimal
 
+    def cost_within(self, lo: datetime, hi: datetime) -> Decimal:
+        """The spend inside ``[lo, hi)``, to the cent: what the month's spend and the SLA credit are made of."""
+        return (Decimal(str(round(self.hours_within(lo, hi), 6))) * self.price).quantize(Decimal("0.01"))
+
     def hours_within(self, lo: datetime, hi: datetime) -> float:
         span = (min(self.end, hi) - max(self.start, lo)).total_seconds()
         return self.gpus * max(span, 0.0) / 3600
@@ -82,7 +86,7 @@ def month_to_date(reservations, now: datetime) -> Spend:
     hours, amount, by_team = 0.0, Decimal("0"), defaultdict(Decimal)
     for held in holds(reservations, since=start, now=now):
         h = held.hours_within(start, now)
-        cost = (Decimal(str(round(h, 6))) * held.price).quantize(Decimal("0.01"))
+        cost = held.cost_within(start, now)
         hours += h
         amount += cost
         by_team[held.team] += cost
