@@ -293,13 +293,11 @@ _records = []
 
 
 def loop_records():
-    """The teams' records the scheduler loop keeps between cycles (run_scheduler makes one too)."""
-    from django.conf import settings
-
-    from provisioning.scheduler import TeamRecords
+    """What the scheduler loop keeps between cycles (run_scheduler keeps one too)."""
+    from provisioning.scheduler import LoopMemory
 
     if not _records:
-        _records.append(TeamRecords(refresh_s=settings.MERIDIAN_SCHEDULER_RECORD_REFRESH))
+        _records.append(LoopMemory.for_loop())
     return _records[0]
 
 
@@ -307,7 +305,7 @@ def timed_cycle():
     from provisioning.scheduler import run_cycle
 
     started = time.perf_counter()
-    report = run_cycle(records=loop_records())
+    report = run_cycle(memory=loop_records())
     return (time.perf_counter() - started) * 1000, report
 
 
@@ -320,7 +318,8 @@ def summary(values: list[float]) -> dict:
 TIMED = [
     ("provisioning.scheduler", "team_inputs_many"),
     ("provisioning.scheduler", "rank"),
-    ("provisioning.scheduler", "load_snapshot"),
+    ("provisioning.fleet_shape", "window_allocations"),
+    ("provisioning.fleet_shape", "_blocked"),
     ("provisioning.scheduler", "plan"),
     ("provisioning.scheduler", "_owners_over_quota"),
     ("provisioning.scheduler", "reservation_schedule_many"),
@@ -413,20 +412,26 @@ def instrumented_cycle() -> tuple[float, object, dict]:
 
 
 def load_and_rank_split() -> dict:
-    """The queue load alone (ranking columns) and ranking alone (records + scores): the "rank" lap holds both."""
+    """
+    The queue load alone (the loop's mirror of it: cold, then warm, when it reads only the ids)
+    and ranking alone (records + scores): the "rank" lap holds both.
+    """
     from django.utils import timezone
 
-    from provisioning.models import Reservation
-    from provisioning.scheduler import MAX_QUEUE, RANKING_COLUMNS, rank_queue
+    from provisioning.scheduler import QueueMirror, rank_queue
     from provisioning.services import weights
 
+    mirror = QueueMirror()
     started = time.perf_counter()
-    queued = list(Reservation.objects.filter(state="queued").order_by("submitted_at")
-                  .values_list(*RANKING_COLUMNS)[:MAX_QUEUE])
-    load_ms = (time.perf_counter() - started) * 1000
+    queued = mirror.queued()
+    cold_ms = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    mirror.queued()
+    warm_ms = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
     rank_queue(queued, timezone.now(), weights())
-    return {"queue_load_ms": round(load_ms, 1), "rank_queue_ms": round((time.perf_counter() - started) * 1000, 1)}
+    return {"queue_load_ms": round(cold_ms, 1), "queue_load_warm_ms": round(warm_ms, 1),
+            "rank_queue_ms": round((time.perf_counter() - started) * 1000, 1)}
 
 
 def profile_cycle(top: int = int(os.environ.get("BENCH_PROFILE_TOP", "16"))) -> list[str]:
@@ -434,7 +439,7 @@ def profile_cycle(top: int = int(os.environ.get("BENCH_PROFILE_TOP", "16"))) -> 
 
     profiler = cProfile.Profile()
     profiler.enable()
-    run_cycle(records=loop_records())
+    run_cycle(memory=loop_records())
     profiler.disable()
     stats = pstats.Stats(profiler, stream=io.StringIO())
     rows = []

@@ -427,6 +427,9 @@ MERIDIAN_SCHEDULER_MAX_PLACEMENTS = env.int("MERIDIAN_SCHEDULER_MAX_PLACEMENTS",
 # How long the scheduler loop reuses the teams' records (fulfilment, load, usage) between
 # cycles, like Slurm's PriorityCalcPeriod; the age term and urgency are fresh every cycle.
 MERIDIAN_SCHEDULER_RECORD_REFRESH = env.float("MERIDIAN_SCHEDULER_RECORD_REFRESH_SECONDS", default=5.0)
+# How long the loop reuses the fleet's shape (which GPU sits on which node, leaf, fabric; read
+# again at once when nodes or GPUs are added or removed). What may take work is read every cycle.
+MERIDIAN_SCHEDULER_SHAPE_REFRESH = env.float("MERIDIAN_SCHEDULER_SHAPE_REFRESH_SECONDS", default=30.0)
 
 # Provisioning (DESIGN.md, Workers, the node agent and drivers). Drivers per region: "default"
 # and region slugs, each {kind: implementation}; kinds power (simulated|redfish), image, vm

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import NamedTuple
 from uuid import UUID
 
 BARE_METAL = "bare_metal"
@@ -24,9 +25,8 @@ SHARED_POOL = "shared"
 BARE_METAL_POOL = "bare_metal"
 
 
-@dataclass(frozen=True)
-class Busy:
-    """An existing allocation of (part of) one GPU for a time range."""
+class Busy(NamedTuple):
+    """An existing allocation of (part of) one GPU for a time range (a tuple: a snapshot has thousands)."""
 
     reservation_id: UUID
     start: datetime

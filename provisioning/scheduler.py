@@ -3,7 +3,9 @@ The scheduler cycle: rank the queue, plan against a snapshot of free capacity, a
 
 ``plan`` (provisioning.planner) is pure; this module loads, ranks and applies through services.
 It works platform-wide on purpose. One process leads (cloud.db.LeaderLock); whatever lost a race
-to the fast path in the meantime is simply re-planned next cycle.
+to the fast path in the meantime is simply re-planned next cycle. The loop keeps a
+``LoopMemory`` between cycles -- the teams' records, the fleet's shape and the queue's rows --
+so a cycle reads what changed rather than everything (each part says how it stays true).
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from cloud.models import Region
 from . import admission
 from .allocations import CapacityTaken, nodes_held_back
 from .choices import ReservationState as R
+from .fleet_shape import FleetShape
 from .models import Reservation
 from .planner import plan
 from .priority import Weights, rank
 from .services import reservation_schedule, reservation_schedule_many, weights
-from .snapshot import load_snapshot, request_for
+from .snapshot import request_for
 from .team_record import team_inputs_many
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,60 @@ class TeamRecords:
         return self.records
 
 
+class QueueMirror:
+    """
+    The queue as the loop last read it. Every cycle reads which reservations are queued now (ids
+    only: the truth whatever the commit order of what changed, not a change feed that could miss
+    one) and loads only the rows it lacks: the ranking columns never change once a reservation is
+    submitted, and the whole rows of the best-ranked are kept while they stay queued and near the
+    top. Rows the cycle hands to services (placed, or tried and lost) are forgotten, because
+    services change them.
+    """
+
+    def __init__(self):
+        self.ranking: dict = {}  # id -> row of RANKING_COLUMNS
+        self.rows: dict = {}  # id -> Reservation (QUEUE_COLUMNS), for the last cycle's top
+
+    def queued(self) -> list[tuple]:
+        """Rows of RANKING_COLUMNS of every queued reservation, oldest first (at most MAX_QUEUE)."""
+        ids = list(Reservation.objects.filter(state=R.QUEUED).order_by("submitted_at")
+                   .values_list("id", flat=True)[:MAX_QUEUE])
+        present = set(ids)
+        self.ranking = {pk: row for pk, row in self.ranking.items() if pk in present}
+        missing = [pk for pk in ids if pk not in self.ranking]
+        for start in range(0, len(missing), 5000):
+            for row in Reservation.objects.filter(pk__in=missing[start:start + 5000]).values_list(*RANKING_COLUMNS):
+                self.ranking[row[0]] = row
+        return [self.ranking[pk] for pk in ids if pk in self.ranking]
+
+    def whole(self, ids: list) -> dict:
+        """The whole rows of ``ids`` (queued a moment ago); the rest of what was kept is dropped."""
+        self.rows = {pk: self.rows[pk] for pk in ids if pk in self.rows}
+        missing = [pk for pk in ids if pk not in self.rows]
+        if missing:
+            self.rows.update(Reservation.objects.select_related("offering", "vpc").only(*QUEUE_COLUMNS)
+                             .in_bulk(missing))
+        return self.rows
+
+    def forget(self, ids) -> None:
+        for pk in ids:
+            self.rows.pop(pk, None)
+
+
+class LoopMemory:
+    """What the scheduler loop keeps between cycles; a fresh one reads everything."""
+
+    def __init__(self, *, record_refresh_s: float = 0.0, shape_refresh_s: float = 0.0):
+        self.records = TeamRecords(refresh_s=record_refresh_s)
+        self.shape = FleetShape(refresh_s=shape_refresh_s)
+        self.queue = QueueMirror()
+
+    @classmethod
+    def for_loop(cls) -> LoopMemory:
+        return cls(record_refresh_s=settings.MERIDIAN_SCHEDULER_RECORD_REFRESH,
+                   shape_refresh_s=settings.MERIDIAN_SCHEDULER_SHAPE_REFRESH)
+
+
 def rank_queue(queued: list[tuple], now: datetime, w: Weights, records: TeamRecords | None = None) -> list[tuple]:
     """
     Score every queued reservation -- rows of RANKING_COLUMNS -- from its owner's record (read
@@ -114,10 +171,10 @@ def collector_paused():
 LAST_CYCLE_KEY = "meridian:scheduler:last-cycle"
 
 
-def run_cycle(*, now: datetime | None = None, records: TeamRecords | None = None) -> CycleReport:
-    """One cycle. The loop passes ``records`` to keep the teams' records between cycles."""
+def run_cycle(*, now: datetime | None = None, memory: LoopMemory | None = None) -> CycleReport:
+    """One cycle. The loop passes its ``memory`` to keep what it read between cycles."""
     with collector_paused():
-        report = _cycle(now or timezone.now(), records)
+        report = _cycle(now or timezone.now(), memory or LoopMemory())
     # For the staff console and /metrics: what the last cycle did, whichever process ran it.
     cache.set(LAST_CYCLE_KEY, {**report.as_dict(), "finished_at": timezone.now().isoformat()}, None)
     return report
@@ -128,7 +185,7 @@ def last_cycle() -> dict | None:
     return cache.get(LAST_CYCLE_KEY)
 
 
-def _cycle(now: datetime, records: TeamRecords | None) -> CycleReport:
+def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     report = CycleReport()
     clock = time.perf_counter()
 
@@ -137,15 +194,13 @@ def _cycle(now: datetime, records: TeamRecords | None) -> CycleReport:
         report.timings_ms[name] = round((time.perf_counter() - clock) * 1000, 2)
         clock = time.perf_counter()
 
-    # Rank from a few columns of every queued reservation; load whole rows only for the top.
-    queued = list(Reservation.objects.filter(state=R.QUEUED).order_by("submitted_at")
-                  .values_list(*RANKING_COLUMNS)[:MAX_QUEUE])
+    # Rank from a few columns of every queued reservation; whole rows only for the top.
+    queued = memory.queue.queued()
     report.queued = len(queued)
     if not queued:
         return report
-    ranked = rank_queue(queued, now, weights(), records)[:settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH]
-    by_id = Reservation.objects.select_related("offering", "vpc").only(*QUEUE_COLUMNS).in_bulk(
-        [reservation_id for reservation_id, _ in ranked])
+    ranked = rank_queue(queued, now, weights(), memory.records)[:settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH]
+    by_id = memory.queue.whole([reservation_id for reservation_id, _ in ranked])
     lap("rank")
     requests = []
     for reservation_id, total in ranked:
@@ -156,9 +211,9 @@ def _cycle(now: datetime, records: TeamRecords | None) -> CycleReport:
         requests.append(request_for(reservation, now))
     if not requests:
         return report
-    snapshot = load_snapshot(now=now, until=max(r.end for r in requests),
-                             regions={region for r in requests for region in r.regions},
-                             gpu_model_ids={m for r in requests for m in r.gpu_model_ids})
+    snapshot = memory.shape.snapshot(now=now, until=max(r.end for r in requests),
+                                     regions={region for r in requests for region in r.regions},
+                                     gpu_model_ids={m for r in requests for m in r.gpu_model_ids})
     lap("snapshot")
     result = plan(snapshot, requests, headroom=settings.MERIDIAN_HEADROOM,
                   max_placements=settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS)
@@ -174,6 +229,7 @@ def _cycle(now: datetime, records: TeamRecords | None) -> CycleReport:
             _apply_batch(result.placements[batch_start:batch_start + APPLY_BATCH], by_id, over_quota, refused,
                          regions, result, report)
     _note_waiting([(by_id[rid], reason) for rid, reason in result.unplaced.items()])
+    memory.queue.forget(p.reservation_id for p in result.placements)
     report.waiting = len(queued) - report.placed
     lap("apply")
     return report

@@ -17,7 +17,8 @@ from datetime import datetime, timedelta
 from functools import reduce
 
 from django.core.cache import cache
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, F, FloatField, Q, Sum
+from django.db.models.functions import Cast
 
 from tenants.choices import QuotaResource
 from tenants.models import Team
@@ -90,12 +91,14 @@ def team_inputs_many(keys, *, now: datetime, weights: Weights) -> dict[tuple, Te
     limits_of = quota_limits_many(tenant_ids=tenant_ids, resource=QuotaResource.GPUS)
     horizon = now - timedelta(seconds=4 * weights.usage_half_life_s)
     samples = defaultdict(list)
-    for tenant, team, start, end, lo, hi, memory in Allocation.objects.filter(
+    # One row per reservation and time range (its GPUs' shares summed in SQL), not per GPU.
+    for tenant, team, start, end, gpus in Allocation.objects.filter(
         reservation__in=Reservation.objects.filter(owners), ends_at__gt=horizon, starts_at__lt=now,
-    ).values_list("reservation__tenant_id", "reservation__team_id", "starts_at", "ends_at", "mem_lo", "mem_hi",
-                  "gpu__memory_mib"):
+    ).values("reservation__tenant_id", "reservation__team_id", "reservation_id", "starts_at", "ends_at").annotate(
+        gpus=Sum(Cast(F("mem_hi") - F("mem_lo"), FloatField()) / F("gpu__memory_mib")),
+    ).values_list("reservation__tenant_id", "reservation__team_id", "starts_at", "ends_at", "gpus").order_by():
         age_s = (now - min(end, now)).total_seconds()
-        samples[(tenant, team)].append((gpu_hours(start, end, lo, hi, memory, now), age_s))
+        samples[(tenant, team)].append((gpu_hours(start, end, 0, 1, 1, now) * gpus, age_s))
 
     # Approved high-priority status, read live (not from the applications) so expiry needs no task.
     team_ids = {team for _, team, _ in keys if team}

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand
 from django.db import connection
 
 from cloud.db import LeaderLock
-from provisioning.scheduler import TeamRecords, run_cycle
+from provisioning.scheduler import LoopMemory, run_cycle
 
 log = logging.getLogger("provisioning.scheduler")
 
@@ -28,7 +28,7 @@ class Command(BaseCommand):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stopping.append(True))
         lock = LeaderLock("scheduler")
-        records = TeamRecords(refresh_s=settings.MERIDIAN_SCHEDULER_RECORD_REFRESH)
+        memory = LoopMemory.for_loop()
         leading = False
         # Cycles pause the collector (provisioning.scheduler.collector_paused); between them it
         # need not walk the long-lived objects of the process again and again.
@@ -40,8 +40,8 @@ class Command(BaseCommand):
                     if lock.acquire():
                         if not leading:
                             log.info("Leading the scheduler.")
-                            leading = True
-                        report = run_cycle(records=records)
+                            leading, memory = True, LoopMemory.for_loop()  # another leader moved things
+                        report = run_cycle(memory=memory)
                         if report.placed or report.conflicts:
                             log.info("cycle: %s", report.as_dict())
                     elif leading or once:
@@ -52,6 +52,7 @@ class Command(BaseCommand):
                     # connection -- the lock is re-checked on the next one -- and go on.
                     log.exception("Scheduler cycle failed; retrying after a pause.")
                     connection.close()
+                    memory = LoopMemory.for_loop()
                     time.sleep(min(5.0, interval * 4))
                 if once:
                     break

@@ -1,0 +1,129 @@
+"""
+What the scheduler loop keeps between cycles (provisioning.scheduler.LoopMemory) never makes a
+cycle see other than what a fresh read would: the kept fleet shape gives load_snapshot's
+snapshot, and the kept queue follows reservations that leave, join and come back.
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from cloud.models import GPU, Node
+from provisioning.allocations import allocation_bind
+from provisioning.choices import OperationKind, OperationState
+from provisioning.fleet_shape import FleetShape
+from provisioning.models import Operation, Reservation
+from provisioning.plan_types import Assignment
+from provisioning.scheduler import LoopMemory, QueueMirror, run_cycle
+from provisioning.services import reservation_cancel
+from provisioning.snapshot import load_snapshot
+from tests.provisioning.factories import make_reservation, offering
+from tests.world import h100, small_fleet
+
+
+@pytest.fixture
+def fleet(world):
+    Reservation.objects.all().delete()
+    return small_fleet(8)
+
+
+def view(snapshot):
+    """A snapshot as plain sorted data (busy lists compared as sets of tuples)."""
+    return [(n.node_id, n.region, n.fabric_id, n.leaf_id, n.pod, n.pool, n.gpu_model_id,
+             [(g.gpu_id, g.index, g.memory_mib, sorted(tuple(b) for b in g.busy)) for g in n.gpus])
+            for n in snapshot.nodes]
+
+
+def hold(world, gpus, *, start, end, term="on_demand", score=0.3):
+    holder = make_reservation(world, state="scheduled", billing_term=term, score=score)
+    with transaction.atomic():
+        allocation_bind(reservation=holder, starts_at=start, ends_at=end, assignments=[
+            Assignment(node_id=g.node_id, gpu_id=g.pk, mem_lo=0, mem_hi=g.memory_mib) for g in gpus])
+    return holder
+
+
+def sellable_nodes():
+    return list(Node.objects.filter(is_spare=False, state__in=["available", "in_service"], health="healthy")
+                .order_by("hostname"))
+
+
+def test_the_kept_shape_gives_what_a_fresh_read_gives(world, fleet):
+    now = timezone.now()
+    until = now + timedelta(hours=6)
+    nodes = sellable_nodes()
+    assert len(nodes) >= 6
+    # Everything load_snapshot leaves out or marks: an out-of-service node, a quarantined GPU, an
+    # unhealthy one, a node under attestation, spot and on-demand work, work outside the window.
+    Node.objects.filter(pk=nodes[0].pk).update(state="maintenance")
+    GPU.objects.filter(pk=nodes[1].gpus.first().pk).update(state="quarantined")
+    GPU.objects.filter(pk=nodes[2].gpus.last().pk).update(health="failed")
+    Operation.objects.create(node=nodes[3], kind=OperationKind.ATTEST, state=OperationState.RUNNING)
+    hold(world, nodes[4].gpus.all()[:2], start=now - timedelta(hours=1), end=now + timedelta(hours=1),
+         term="spot", score=0.2)
+    hold(world, nodes[4].gpus.all()[2:3], start=now + timedelta(hours=2), end=now + timedelta(hours=3))
+    hold(world, nodes[5].gpus.all()[:1], start=now - timedelta(hours=3), end=now - timedelta(hours=2))
+    hold(world, nodes[5].gpus.all()[1:2], start=until + timedelta(hours=1), end=until + timedelta(hours=2))
+    shape = FleetShape(refresh_s=3600)
+    for where in ({}, {"regions": {"us-east-1"}, "gpu_model_ids": {h100().pk}}, {"regions": {"nowhere"}}):
+        for _ in range(2):  # read, then kept
+            assert view(shape.snapshot(now=now, until=until, **where)) == view(
+                load_snapshot(now=now, until=until, **where))
+    fresh = view(shape.snapshot(now=now, until=until))
+    ids = {n[0] for n in fresh}
+    assert nodes[0].pk not in ids and nodes[3].pk not in ids
+    assert not any(n.is_spare for n in Node.objects.filter(pk__in=ids))
+
+
+def test_what_moves_between_cycles_is_seen_by_the_next(world, fleet):
+    now = timezone.now()
+    until = now + timedelta(hours=6)
+    shape = FleetShape(refresh_s=3600)
+    shape.snapshot(now=now, until=until)  # the shape is kept from here on
+    nodes = sellable_nodes()
+    Node.objects.filter(pk=nodes[0].pk).update(state="faulty")
+    holder = hold(world, nodes[1].gpus.all()[:1], start=now, end=now + timedelta(hours=1))
+    seen = {n.node_id: n for n in shape.snapshot(now=now, until=until).nodes}
+    assert nodes[0].pk not in seen
+    assert [b.reservation_id for g in seen[nodes[1].pk].gpus for b in g.busy] == [holder.pk]
+    assert view(shape.snapshot(now=now, until=until)) == view(load_snapshot(now=now, until=until))
+
+
+def test_the_shape_is_read_again_when_hardware_is_removed(world, fleet):
+    now = timezone.now()
+    shape = FleetShape(refresh_s=3600)
+    shape.snapshot(now=now, until=now + timedelta(hours=1))
+    gone = sellable_nodes()[0]
+    gone.delete()
+    assert gone.pk not in {n.node_id for n in shape.snapshot(now=now, until=now + timedelta(hours=1)).nodes}
+
+
+def test_the_kept_queue_follows_what_leaves_joins_and_comes_back(world, fleet):
+    chosen = offering()
+    first = [make_reservation(world, state="queued", offering=chosen) for _ in range(3)]
+    mirror = QueueMirror()
+    assert {row[0] for row in mirror.queued()} == {r.pk for r in first}
+    reservation_cancel(actor=None, reservation=first[0])
+    late = make_reservation(world, state="queued", offering=chosen)
+    assert {row[0] for row in mirror.queued()} == {first[1].pk, first[2].pk, late.pk}
+    Reservation.objects.filter(pk=first[1].pk).update(state="scheduled")
+    assert first[1].pk not in {row[0] for row in mirror.queued()}
+    Reservation.objects.filter(pk=first[1].pk).update(state="queued")  # back, e.g. after a failed provision
+    assert first[1].pk in {row[0] for row in mirror.queued()}
+
+
+def test_cycles_with_memory_place_what_comes_back_to_the_queue(world, fleet):
+    """A placed reservation's kept row is forgotten: requeued, it is placed again from its fresh row."""
+    memory = LoopMemory(record_refresh_s=3600, shape_refresh_s=3600)
+    placed = make_reservation(world, state="queued")
+    assert run_cycle(memory=memory).placed == 1
+    placed.refresh_from_db()
+    assert placed.state == "scheduled"
+    placed.allocations.all().delete()
+    Reservation.objects.filter(pk=placed.pk).update(state="queued", region=None, starts_at=None, ends_at=None)
+    other = make_reservation(world, state="queued")
+    assert run_cycle(memory=memory).placed == 2
+    assert set(Reservation.objects.filter(pk__in=[placed.pk, other.pk]).values_list("state", flat=True)) == {
+        "scheduled"}
+    assert not memory.queue.rows  # nothing is kept of what left the queue
