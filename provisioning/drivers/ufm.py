@@ -21,6 +21,12 @@ The calls and bodies follow the NVIDIA UFM Enterprise REST API Guide, "PKey GUID
   older ``POST /ufmRest/actions/remove_guids_from_pkey`` deprecated, so it is not used here.
 - ``DELETE /ufmRest/resources/pkeys/<pkey>``: the P_Key and its memberships.
 
+Port link states (what watches a bare-metal node a tenant holds) come from the "Ports REST API":
+``GET /ufmRest/resources/ports``, a list of every port of the fabric with ``guid``, ``name``
+(``<port GUID>_<port number>``), ``logical_state`` (``Active``, ``Down``, ``Init``, ``Armed`` or
+``N/A``) and ``physical_state`` (``LinkUp``/``Link Up``, ``Polling``, ``Disabled``, ...). A port
+is up when it is logically Active; when UFM reports no logical state, when it is physically up.
+
 P_Keys go to UFM as ``"0x"`` + lower-case hex without padding (what UFM itself answers, e.g.
 ``"0x2fb"``); GUIDs as the 16 lower-case hex digits UFM reports (the guide accepts 16-20 hex
 characters). MTUs are IB MTU codes 1-5 (256-4096 bytes) and rates are Gb/s numbers.
@@ -52,6 +58,9 @@ from .fabric import (
 log = logging.getLogger(__name__)
 
 API = "/ufmRest/resources/pkeys"
+PORTS = "/ufmRest/resources/ports"
+LOGICAL_DOWN = {"down", "init", "armed"}
+PHYSICAL_DOWN = {"polling", "disabled", "down", "sleep", "phytest", "linkerrorrecovery"}
 # GUIDs per DELETE .../guids/<list>: they travel in the URL path, which servers cap (~8 KiB).
 REMOVE_BATCH = 100
 # Answers worth retrying besides 5xx: timeout and throttling.
@@ -96,6 +105,34 @@ def index0_for(membership: str) -> bool:
     bare-metal manager does); partitions it joins as a limited member never take index 0.
     """
     return membership == FULL
+
+
+def port_guids(port) -> set[str]:
+    """The GUIDs a UFM port answers to: its ``guid`` and the one its ``name`` (``<guid>_<number>``) starts with."""
+    if not isinstance(port, dict):
+        return set()
+    found = set()
+    for value in (port.get("guid"), str(port.get("name") or "").split("_")[0]):
+        try:
+            found.add(normal_guid(value))
+        except ValueError:
+            continue
+    return found
+
+
+def link_state(port) -> str | None:
+    """``up`` or ``down`` from a UFM port's logical state, else its physical one; None when it tells neither."""
+    if not isinstance(port, dict):
+        return None
+    logical = str(port.get("logical_state") or "").replace(" ", "").lower()
+    physical = str(port.get("physical_state") or "").replace(" ", "").lower()
+    if logical == "active":
+        return "up"
+    if logical in LOGICAL_DOWN or physical in PHYSICAL_DOWN:
+        return "down"
+    if physical == "linkup":
+        return "up"
+    return None
 
 
 class UFMFabric(FabricDriver):
@@ -348,6 +385,24 @@ class UFMFabric(FabricDriver):
                 continue
             members[guid] = LIMITED if entry.get("membership") == LIMITED else FULL
         return members
+
+    def port_states(self, guids: Iterable[str]) -> dict[str, str]:
+        wanted = {normal_guid(guid) for guid in guids}
+        if not wanted:
+            return {}
+        answer = self._get(PORTS, {})
+        if not isinstance(answer, list):
+            raise DriverError(f"UFM {self.url} answered {PORTS} with {type(answer).__name__}, not a list of ports; "
+                              "is this UFM Enterprise?", transient=True)
+        states = {}
+        for port in answer:
+            state = link_state(port)
+            if state is None:
+                continue
+            for guid in port_guids(port) & wanted:
+                if states.get(guid) != "down":
+                    states[guid] = state  # one down entry for a GUID is enough to call it down
+        return states
 
     # -- HTTP ------------------------------------------------------------------------------------
 

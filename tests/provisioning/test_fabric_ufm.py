@@ -327,3 +327,52 @@ def test_server_wants_basic_auth(ufm):
     assert raw(ufm, "GET", "/ufmRest/resources/pkeys", password="nope")[0] == 401
     assert raw(ufm, "GET", "/ufmRest/resources/pkeys") == (200, ["0x7fff"])
     assert raw(ufm, "GET", "/ufmRest/resources/pkeys/0x44?guids_data=true") == (200, {})
+
+
+def ufm_port(guid: str, number: int, logical: str | None, physical: str | None, **extra) -> dict:
+    """A port as UFM's "Get All Ports" lists it (the fields the driver reads, and some it does not)."""
+    port = {"guid": guid, "name": f"{guid}_{number}", "number": number, "description": "Computer IB Port",
+            "lid": 17, "mtu": 4096, "severity": "Info", **extra}
+    if logical is not None:
+        port["logical_state"] = logical
+    if physical is not None:
+        port["physical_state"] = physical
+    return port
+
+
+def test_port_states_from_ufms_ports(fabric, ufm):
+    ufm.fabric.ports = [
+        ufm_port("b83fd20300000001", 1, "Active", "LinkUp"),
+        ufm_port("b83fd20300000002", 1, "Down", "Polling"),
+        ufm_port("b83fd20300000003", 1, "Init", "LinkUp"),  # up physically, not configured by the SM
+        ufm_port("b83fd20300000004", 1, "N/A", "Link Up"),  # no logical state: the physical one decides
+        ufm_port("b83fd20300000005", 1, None, "Disabled"),
+        ufm_port("b83fd20300000006", 1, "N/A", "N/A"),  # tells nothing: left out
+        ufm_port("248a0703000000aa", 3, "Active", "LinkUp"),  # a switch port: not asked for
+    ]
+    asked = [f"0xB83FD2030000000{i}" for i in range(1, 8)]
+    assert fabric.port_states(asked) == {
+        "b83fd20300000001": "up", "b83fd20300000002": "down", "b83fd20300000003": "down",
+        "b83fd20300000004": "up", "b83fd20300000005": "down",
+    }
+    assert ufm.writes() == []  # read-only
+
+
+def test_port_states_match_a_port_by_its_name_and_a_down_entry_wins(fabric, ufm):
+    ufm.fabric.ports = [
+        {"name": "b83fd20300000011_1", "logical_state": "Active", "physical_state": "LinkUp"},  # no guid field
+        ufm_port("b83fd20300000012", 1, "Active", "LinkUp"),
+        ufm_port("b83fd20300000012", 1, "Down", "Polling"),
+        "not a port",
+    ]
+    assert fabric.port_states(["b83fd20300000011", "b83fd20300000012"]) == {
+        "b83fd20300000011": "up", "b83fd20300000012": "down"}
+
+
+def test_port_states_ask_nothing_for_no_ports_and_fail_clearly(fabric, ufm):
+    assert fabric.port_states([]) == {}
+    assert ufm.requests == []
+    ufm.fail_next(503)
+    with pytest.raises(DriverError) as failed:
+        fabric.port_states(["b83fd20300000001"])
+    assert failed.value.transient and "503" in str(failed.value)

@@ -18,6 +18,10 @@ and mock in NVIDIA/bare-metal-manager (crates/ufm-mock, ib/ufmclient) and Mellan
   and ``qos_conf`` answer 404.
 - Removing a P_Key's last GUID deletes the P_Key (real UFM does; NVIDIA nv-config-manager PR 72).
 
+It also answers ``GET /ufmRest/resources/ports`` (the guide's "Ports REST API", "Get All Ports"):
+the list in ``fabric.ports``, each port a dict with UFM's fields (``guid``, ``name``,
+``logical_state``, ``physical_state``, ...) as a test puts them.
+
 Errors come back as ``{"error": "..."}`` with the status, as NVIDIA's mock answers them.
 ``fail_next`` and ``delay_s`` let a test make the server answer 5xx or slowly; ``requests``
 records every request seen, so a test can prove none was sent.
@@ -121,6 +125,7 @@ class Fabric:
         self.default_membership = "limited"
         self.pkeys = {DEFAULT_PKEY: {"partition": "management", "ip_over_ib": True, "qos": dict(DEFAULT_QOS),
                                      "members": {}}}
+        self.ports: list[dict] = []
 
     def view(self, pkey: int, guids: bool, qos: bool) -> dict:
         """One P_Key as UFM answers it; 0x7fff also tells the membership UFM gives every port (6.19+)."""
@@ -219,6 +224,8 @@ class Handler(BaseHTTPRequestHandler):
         fabric = self.server.fabric
         guids_data, qos_conf = query.get("guids_data") == "true", query.get("qos_conf") == "true"
         parts = path.split("/")[1:]
+        if method == "GET" and path == "/ufmRest/resources/ports":
+            return list(fabric.ports)
         if parts[:3] != ["ufmRest", "resources", "pkeys"]:
             if method == "POST" and path == "/ufmRest/actions/remove_guids_from_pkey":
                 return self._remove_action(body)
