@@ -41,7 +41,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 from django.urls import reverse
 from django.utils import timezone
 
@@ -49,12 +49,22 @@ from security.models import Incident
 
 from .choices import GPUState, Health, NodeState
 from .errors import Conflict
-from .health import Action, FailurePolicy, Finding, counted_xids, evaluate_gpu, evaluate_port, strongest
-from .models import GPU, GPUSample, GPUTelemetry, Node
+from .health import (
+    Action,
+    FailurePolicy,
+    Finding,
+    counted_xids,
+    evaluate_gpu,
+    evaluate_port,
+    mass_silence,
+    strongest,
+)
+from .models import GPU, GPUSample, GPUTelemetry, Node, Region
 
 log = logging.getLogger(__name__)
 N = NodeState
 SUSPECT = "node_suspect"
+MASS_SILENCE = "mass_silence"
 GPU_RESET = "gpu_reset"
 DRAIN = "node_drain"
 RESET_COMMAND = "reset_gpu"
@@ -385,12 +395,15 @@ def watch_heartbeats(*, now: datetime | None = None) -> dict:
     # (an operator's monitoring agent in the tenant's image); otherwise its BMC is (judge_bmc).
     heard = Q(state=N.ALLOCATED, agent_state__last_seen_at__gte=F("state_changed_at"))
     silent = (Node.objects.filter(Q(state__in=WATCHED) | heard, agent_state__last_seen_at__lte=cutoff)
-              .filter(Q(state_changed_at__isnull=True) | Q(state_changed_at__lte=cutoff)).values_list("pk", flat=True))
-    suspects = Node.objects.filter(state=N.SUSPECT, agent_state__isnull=False).values_list("pk", flat=True)
-    for pk in [*silent, *suspects]:
+              .filter(Q(state_changed_at__isnull=True) | Q(state_changed_at__lte=cutoff))
+              .values_list("pk", "region_id"))
+    suspects = Node.objects.filter(state=N.SUSPECT, agent_state__isnull=False).values_list("pk", "region_id")
+    held = _mass_silence(heard, cutoff, policy, now)
+    report["regions_held"] = len(held)
+    for pk, region_id in [*silent, *suspects]:
         try:
             with transaction.atomic():
-                outcome = _watch(pk, now, policy)
+                outcome = _watch(pk, now, policy, hold=region_id in held)
         except Exception:
             log.exception("heartbeat watchdog failed on node %s", pk)
             report["errors"] += 1
@@ -407,24 +420,54 @@ def watch_heartbeats(*, now: datetime | None = None) -> dict:
     return report
 
 
-def _watch(node_id, now: datetime, policy: FailurePolicy) -> str | None:
+def _mass_silence(heard: Q, cutoff: datetime, policy: FailurePolicy, now: datetime) -> set:
+    """
+    The regions where so many watched nodes are silent at once that the watchdog holds back
+    (cloud.health.mass_silence): one open platform incident per such region, resolved when the
+    region is back under the share.
+    """
+    counts = (Node.objects.filter(Q(state__in=WATCHED) | heard | Q(state=N.SUSPECT), agent_state__isnull=False)
+              .values("region_id").order_by()
+              .annotate(watched=Count("pk"), silent=Count("pk", filter=Q(agent_state__last_seen_at__lte=cutoff))))
+    held = {str(row["region_id"]): row for row in counts if mass_silence(row["silent"], row["watched"], policy)}
+    open_ = {incident.evidence.get("region_id"): incident.pk
+             for incident in Incident.objects.filter(kind=MASS_SILENCE, resolved_at__isnull=True)}
+    for region in Region.objects.filter(pk__in=list(held.keys() - open_.keys())):
+        row = held[str(region.pk)]
+        log.warning("Region %s: %s of %s watched nodes are silent; failing none of them until they are fewer.",
+                    region.slug, row["silent"], row["watched"])
+        Incident.objects.create(
+            kind=MASS_SILENCE, tenant_id=None, impact_started_at=cutoff, detected_at=now,
+            summary=f"{region.slug}: {row['silent']} of {row['watched']} watched nodes stopped reporting at once; "
+                    "the control plane's network is the likelier cause -- they are held suspect, none is failed "
+                    "or replaced until fewer are silent",
+            evidence={"region_id": str(region.pk), "region": region.slug, "silent": row["silent"],
+                      "watched": row["watched"], "share": policy.mass_silence_share,
+                      "min_nodes": policy.mass_silence_min_nodes})
+    Incident.objects.filter(pk__in=[pk for region_id, pk in open_.items() if region_id not in held]).update(
+        resolved_at=now, restored_at=now)
+    return {row["region_id"] for row in held.values()}
+
+
+def _watch(node_id, now: datetime, policy: FailurePolicy, *, hold: bool = False) -> str | None:
     """
     Lock order: a node's live reservations (by pk), then the node -- the lifecycle's order (a failed
     step holds its reservation, then marks the node), and ``node_failed``'s. So the decision is
     read unlocked first; a failure locks the node's live reservations before the node, decides
     again and goes to ``node_failed`` (which does nothing when a racing caller handled it already).
+    ``hold``: the node's region is silent en masse -- a node is made suspect but never failed.
     """
     from provisioning.replacement import _live_reservations
 
     node = Node.objects.select_related("agent_state").get(pk=node_id)
-    decided = _watch_decide(node, now, policy)
+    decided = _watch_decide(node, now, policy, hold=hold)
     if decided is None:
         return None
     failing = decided[0] == "failed"
     if failing:
         list(_live_reservations(node.pk, now).select_for_update(of=("self",)).order_by("pk").values_list("pk"))
     node = Node.objects.select_for_update(of=("self",)).select_related("agent_state").get(pk=node_id)
-    decided = _watch_decide(node, now, policy)
+    decided = _watch_decide(node, now, policy, hold=hold)
     if decided is None or (decided[0] == "failed") != failing:
         return None  # it changed meanwhile: the next round decides again, taking the locks in order
     if failing:
@@ -437,10 +480,10 @@ def _watch(node_id, now: datetime, policy: FailurePolicy) -> str | None:
     return _suspect(node, since, missed, policy.heartbeat_interval_s, now)
 
 
-def _watch_decide(node: Node, now: datetime, policy: FailurePolicy):
+def _watch_decide(node: Node, now: datetime, policy: FailurePolicy, *, hold: bool = False):
     """
     What the watchdog does with ``node``: None, ("failed", since, finding), ("back", None,
-    suspicion) or ("suspect", since, missed).
+    suspicion) or ("suspect", since, missed). ``hold``: never "failed" (a silent region).
     """
     last_seen = node.agent_state.last_seen_at
     period_s = policy.heartbeat_interval_s
@@ -455,7 +498,7 @@ def _watch_decide(node: Node, now: datetime, policy: FailurePolicy):
     else:
         return None
     missed = int((now - since).total_seconds() // period_s)
-    if missed >= policy.faulty_after_misses:
+    if missed >= policy.faulty_after_misses and not hold:
         return "failed", since, Finding(
             Action.FAULTY, "heartbeat_lost", f"no heartbeat for {missed} periods ({period_s:g} s each)",
             {"last_seen": last_seen.isoformat(), "missed": missed, "interval_s": period_s})

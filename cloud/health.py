@@ -82,10 +82,19 @@ class FailurePolicy:
     # work and send a sound server to repair. Drained, it is not sold again once the reservation
     # ends and nothing is replaced; operators who want replacement set this to faulty.
     power_lost_action: Action = Action.DRAIN_NODE
+    # When at least this many of a region's watched nodes, and more than this share of them, are
+    # silent at once, the likelier cause is the control plane's own network, not the nodes (the
+    # Kubernetes node controller stops evicting from a zone in "full disruption" for the same
+    # reason): they are made suspect -- not sold -- but none is failed or has its work moved until
+    # the region is back under the share. One platform incident says so.
+    mass_silence_share: float = 0.5
+    mass_silence_min_nodes: int = 5
 
     def __post_init__(self):
         if not 0 < self.suspect_after_misses <= self.faulty_after_misses:
             raise ValueError("need 0 < suspect_after_misses <= faulty_after_misses")
+        if not 0 < self.mass_silence_share <= 1 or self.mass_silence_min_nodes < 1:
+            raise ValueError("need 0 < mass_silence_share <= 1 and mass_silence_min_nodes >= 1")
         if self.heartbeat_interval_s <= 0:
             raise ValueError("heartbeat_interval_s must be positive")
         if self.repeated_xids < 1 or self.port_flaps < 1:
@@ -122,6 +131,11 @@ class Finding:
 def counted_xids(xids, policy: FailurePolicy) -> int:
     """How many of ``xids`` count towards repeated XIDs (every one the policy does not ignore)."""
     return sum(1 for xid in xids or () if policy.xid_actions.get(int(xid), policy.unknown_xid_action) != Action.IGNORE)
+
+
+def mass_silence(silent: int, watched: int, policy: FailurePolicy) -> bool:
+    """Whether ``silent`` of a region's ``watched`` nodes look like a lost network rather than lost nodes."""
+    return silent >= policy.mass_silence_min_nodes and silent > policy.mass_silence_share * watched
 
 
 def heartbeat_state(last_seen: datetime | None, now: datetime, policy: FailurePolicy) -> str:

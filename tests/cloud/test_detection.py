@@ -15,7 +15,16 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from cloud.capacity import SELLABLE_HEALTH
-from cloud.detection import DRAIN, GPU_RESET, SUSPECT, failure_policy, judge_bmc, judge_samples, watch_heartbeats
+from cloud.detection import (
+    DRAIN,
+    GPU_RESET,
+    MASS_SILENCE,
+    SUSPECT,
+    failure_policy,
+    judge_bmc,
+    judge_samples,
+    watch_heartbeats,
+)
 from cloud.models import GPU, Node
 from cloud.services import node_maintenance_end, node_transition
 from cloud.telemetry import Ingested, PortReading
@@ -466,3 +475,70 @@ def test_the_agent_resets_a_gpu_and_says_whether_it_came_back():
     nvml.raise_ecc(0)
     answer = agent.execute({"id": "2", "kind": "reset_gpu", "payload": {"index": 0}})
     assert answer["ok"] is False and "unhealthy" in answer["detail"]
+
+
+#
+# A region silent en masse
+#
+
+
+def agents_on_all(fleet_nodes, at) -> list[Node]:
+    """Every sellable node of the fleet heard at ``at`` (an agent each)."""
+    nodes = [n for n in fleet_nodes if not n.is_spare and n.state in ("available", "in_service")]
+    for node in nodes:
+        beat(node, at)
+    return nodes
+
+
+def test_a_region_going_silent_at_once_is_held_suspect_not_failed_and_released_when_heard(world, fleet, steps,
+                                                                                          settings):
+    settings.MERIDIAN_FAILURE_POLICY = {"mass_silence_share": 0.5, "mass_silence_min_nodes": 3}
+    pk, host, _ = vm_on_host(world, steps)
+    t0 = timezone.now()
+    nodes = agents_on_all(Node.objects.all(), t0)
+    assert len(nodes) >= 4
+    report = watch(t0 + timedelta(seconds=3.5 * PERIOD))  # all silent past the failure point: a network fault
+    assert report["failed"] == 0 and report["suspect"] == len(nodes) and report["regions_held"] == 1
+    assert set(Node.objects.filter(pk__in=[n.pk for n in nodes]).values_list("state", flat=True)) == {"suspect"}
+    held = Incident.objects.get(kind=MASS_SILENCE, resolved_at__isnull=True)
+    assert held.evidence["silent"] == len(nodes) and held.evidence["region"] == "us-east-1"
+    watch(t0 + timedelta(seconds=5 * PERIOD))  # still silent: nothing failed, nothing opened twice
+    assert not Node.objects.filter(state="faulty").exists() and Incident.objects.filter(kind=MASS_SILENCE).count() == 1
+    assert reservation(pk).state == "active" and not Incident.objects.filter(kind=NODE_FAILURE).exists()
+
+    # The network comes back: every agent but one is heard; the region is released and the one
+    # still silent is now judged on its own -- failed, and its work replaced.
+    later = t0 + timedelta(seconds=6 * PERIOD)
+    quiet = next(n for n in nodes if n.pk != host.pk)
+    for node in nodes:
+        if node.pk != quiet.pk:
+            beat(node, later)
+    report = watch(later + timedelta(seconds=0.1))
+    assert report["regions_held"] == 0 and report["back"] == len(nodes) - 1 and report["failed"] == 1
+    assert Incident.objects.get(kind=MASS_SILENCE).resolved_at is not None
+    quiet.refresh_from_db()
+    host.refresh_from_db()
+    assert quiet.state == "faulty" and host.state == "in_service"
+
+
+def test_a_few_silent_nodes_in_a_large_region_are_failed_as_usual(world, fleet, steps, settings):
+    settings.MERIDIAN_FAILURE_POLICY = {"mass_silence_share": 0.5, "mass_silence_min_nodes": 1}
+    t0 = timezone.now()
+    nodes = agents_on_all(Node.objects.all(), t0)
+    for node in nodes[1:]:
+        beat(node, t0 + timedelta(seconds=3 * PERIOD))
+    report = watch(t0 + timedelta(seconds=3.5 * PERIOD))  # one of several: under the share
+    assert report["regions_held"] == 0 and report["failed"] == 1
+    assert not Incident.objects.filter(kind=MASS_SILENCE).exists()
+
+
+def test_the_mass_silence_policy_is_checked():
+    from cloud.health import FailurePolicy, mass_silence
+
+    with pytest.raises(ValueError):
+        FailurePolicy(mass_silence_share=0)
+    with pytest.raises(ValueError):
+        FailurePolicy(mass_silence_min_nodes=0)
+    policy = FailurePolicy(mass_silence_share=0.5, mass_silence_min_nodes=5)
+    assert not mass_silence(4, 4, policy)  # too few to tell a network from four failures
+    assert not mass_silence(5, 10, policy) and mass_silence(6, 10, policy)
