@@ -41,7 +41,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, F, Max, Min, Q
 from django.urls import reverse
 from django.utils import timezone
 
@@ -398,12 +398,17 @@ def watch_heartbeats(*, now: datetime | None = None) -> dict:
               .filter(Q(state_changed_at__isnull=True) | Q(state_changed_at__lte=cutoff))
               .values_list("pk", "region_id"))
     suspects = Node.objects.filter(state=N.SUSPECT, agent_state__isnull=False).values_list("pk", "region_id")
-    held = _mass_silence(heard, cutoff, policy, now)
-    report["regions_held"] = len(held)
+    try:
+        held_regions, released = _mass_silence(heard, cutoff, policy, now)
+    except Exception:  # the guard failing must not stop the round: judge every node on its own
+        log.exception("heartbeat watchdog: the mass-silence check failed")
+        report["errors"] += 1
+        held_regions, released = set(), {}
+    report["regions_held"] = len(held_regions)
     for pk, region_id in [*silent, *suspects]:
         try:
             with transaction.atomic():
-                outcome = _watch(pk, now, policy, hold=region_id in held)
+                outcome = _watch(pk, now, policy, hold=region_id in held_regions, released=released.get(region_id))
         except Exception:
             log.exception("heartbeat watchdog failed on node %s", pk)
             report["errors"] += 1
@@ -420,54 +425,69 @@ def watch_heartbeats(*, now: datetime | None = None) -> dict:
     return report
 
 
-def _mass_silence(heard: Q, cutoff: datetime, policy: FailurePolicy, now: datetime) -> set:
+def _mass_silence(heard: Q, cutoff: datetime, policy: FailurePolicy, now: datetime) -> tuple[set, dict]:
     """
     The regions where so many watched nodes are silent at once that the watchdog holds back
-    (cloud.health.mass_silence): one open platform incident per such region, resolved when the
-    region is back under the share.
+    (cloud.health.mass_silence), with one open platform incident each; and the regions released
+    lately, with when (their nodes' silence is counted from then). Silent is what ``_watch`` counts
+    as silent: a node just back from a tenant or a cleaning has not missed anything yet.
     """
+    silent = Q(agent_state__last_seen_at__lte=cutoff) & (
+        Q(state_changed_at__isnull=True) | Q(state_changed_at__lte=cutoff) | Q(state=N.SUSPECT))
     counts = (Node.objects.filter(Q(state__in=WATCHED) | heard | Q(state=N.SUSPECT), agent_state__isnull=False)
               .values("region_id").order_by()
-              .annotate(watched=Count("pk"), silent=Count("pk", filter=Q(agent_state__last_seen_at__lte=cutoff))))
-    held = {str(row["region_id"]): row for row in counts if mass_silence(row["silent"], row["watched"], policy)}
-    open_ = {incident.evidence.get("region_id"): incident.pk
-             for incident in Incident.objects.filter(kind=MASS_SILENCE, resolved_at__isnull=True)}
-    for region in Region.objects.filter(pk__in=list(held.keys() - open_.keys())):
-        row = held[str(region.pk)]
-        log.warning("Region %s: %s of %s watched nodes are silent; failing none of them until they are fewer.",
-                    region.slug, row["silent"], row["watched"])
-        Incident.objects.create(
-            kind=MASS_SILENCE, tenant_id=None, impact_started_at=cutoff, detected_at=now,
-            summary=f"{region.slug}: {row['silent']} of {row['watched']} watched nodes stopped reporting at once; "
-                    "the control plane's network is the likelier cause -- they are held suspect, none is failed "
-                    "or replaced until fewer are silent",
-            evidence={"region_id": str(region.pk), "region": region.slug, "silent": row["silent"],
-                      "watched": row["watched"], "share": policy.mass_silence_share,
-                      "min_nodes": policy.mass_silence_min_nodes})
-    Incident.objects.filter(pk__in=[pk for region_id, pk in open_.items() if region_id not in held]).update(
-        resolved_at=now, restored_at=now)
-    return {row["region_id"] for row in held.values()}
+              .annotate(watched=Count("pk"), silent=Count("pk", filter=silent),
+                        since=Min("agent_state__last_seen_at", filter=silent)))
+    counts = {str(row["region_id"]): row for row in counts}
+    with transaction.atomic():
+        # Two overlapping rounds must not open the same region's incident twice.
+        regions = {str(r.pk): r for r in Region.objects.select_for_update().filter(pk__in=list(counts)).order_by("pk")}
+        open_ = {incident.evidence.get("region_id"): incident.pk
+                 for incident in Incident.objects.filter(kind=MASS_SILENCE, resolved_at__isnull=True)}
+        held = {key for key, row in counts.items()
+                if mass_silence(row["silent"], row["watched"], policy, held=key in open_)}
+        for key in held - open_.keys():
+            row, region = counts[key], regions[key]
+            log.warning("Region %s: %s of %s watched nodes are silent; failing none of them until they are fewer.",
+                        region.slug, row["silent"], row["watched"])
+            Incident.objects.create(
+                kind=MASS_SILENCE, tenant_id=None, impact_started_at=row["since"] or cutoff, detected_at=now,
+                summary=f"{region.slug}: {row['silent']} of {row['watched']} watched nodes stopped reporting at "
+                        "once; the control plane's network is the likelier cause -- they are held suspect, none "
+                        "is failed or has its running work moved until fewer are silent",
+                evidence={"region_id": key, "region": region.slug, "silent": row["silent"],
+                          "watched": row["watched"], "share": policy.mass_silence_share,
+                          "min_nodes": policy.mass_silence_min_nodes})
+        Incident.objects.filter(pk__in=[pk for key, pk in open_.items() if key not in held]).update(
+            resolved_at=now, restored_at=now)
+    recent = now - policy.faulty_after_misses * timedelta(seconds=policy.heartbeat_interval_s)
+    released = {row["evidence__region_id"]: row["at"] for row in Incident.objects.filter(
+        kind=MASS_SILENCE, resolved_at__gte=recent).values("evidence__region_id").annotate(at=Max("resolved_at"))}
+    return ({counts[key]["region_id"] for key in held},
+            {counts[key]["region_id"]: at for key, at in released.items() if key in counts and key not in held})
 
 
-def _watch(node_id, now: datetime, policy: FailurePolicy, *, hold: bool = False) -> str | None:
+def _watch(node_id, now: datetime, policy: FailurePolicy, *, hold: bool = False,
+           released: datetime | None = None) -> str | None:
     """
     Lock order: a node's live reservations (by pk), then the node -- the lifecycle's order (a failed
     step holds its reservation, then marks the node), and ``node_failed``'s. So the decision is
     read unlocked first; a failure locks the node's live reservations before the node, decides
     again and goes to ``node_failed`` (which does nothing when a racing caller handled it already).
-    ``hold``: the node's region is silent en masse -- a node is made suspect but never failed.
+    ``hold``: the node's region is silent en masse -- a node is made suspect but never failed;
+    ``released``: when such a hold ended (silence is counted from then).
     """
     from provisioning.replacement import _live_reservations
 
     node = Node.objects.select_related("agent_state").get(pk=node_id)
-    decided = _watch_decide(node, now, policy, hold=hold)
+    decided = _watch_decide(node, now, policy, hold=hold, released=released)
     if decided is None:
         return None
     failing = decided[0] == "failed"
     if failing:
         list(_live_reservations(node.pk, now).select_for_update(of=("self",)).order_by("pk").values_list("pk"))
     node = Node.objects.select_for_update(of=("self",)).select_related("agent_state").get(pk=node_id)
-    decided = _watch_decide(node, now, policy, hold=hold)
+    decided = _watch_decide(node, now, policy, hold=hold, released=released)
     if decided is None or (decided[0] == "failed") != failing:
         return None  # it changed meanwhile: the next round decides again, taking the locks in order
     if failing:
@@ -480,10 +500,12 @@ def _watch(node_id, now: datetime, policy: FailurePolicy, *, hold: bool = False)
     return _suspect(node, since, missed, policy.heartbeat_interval_s, now)
 
 
-def _watch_decide(node: Node, now: datetime, policy: FailurePolicy, *, hold: bool = False):
+def _watch_decide(node: Node, now: datetime, policy: FailurePolicy, *, hold: bool = False,
+                  released: datetime | None = None):
     """
     What the watchdog does with ``node``: None, ("failed", since, finding), ("back", None,
-    suspicion) or ("suspect", since, missed). ``hold``: never "failed" (a silent region).
+    suspicion) or ("suspect", since, missed). ``hold``: never "failed" (a silent region);
+    ``released``: periods are missed only from then on.
     """
     last_seen = node.agent_state.last_seen_at
     period_s = policy.heartbeat_interval_s
@@ -497,7 +519,7 @@ def _watch_decide(node: Node, now: datetime, policy: FailurePolicy, *, hold: boo
         suspicion = None
     else:
         return None
-    missed = int((now - since).total_seconds() // period_s)
+    missed = int((now - max(since, released or since)).total_seconds() // period_s)
     if missed >= policy.faulty_after_misses and not hold:
         return "failed", since, Finding(
             Action.FAULTY, "heartbeat_lost", f"no heartbeat for {missed} periods ({period_s:g} s each)",
@@ -553,8 +575,8 @@ def judge_bmc(*, node: Node, reading: dict, power: str | None, ports: list, now:
     """
     A held bare-metal node's BMC reading, its power state and its ports (``PortReading``s) from
     the fabric: a critical BMC (``bmc_critical_action``), power off under a handed-over server
-    (``power_lost_action``, a drain by default), ports down or flapping, GPUs over the temperature
-    limit. Returns the finding acted on.
+    (``power_lost_action``, a drain by default), ports down on two polls in a row or flapping, GPUs
+    over the temperature limit. Returns the finding acted on.
     """
     from provisioning.choices import InstanceState
     from provisioning.models import Instance
@@ -567,7 +589,10 @@ def judge_bmc(*, node: Node, reading: dict, power: str | None, ports: list, now:
     if power == "off" and Instance.objects.filter(node=node, state=InstanceState.ACTIVE).exists():
         findings.append(Finding(policy.power_lost_action, "power_lost", "the server is off", {"power": power}))
     for port in ports:
-        finding = evaluate_port(link=port.link, changes_in_window=port.changes_in_window, policy=policy)
+        # A held server's link read down once may be the tenant's own reboot: it must read down
+        # on two polls in a row (a flapping link is still found by its changes).
+        link = port.link if port.link != "down" or port.previous == "down" else None
+        finding = evaluate_port(link=link, changes_in_window=port.changes_in_window, policy=policy)
         if finding is not None:
             findings.append(_with(finding, port=port.guid))
     for sensor in reading.get("temperatures") or []:

@@ -85,16 +85,17 @@ class FailurePolicy:
     # When at least this many of a region's watched nodes, and more than this share of them, are
     # silent at once, the likelier cause is the control plane's own network, not the nodes (the
     # Kubernetes node controller stops evicting from a zone in "full disruption" for the same
-    # reason): they are made suspect -- not sold -- but none is failed or has its work moved until
-    # the region is back under the share. One platform incident says so.
+    # reason): they are made suspect -- not sold -- but none is failed or has its running work moved
+    # until the region is under half the share; then those still silent get the usual number of
+    # periods, counted from the release, to be heard. One platform incident says so.
     mass_silence_share: float = 0.5
     mass_silence_min_nodes: int = 5
 
     def __post_init__(self):
         if not 0 < self.suspect_after_misses <= self.faulty_after_misses:
             raise ValueError("need 0 < suspect_after_misses <= faulty_after_misses")
-        if not 0 < self.mass_silence_share <= 1 or self.mass_silence_min_nodes < 1:
-            raise ValueError("need 0 < mass_silence_share <= 1 and mass_silence_min_nodes >= 1")
+        if not 0 < self.mass_silence_share < 1 or self.mass_silence_min_nodes < 1:
+            raise ValueError("need 0 < mass_silence_share < 1 and mass_silence_min_nodes >= 1")
         if self.heartbeat_interval_s <= 0:
             raise ValueError("heartbeat_interval_s must be positive")
         if self.repeated_xids < 1 or self.port_flaps < 1:
@@ -133,9 +134,14 @@ def counted_xids(xids, policy: FailurePolicy) -> int:
     return sum(1 for xid in xids or () if policy.xid_actions.get(int(xid), policy.unknown_xid_action) != Action.IGNORE)
 
 
-def mass_silence(silent: int, watched: int, policy: FailurePolicy) -> bool:
-    """Whether ``silent`` of a region's ``watched`` nodes look like a lost network rather than lost nodes."""
-    return silent >= policy.mass_silence_min_nodes and silent > policy.mass_silence_share * watched
+def mass_silence(silent: int, watched: int, policy: FailurePolicy, *, held: bool = False) -> bool:
+    """
+    Whether ``silent`` of a region's ``watched`` nodes look like a lost network rather than lost
+    nodes. A region already ``held`` stays held until under half the share: a network coming back
+    in pieces must not release it at the first node heard and fail all the others at once.
+    """
+    share = policy.mass_silence_share / 2 if held else policy.mass_silence_share
+    return silent >= policy.mass_silence_min_nodes and silent > share * watched
 
 
 def heartbeat_state(last_seen: datetime | None, now: datetime, policy: FailurePolicy) -> str:

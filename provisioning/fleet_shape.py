@@ -22,7 +22,7 @@ from typing import NamedTuple
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import Q
+from django.db.models import Count, Max, Q
 
 from cloud.capacity import SELLABLE_HEALTH
 from cloud.models import GPU, Node
@@ -57,7 +57,7 @@ class FleetShape:
     def __init__(self, refresh_s: float = 30.0):
         self.refresh_s = refresh_s
         self.nodes: list[NodeShape] = []  # by hostname, as load_snapshot orders them
-        self.counts: tuple[int, int] | None = None
+        self.counts: tuple | None = None
         self.read_at = float("-inf")
 
     def snapshot(self, *, now: datetime, until: datetime, regions=None, gpu_model_ids=None) -> Snapshot:
@@ -71,17 +71,19 @@ class FleetShape:
         for node in self.nodes:
             if node.node_id in blocked_nodes or (regions is not None and node.region not in regions):
                 continue
-            gpus = [GPUCapacity(gpu_id=g.gpu_id, index=g.index, memory_mib=g.memory_mib, busy=busy.get(g.gpu_id, []))
-                    for g in node.gpus
-                    if g.gpu_id not in blocked_gpus and (models is None or g.model_id in models)]
-            if gpus:
+            usable = [g for g in node.gpus if g.gpu_id not in blocked_gpus and (models is None or g.model_id in models)]
+            if usable:
+                gpus = [GPUCapacity(gpu_id=g.gpu_id, index=g.index, memory_mib=g.memory_mib,
+                                    busy=busy.get(g.gpu_id, [])) for g in usable]
+                # A node's GPUs are of one model (enrolment checks it); its last usable GPU's, as load_snapshot.
                 nodes.append(NodeCapacity(node_id=node.node_id, region=node.region, fabric_id=node.fabric_id,
                                           leaf_id=node.leaf_id, pod=node.pod, pool=node.pool,
-                                          gpu_model_id=node.gpus[-1].model_id, gpus=gpus))
+                                          gpu_model_id=usable[-1].model_id, gpus=gpus))
         return Snapshot(now=now, nodes=nodes)
 
     def _refresh(self) -> None:
-        counts = (Node.objects.count(), GPU.objects.count())
+        # Hardware added or removed changes one of these (removing one and adding another too).
+        counts = (*Node.objects.aggregate(n=Count("pk"), newest=Max("created_at")).values(), GPU.objects.count())
         if counts == self.counts and time.monotonic() - self.read_at < self.refresh_s:
             return
         gpus = defaultdict(list)

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from cloud.db import update_rows
 from cloud.errors import Conflict, QuotaExceeded
-from cloud.models import Region
+from cloud.models import Offering, Region
 
 from . import admission
 from .allocations import CapacityTaken, nodes_held_back
@@ -46,6 +46,7 @@ QUEUE_COLUMNS = ["id", "tenant_id", "team_id", "name", "gpu_model_id", "offering
                  "gpus", "regions", "requested_start", "duration", "billing_term", "eviction_policy", "score",
                  "state", "state_reason", "offering__kind", "offering__gpus_per_unit", "offering__slots_per_gpu",
                  "offering__gpu_model_id", "vpc__fabric"]
+OFFERING_COLUMNS = ["id", "kind", "gpus_per_unit", "slots_per_gpu", "gpu_model_id"]
 WAITING_REASONS_PER_CYCLE = 200
 APPLY_BATCH = 100
 
@@ -110,12 +111,18 @@ class QueueMirror:
         return [self.ranking[pk] for pk in ids if pk in self.ranking]
 
     def whole(self, ids: list) -> dict:
-        """The whole rows of ``ids`` (queued a moment ago); the rest of what was kept is dropped."""
+        """
+        The whole rows of ``ids`` (queued a moment ago); the rest of what was kept is dropped. The
+        offerings (a few rows, which staff may edit) are read again every time.
+        """
         self.rows = {pk: self.rows[pk] for pk in ids if pk in self.rows}
         missing = [pk for pk in ids if pk not in self.rows]
         if missing:
             self.rows.update(Reservation.objects.select_related("offering", "vpc").only(*QUEUE_COLUMNS)
                              .in_bulk(missing))
+        offerings = Offering.objects.only(*OFFERING_COLUMNS).in_bulk({r.offering_id for r in self.rows.values()})
+        for reservation in self.rows.values():
+            reservation.offering = offerings[reservation.offering_id]
         return self.rows
 
     def forget(self, ids) -> None:
@@ -206,7 +213,7 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     for reservation_id, total in ranked:
         reservation = by_id.get(reservation_id)
         if reservation is None or reservation.state != R.QUEUED:
-            continue  # moved on since the queue was read
+            continue  # moved on between reading the ids and loading the row
         reservation.score = total
         requests.append(request_for(reservation, now))
     if not requests:

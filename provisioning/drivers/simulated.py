@@ -304,7 +304,14 @@ class SimulatedFabric(Simulated, FabricDriver):
     def port_states(self, guids) -> dict[str, str]:
         """Every port is up unless ``set_port_state`` took it down (the fabric's view, out of band)."""
         down = set(self._state(self.target).get("ports_down", []))
-        return {guid: ("down" if guid in down else "up") for guid in (normal_guid(g) for g in guids)}
+        states = {}
+        for guid in guids:
+            try:
+                guid = normal_guid(guid)
+            except ValueError:
+                continue  # a bad stored GUID: nothing known of it, as a real fabric would say
+            states[guid] = "down" if guid in down else "up"
+        return states
 
     def set_port_state(self, guid: str, link: str) -> None:
         """Tests and the demo: a port's link goes down (a cable, a transceiver) or comes back up."""

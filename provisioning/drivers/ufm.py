@@ -24,8 +24,10 @@ The calls and bodies follow the NVIDIA UFM Enterprise REST API Guide, "PKey GUID
 Port link states (what watches a bare-metal node a tenant holds) come from the "Ports REST API":
 ``GET /ufmRest/resources/ports``, a list of every port of the fabric with ``guid``, ``name``
 (``<port GUID>_<port number>``), ``logical_state`` (``Active``, ``Down``, ``Init``, ``Armed`` or
-``N/A``) and ``physical_state`` (``LinkUp``/``Link Up``, ``Polling``, ``Disabled``, ...). A port
-is up when it is logically Active; when UFM reports no logical state, when it is physically up.
+``N/A``) and ``physical_state`` (``LinkUp``/``Link Up``, ``Polling``, ``Disabled``, ...); only
+hosts' ports are asked for (``?sys_type=Computer``). A port is up when it is logically Active and
+down when logically Down or physically not linked; Init and Armed (a link being brought up, before
+the subnet manager's next sweep) tell nothing yet.
 
 P_Keys go to UFM as ``"0x"`` + lower-case hex without padding (what UFM itself answers, e.g.
 ``"0x2fb"``); GUIDs as the 16 lower-case hex digits UFM reports (the guide accepts 16-20 hex
@@ -59,7 +61,7 @@ log = logging.getLogger(__name__)
 
 API = "/ufmRest/resources/pkeys"
 PORTS = "/ufmRest/resources/ports"
-LOGICAL_DOWN = {"down", "init", "armed"}
+LOGICAL_DOWN = {"down"}
 PHYSICAL_DOWN = {"polling", "disabled", "down", "sleep", "phytest", "linkerrorrecovery"}
 # GUIDs per DELETE .../guids/<list>: they travel in the URL path, which servers cap (~8 KiB).
 REMOVE_BATCH = 100
@@ -130,9 +132,9 @@ def link_state(port) -> str | None:
         return "up"
     if logical in LOGICAL_DOWN or physical in PHYSICAL_DOWN:
         return "down"
-    if physical == "linkup":
+    if physical == "linkup" and logical in ("", "n/a"):
         return "up"
-    return None
+    return None  # Init or Armed: coming up, not usable yet, not a fault either
 
 
 class UFMFabric(FabricDriver):
@@ -387,10 +389,15 @@ class UFMFabric(FabricDriver):
         return members
 
     def port_states(self, guids: Iterable[str]) -> dict[str, str]:
-        wanted = {normal_guid(guid) for guid in guids}
+        wanted = set()
+        for guid in guids:
+            try:
+                wanted.add(normal_guid(guid))
+            except ValueError as exc:  # a bad stored GUID must not hide the other ports' states
+                log.warning("UFM %s: skipping port %r: %s", self.url, guid, exc)
         if not wanted:
             return {}
-        answer = self._get(PORTS, {})
+        answer = self._get(PORTS, {"sys_type": "Computer"})
         if not isinstance(answer, list):
             raise DriverError(f"UFM {self.url} answered {PORTS} with {type(answer).__name__}, not a list of ports; "
                               "is this UFM Enterprise?", transient=True)
@@ -444,7 +451,7 @@ class UFMFabric(FabricDriver):
                                "MERIDIAN_FABRICS.", False)
         if status == 403:
             return self._error(f"UFM {self.url} does not let user '{self.username}' {what} (HTTP 403: {answer}); "
-                               "give the user a UFM role that may manage PKeys.", False)
+                               "give the user a UFM role that may do this (managing PKeys, reading ports).", False)
         if status >= 500 or status in RETRYABLE:
             return self._error(f"UFM {self.url} failed to {what} (HTTP {status}: {answer}); will retry.", True)
         return self._error(f"UFM {self.url} refused to {what} (HTTP {status}: {answer}); the request does not suit "

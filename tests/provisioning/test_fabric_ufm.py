@@ -344,23 +344,25 @@ def test_port_states_from_ufms_ports(fabric, ufm):
     ufm.fabric.ports = [
         ufm_port("b83fd20300000001", 1, "Active", "LinkUp"),
         ufm_port("b83fd20300000002", 1, "Down", "Polling"),
-        ufm_port("b83fd20300000003", 1, "Init", "LinkUp"),  # up physically, not configured by the SM
+        ufm_port("b83fd20300000003", 1, "Init", "LinkUp"),  # coming up, before the SM's sweep: tells nothing
         ufm_port("b83fd20300000004", 1, "N/A", "Link Up"),  # no logical state: the physical one decides
         ufm_port("b83fd20300000005", 1, None, "Disabled"),
         ufm_port("b83fd20300000006", 1, "N/A", "N/A"),  # tells nothing: left out
-        ufm_port("248a0703000000aa", 3, "Active", "LinkUp"),  # a switch port: not asked for
+        ufm_port("b83fd20300000007", 1, "Armed", "LinkUp"),
+        ufm_port("b83fd20300000008", 3, "Down", "Polling", description="Switch IB Port"),  # not a host's
     ]
-    asked = [f"0xB83FD2030000000{i}" for i in range(1, 8)]
+    asked = ["0xB83FD20300000001", *(f"b83fd2030000000{i}" for i in range(2, 9)), "not-a-guid"]
     assert fabric.port_states(asked) == {
-        "b83fd20300000001": "up", "b83fd20300000002": "down", "b83fd20300000003": "down",
-        "b83fd20300000004": "up", "b83fd20300000005": "down",
+        "b83fd20300000001": "up", "b83fd20300000002": "down", "b83fd20300000004": "up",
+        "b83fd20300000005": "down",
     }
-    assert ufm.writes() == []  # read-only
+    assert ufm.writes() == [] and ufm.requests[-1][2] == {"sys_type": "Computer"}  # read-only, hosts only
 
 
 def test_port_states_match_a_port_by_its_name_and_a_down_entry_wins(fabric, ufm):
     ufm.fabric.ports = [
-        {"name": "b83fd20300000011_1", "logical_state": "Active", "physical_state": "LinkUp"},  # no guid field
+        {"name": "b83fd20300000011_1", "description": "Computer IB Port", "logical_state": "Active",
+         "physical_state": "LinkUp"},  # no guid field
         ufm_port("b83fd20300000012", 1, "Active", "LinkUp"),
         ufm_port("b83fd20300000012", 1, "Down", "Polling"),
         "not a port",

@@ -127,3 +127,13 @@ def test_cycles_with_memory_place_what_comes_back_to_the_queue(world, fleet):
     assert set(Reservation.objects.filter(pk__in=[placed.pk, other.pk]).values_list("state", flat=True)) == {
         "scheduled"}
     assert not memory.queue.rows  # nothing is kept of what left the queue
+
+
+def test_kept_rows_see_an_offering_edited_since(world, fleet):
+    chosen = offering("vm", 1)
+    waiting = make_reservation(world, state="queued", offering=chosen)
+    mirror = QueueMirror()
+    mirror.queued()
+    assert mirror.whole([waiting.pk])[waiting.pk].offering.gpus_per_unit == 1
+    type(chosen).objects.filter(pk=chosen.pk).update(gpus_per_unit=2)
+    assert mirror.whole([waiting.pk])[waiting.pk].offering.gpus_per_unit == 2

@@ -225,7 +225,10 @@ class Handler(BaseHTTPRequestHandler):
         guids_data, qos_conf = query.get("guids_data") == "true", query.get("qos_conf") == "true"
         parts = path.split("/")[1:]
         if method == "GET" and path == "/ufmRest/resources/ports":
-            return list(fabric.ports)
+            # ?sys_type=Computer|Switch: the ports of that kind of system (UFM's descriptions say which).
+            kind = query.get("sys_type")
+            return [port for port in fabric.ports if not kind or not isinstance(port, dict)
+                    or str(port.get("description", "")).startswith(kind)]
         if parts[:3] != ["ufmRest", "resources", "pkeys"]:
             if method == "POST" and path == "/ufmRest/actions/remove_guids_from_pkey":
                 return self._remove_action(body)
