@@ -78,6 +78,11 @@ class GpuState:
 
     def refresh(self) -> None:
         """Recompute the summaries after ``entries`` changed."""
+        if not self.entries:
+            self.busy_until = self.last_end = 0
+            self.first_start = FOREVER
+            self.layouts = NO_LAYOUTS
+            return
         covered = 0
         last = 0
         layouts = NO_LAYOUTS
@@ -261,8 +266,9 @@ class Capacity:
                 node.gpus.append(gpu)
                 self.gpus[g.gpu_id] = gpu
                 region_gpus.append(gpu)
-                self._index_layouts(gpu, NO_LAYOUTS)
-                self._index_holdings(gpu)
+                if gpu.entries:  # a GPU with nothing on it has no layout and no holder to index
+                    self._index_layouts(gpu, NO_LAYOUTS)
+                    self._index_holdings(gpu)
             node.refresh()
             self.region_nodes.setdefault(cap.region, []).append(node)
             leaf.nodes.append(node)
@@ -271,19 +277,24 @@ class Capacity:
 
     def _find_victims(self, snapshot: Snapshot) -> None:
         """A reservation may be evicted only when every allocation of it is spot work; its priority is the highest."""
-        spot: dict[UUID, bool] = {}
+        not_spot: set[UUID] = set()
         priority: dict[UUID, float] = {}
         for cap in snapshot.nodes:
             for g in cap.gpus:
                 for b in g.busy:
-                    spot[b.reservation_id] = spot.get(b.reservation_id, True) and b.preemptible
-                    priority[b.reservation_id] = max(priority.get(b.reservation_id, b.priority), b.priority)
-        self.victim_priority = {rid: priority[rid] for rid, ok in spot.items() if ok}
+                    if not b.preemptible:
+                        not_spot.add(b.reservation_id)
+                    elif b.priority > priority.get(b.reservation_id, float("-inf")):
+                        priority[b.reservation_id] = b.priority
+        self.victim_priority = {rid: p for rid, p in priority.items() if rid not in not_spot}
 
     def _entries(self, busy) -> list[Entry]:
+        if not busy:
+            return []  # most GPUs: nothing to convert
         entries = []
+        now = self.now
         for b in busy:
-            start, end = self.ticks(b.start), self.ticks(b.end)
+            start, end = (b.start - now) // TICK, (b.end - now) // TICK
             if end > 0 and end > start:  # work that ended by now can never conflict again
                 entries.append(Entry(start, end, b.mem_lo, b.mem_hi, b.reservation_id,
                                      self.victim_priority.get(b.reservation_id)))
