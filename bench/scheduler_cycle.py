@@ -489,14 +489,18 @@ def at_fill(world: World, fill: int, rng: random.Random) -> dict:
     phases = {name: round(percentile([r.timings_ms.get(name, 0.0) for r in reports], 50), 1)
               for name in reports[0].timings_ms}
     placed = [r.placed for r in reports]
+    # The first cycle of a level is cold (the loop's memory meets 10,000 new reservations at once,
+    # as a new leader does); the others are what a running loop does. The target is held to all.
     result = {"gpus_held": held, "queued": reports[0].queued, "cycle_ms": summary(cycles),
-              "first_cycle_ms": round(cycles[0], 1), "timings_ms_p50": phases,
+              "first_cycle_ms": round(cycles[0], 1), "warm_cycle_ms": summary(cycles[1:]) if len(cycles) > 1 else {},
+              "timings_ms_p50": phases,
               "placed_per_cycle": round(sum(placed) / len(placed)),
               "conflicts_per_cycle": round(sum(r.conflicts for r in reports) / len(reports)),
               "placements_per_s_in_cycle": round(sum(placed) / (sum(cycles) / 1000), 1), **split,
               "instrumented": detail}
     print(f"  {fill:3d} %: cycle p50 {result['cycle_ms']['p50']} ms, p99 {result['cycle_ms']['p99']} ms over "
-          f"{len(cycles)} (target < {TARGET_CYCLE_P99_MS:.0f}), phases p50 {phases}, "
+          f"{len(cycles)} (target < {TARGET_CYCLE_P99_MS:.0f}); first (cold) {result['first_cycle_ms']} ms, warm "
+          f"p50/p99 {result['warm_cycle_ms'].get('p50')}/{result['warm_cycle_ms'].get('p99')} ms; phases p50 {phases}, "
           f"{result['placed_per_cycle']} placed per cycle")
     print(f"    instrumented cycle: {detail['queries']} queries, {detail['db_ms']} ms in the database, "
           f"{detail['gc_ms']} ms in {detail['gc_pauses']} garbage collections, "
