@@ -46,6 +46,7 @@ QUEUE_COLUMNS = ["id", "tenant_id", "team_id", "name", "gpu_model_id", "offering
                  "gpus", "regions", "requested_start", "duration", "billing_term", "eviction_policy", "score",
                  "state", "state_reason", "offering__kind", "offering__gpus_per_unit", "offering__slots_per_gpu",
                  "offering__gpu_model_id", "vpc__fabric"]
+MIRROR_BY_IDS = 2000  # the most rows the queue mirror reads by id; more are read by one scan
 OFFERING_COLUMNS = ["id", "kind", "gpus_per_unit", "slots_per_gpu", "gpu_model_id"]
 WAITING_REASONS_PER_CYCLE = 200
 APPLY_BATCH = 100
@@ -105,8 +106,12 @@ class QueueMirror:
         present = set(ids)
         self.ranking = {pk: row for pk, row in self.ranking.items() if pk in present}
         missing = [pk for pk in ids if pk not in self.ranking]
-        for start in range(0, len(missing), 5000):
-            for row in Reservation.objects.filter(pk__in=missing[start:start + 5000]).values_list(*RANKING_COLUMNS):
+        if len(missing) > MIRROR_BY_IDS:  # cold (a new leader) or a burst: one scan beats a long id list
+            rows = Reservation.objects.filter(state=R.QUEUED).values_list(*RANKING_COLUMNS)
+        else:
+            rows = Reservation.objects.filter(pk__in=missing).values_list(*RANKING_COLUMNS) if missing else ()
+        for row in rows:
+            if row[0] in present:
                 self.ranking[row[0]] = row
         return [self.ranking[pk] for pk in ids if pk in self.ranking]
 
