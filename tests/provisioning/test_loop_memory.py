@@ -137,3 +137,15 @@ def test_kept_rows_see_an_offering_edited_since(world, fleet):
     assert mirror.whole([waiting.pk])[waiting.pk].offering.gpus_per_unit == 1
     type(chosen).objects.filter(pk=chosen.pk).update(gpus_per_unit=2)
     assert mirror.whole([waiting.pk])[waiting.pk].offering.gpus_per_unit == 2
+
+
+def test_the_kept_queue_reads_a_burst_by_one_scan(world, fleet, monkeypatch):
+    from provisioning import scheduler
+
+    monkeypatch.setattr(scheduler, "MIRROR_BY_IDS", 1)
+    chosen = offering()
+    made = [make_reservation(world, state="queued", offering=chosen) for _ in range(3)]
+    make_reservation(world, state="cancelled", offering=chosen)
+    mirror = QueueMirror()
+    assert [row[0] for row in mirror.queued()] == [r.pk for r in sorted(made, key=lambda r: r.submitted_at)]
+    assert set(mirror.ranking) == {r.pk for r in made}
