@@ -7,22 +7,24 @@ another node is refused.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from datetime import timedelta
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
 from django.utils import timezone
 from rest_framework.exceptions import NotFound
 
-from cloud.choices import GPUState
+from cloud.choices import GPUState, IsolationMode
 from cloud.errors import Conflict, DomainError, Forbidden
-from cloud.models import GPU, Node
+from cloud.models import GPU, Node, Offering
 from security.audit import audit_record
+from security.crypto import decrypt
 
 from .agent.signing import HEADER_KEY, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIME, MAX_SKEW_S, valid
 from .choices import InstanceState
-from .models import AgentCommand, AgentNonce, AgentState, Instance, NodeCredential
+from .models import AgentCommand, AgentNonce, AgentState, Instance, NodeCredential, Reservation
 
 
 class AgentAuthFailed(DomainError):
@@ -42,41 +44,140 @@ def credential_issue(*, actor, node: Node) -> tuple[NodeCredential, str]:
     secret = secrets.token_urlsafe(32)
     NodeCredential.objects.filter(node=node).delete()
     credential = NodeCredential.objects.create(node=node, key_id=f"nk_{secrets.token_hex(8)}", secret=secret)
-    audit_record(actor=actor, action="node.agent_key_issue", target=node, tenant_id=None,
-                 after={"key_id": credential.key_id})
+    audit_record(
+        actor=actor, action="node.agent_key_issue", target=node, tenant_id=None, after={"key_id": credential.key_id}
+    )
     return credential, secret
 
 
 def authenticate(*, method: str, path: str, headers, body: bytes, now=None) -> Node:
-    """The node whose key signed this request; refuses unknown keys, stale times, bad signatures, replays."""
+    """
+    The node whose key signed this request; refuses unknown keys, stale times, bad signatures,
+    replays. Two statements whatever the request: the key with its node, then the nonce spent.
+    """
     now = now or timezone.now()
-    key_id, timestamp, nonce, given = (headers.get(h, "") for h in (HEADER_KEY, HEADER_TIME, HEADER_NONCE,
-                                                                    HEADER_SIGNATURE))
+    key_id, timestamp, nonce, given = (
+        headers.get(h, "") for h in (HEADER_KEY, HEADER_TIME, HEADER_NONCE, HEADER_SIGNATURE)
+    )
     if not (key_id and timestamp and nonce and given):
-        raise AgentAuthFailed(f"Sign the request: {HEADER_KEY}, {HEADER_TIME}, {HEADER_NONCE} and "
-                              f"{HEADER_SIGNATURE} are required.", code="node_auth_required")
-    credential = NodeCredential.objects.select_related("node").filter(key_id=key_id, revoked_at=None).first()
-    if credential is None:
+        raise AgentAuthFailed(
+            f"Sign the request: {HEADER_KEY}, {HEADER_TIME}, {HEADER_NONCE} and {HEADER_SIGNATURE} are required.",
+            code="node_auth_required",
+        )
+    found = _credential(key_id)
+    if found is None:
         raise AgentAuthFailed("Unknown or revoked node key; issue a new one for this node.", code="node_key_invalid")
+    secret, node = found
     try:
         skew = abs(now.timestamp() - int(timestamp))
     except ValueError:
         raise AgentAuthFailed(f"{HEADER_TIME} must be a Unix time in seconds.", code="stale") from None
     if skew > MAX_SKEW_S:
-        raise AgentAuthFailed(f"The request's time is {int(skew)} s away from ours (at most {MAX_SKEW_S}); "
-                              "check the node's clock.", code="stale")
-    if len(nonce) > 64 or not valid(credential.secret, method, path, timestamp, nonce, body, given):
+        raise AgentAuthFailed(
+            f"The request's time is {int(skew)} s away from ours (at most {MAX_SKEW_S}); check the node's clock.",
+            code="stale",
+        )
+    if len(nonce) > 64 or not valid(secret, method, path, timestamp, nonce, body, given):
         raise AgentAuthFailed("The signature does not match the request.", code="signature_invalid")
-    try:
-        with transaction.atomic():
-            AgentNonce.objects.create(node=credential.node, nonce=nonce, seen_at=now)
-    except IntegrityError:
-        raise Replayed() from None
-    return credential.node
+    if not _nonce_spend(node=node, nonce=nonce, now=now):
+        raise Replayed()
+    return node
 
 
-def heartbeat(*, node: Node, agent_version: str, gpus: list[dict], samples: list | None = None,
-              ports: list | None = None, now=None) -> AgentState:
+# The node's own columns but those the database gives back converted (the BMC password, encrypted:
+# an agent's request has no use for it); a field left out loads when read, as ``defer()`` does.
+_NODE_FIELDS = [f for f in Node._meta.concrete_fields if not hasattr(f, "from_db_value")]
+_NODE_ATTNAMES = [f.attname for f in _NODE_FIELDS]
+_CREDENTIAL_SQL = (
+    f"SELECT c.secret, {', '.join(f'n.{f.column}' for f in _NODE_FIELDS)} "  # noqa: S608 -- our own names
+    f"FROM {NodeCredential._meta.db_table} c JOIN {Node._meta.db_table} n ON n.id = c.node_id "
+    "WHERE c.key_id = %s AND c.revoked_at IS NULL"
+)
+_NONCE_SQL = (
+    f"INSERT INTO {AgentNonce._meta.db_table} (node_id, nonce, seen_at) VALUES (%s, %s, %s) "  # noqa: S608
+    "ON CONFLICT (node_id, nonce) DO NOTHING"
+)
+
+
+def _own_transaction(write: str) -> str:
+    """
+    ``write`` (one INSERT) as a statement that commits without waiting for the WAL flush when it
+    is its own transaction, and says whether it wrote its row.
+    """
+    return (
+        f"WITH done AS ({write} RETURNING 1) "  # noqa: S608 -- our own statements
+        "SELECT set_config('synchronous_commit', 'off', true), EXISTS (SELECT FROM done)"
+    )
+
+
+def _write(sql: str, params: list) -> bool:
+    """
+    Run one prepared write of the hot path (``sql`` an INSERT); True when it wrote its row. Run in
+    autocommit it is its own transaction, committed without waiting for the WAL flush; inside a
+    caller's transaction it leaves that transaction's durability alone (a plain statement).
+    """
+    from cloud.telemetry import fast_cursor
+
+    with fast_cursor() as cursor:
+        if connection.in_atomic_block:
+            cursor.execute(sql, params)
+            return cursor.rowcount == 1
+        cursor.execute(_OWN[sql], params)
+        return cursor.fetchone()[1]
+
+
+def _credential(key_id: str) -> tuple[str, Node] | None:
+    """
+    The live key's secret and its node, in one statement (prepared on PostgreSQL: every agent
+    request asks it), or None for an unknown or revoked key.
+    """
+    if connection.vendor != "postgresql":
+        credential = NodeCredential.objects.select_related("node").filter(key_id=key_id, revoked_at=None).first()
+        return None if credential is None else (credential.secret, credential.node)
+    from cloud.telemetry import fast_cursor
+
+    with fast_cursor() as cursor:
+        cursor.execute(_CREDENTIAL_SQL, [key_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    node = Node.from_db(DEFAULT_DB_ALIAS, _NODE_ATTNAMES, row[1:])
+    return decrypt(row[0]), node
+
+
+def _nonce_spend(*, node: Node, nonce: str, now) -> bool:
+    """
+    Record ``nonce`` as spent by ``node``; False when it was spent before (a replay). The nonces
+    live in the database (AgentNonce, unique per node), not in the cache: a cache may evict or lose
+    a key (Redis under memory pressure or restarted; the embedded file cache culls past 300
+    entries and its add() is not atomic across processes), and a replay would then pass. On
+    PostgreSQL it is one prepared insert that does nothing on a spent nonce: a second copy arriving
+    at the same moment waits for the first's row, then is refused.
+
+    It commits without waiting for the WAL flush (``_write``), and that refuses every replay that
+    matters: the row is visible to every other session as soon as it commits, and the request's
+    own writes commit after it in the WAL, so a crash that loses the nonce lost all of them too --
+    a request replayed then only does again what was lost, as the agent's retry would.
+    """
+    if connection.vendor != "postgresql":
+        try:
+            with transaction.atomic():
+                AgentNonce.objects.create(node=node, nonce=nonce, seen_at=now)
+        except IntegrityError:
+            return False
+        return True
+    return _write(_NONCE_SQL, [node.pk, nonce, now])
+
+
+def heartbeat(
+    *,
+    node: Node,
+    agent_version: str,
+    gpus: list[dict],
+    samples: list | None = None,
+    ports: list | None = None,
+    now=None,
+) -> AgentState:
     """
     Record what the agent sees: its inventory, and its GPU samples and port states through
     ``cloud.telemetry.ingest``. An inventory that lists a GPU that is not this node's is refused
@@ -86,7 +187,10 @@ def heartbeat(*, node: Node, agent_version: str, gpus: list[dict], samples: list
     raised for the API to answer: a node whose telemetry is bad is still alive, and the watchdog
     must not fail it (and move its tenants) for that. A port GUID the node has no HCAPort for is
     skipped by ``ingest``. A fixed number of statements whatever the GPU count (every node sends
-    one every MERIDIAN_AGENT_INTERVAL seconds).
+    one every MERIDIAN_AGENT_INTERVAL seconds): on PostgreSQL three, and no transaction of their
+    own -- the read, the liveness, the telemetry, each write atomic by itself and committed as it
+    runs, so failure detection acts on samples already stored (in its own transaction, only when
+    it found something).
     """
     from cloud import telemetry
     from cloud.detection import judge_samples
@@ -98,28 +202,20 @@ def heartbeat(*, node: Node, agent_version: str, gpus: list[dict], samples: list
     known = {row[2] for row in stored.gpus}
     foreign = sorted({str(g.get("uuid")) for g in gpus} - known)
     if foreign:
-        raise Forbidden(f"This node has no GPU {', '.join(foreign[:3])}; an agent speaks only for its own GPUs.",
-                        code="foreign_gpu")
+        raise Forbidden(
+            f"This node has no GPU {', '.join(foreign[:3])}; an agent speaks only for its own GPUs.", code="foreign_gpu"
+        )
     if len(gpus) > len(known):
         raise DomainError(f"{len(gpus)} GPUs listed, but {node.hostname} has {len(known)}.", code="too_many")
     state = AgentState(node=node, last_seen_at=now, agent_version=agent_version[:32], gpus=gpus)
-    refused = None
-    with transaction.atomic():
-        _agent_state_save(state)  # liveness first: kept even when the telemetry below is refused
-        if samples or ports:
-            try:
-                # ingest returns each GPU's new sample with the one before it, and each port's link with
-                # its recent flaps: failure detection judges that (no query unless something is wrong).
-                ingested = telemetry.ingest(node=node, samples=samples or [], ports=ports or [], now=now,
-                                            known=stored)
-            except DomainError as exc:
-                # ingest refuses before its one write (no savepoint needed): nothing of the telemetry
-                # is stored, the liveness above commits, and the API still answers the refusal.
-                refused = exc
-            else:
-                judge_samples(node=node, ingested=ingested, now=now)
-    if refused is not None:
-        raise refused
+    _agent_state_save(state)  # liveness first: kept even when the telemetry below is refused
+    if samples or ports:
+        # ingest returns each GPU's new sample with the one before it, and each port's link with its
+        # recent flaps: failure detection judges that (no query unless something is wrong). ingest
+        # refuses before its one write: then nothing of the telemetry is stored, the liveness above
+        # stays, and the API answers the refusal.
+        ingested = telemetry.ingest(node=node, samples=samples or [], ports=ports or [], now=now, known=stored)
+        judge_samples(node=node, ingested=ingested, now=now)
     return state
 
 
@@ -128,28 +224,34 @@ _AGENT_STATE_SQL = (
     "VALUES (%s, %s, %s, %s::jsonb) ON CONFLICT (node_id) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at, "
     "agent_version = EXCLUDED.agent_version, gpus = EXCLUDED.gpus"
 )
+_OWN = {sql: _own_transaction(sql) for sql in (_NONCE_SQL, _AGENT_STATE_SQL)}
 
 
 def _agent_state_save(state: AgentState) -> None:
-    """One upsert: a prepared statement on PostgreSQL (every node, every heartbeat), the ORM elsewhere."""
+    """
+    One upsert: a prepared statement on PostgreSQL (every node, every heartbeat), the ORM elsewhere.
+    Committed without waiting for the WAL flush, as the telemetry is (cloud.telemetry.ingestion):
+    a crash may lose the last fraction of a second of liveness, which the next heartbeat brings back.
+    """
     if connection.vendor == "postgresql":
-        from cloud.telemetry import fast_cursor
-
-        with fast_cursor() as cursor:
-            cursor.execute(_AGENT_STATE_SQL, [state.node_id, state.last_seen_at, state.agent_version,
-                                              json.dumps(state.gpus)])
+        _write(_AGENT_STATE_SQL, [state.node_id, state.last_seen_at, state.agent_version, json.dumps(state.gpus)])
         return
-    AgentState.objects.bulk_create([state], update_conflicts=True, unique_fields=["node"],
-                                   update_fields=["last_seen_at", "agent_version", "gpus"])
+    AgentState.objects.bulk_create(
+        [state], update_conflicts=True, unique_fields=["node"], update_fields=["last_seen_at", "agent_version", "gpus"]
+    )
 
 
 @transaction.atomic
 def commands_take(*, node: Node) -> list[AgentCommand]:
     """The node's waiting commands (and ones sent but never answered), marked sent."""
-    waiting = list(AgentCommand.objects.select_for_update(skip_locked=True).filter(
-        node=node, state__in=[AgentCommand.State.PENDING, AgentCommand.State.SENT]).order_by("created_at")[:20])
-    AgentCommand.objects.filter(pk__in=[c.pk for c in waiting]).update(state=AgentCommand.State.SENT,
-                                                                      sent_at=timezone.now())
+    waiting = list(
+        AgentCommand.objects.select_for_update(skip_locked=True)
+        .filter(node=node, state__in=[AgentCommand.State.PENDING, AgentCommand.State.SENT])
+        .order_by("created_at")[:20]
+    )
+    AgentCommand.objects.filter(pk__in=[c.pk for c in waiting]).update(
+        state=AgentCommand.State.SENT, sent_at=timezone.now()
+    )
     return waiting
 
 
@@ -159,10 +261,14 @@ def command_answer(*, node: Node, command_id, ok: bool, result: dict) -> AgentCo
     if command is None:
         raise NotFound("No such command for this node.")
     if command.state != AgentCommand.State.SENT:
-        raise Conflict(f"The command is '{command.state}': only a command sent to the agent takes an answer.",
-                       code="invalid_transition", current_state=command.state)
+        raise Conflict(
+            f"The command is '{command.state}': only a command sent to the agent takes an answer.",
+            code="invalid_transition",
+            current_state=command.state,
+        )
     AgentCommand.objects.filter(pk=command.pk).update(
-        state=AgentCommand.State.DONE if ok else AgentCommand.State.FAILED, result=result, done_at=timezone.now())
+        state=AgentCommand.State.DONE if ok else AgentCommand.State.FAILED, result=result, done_at=timezone.now()
+    )
     command.refresh_from_db()
     if command.kind == "reset_gpu":
         from cloud.detection import gpu_reset_answered
@@ -173,8 +279,9 @@ def command_answer(*, node: Node, command_id, ok: bool, result: dict) -> AgentCo
 
 def command_enqueue(*, node_id, kind: str, reference: str, payload: dict) -> AgentCommand:
     """Ask the node's agent for something, once per reference (a retried step finds its own command)."""
-    command, _ = AgentCommand.objects.get_or_create(node_id=node_id, kind=kind, reference=reference,
-                                                    defaults={"payload": payload})
+    command, _ = AgentCommand.objects.get_or_create(
+        node_id=node_id, kind=kind, reference=reference, defaults={"payload": payload}
+    )
     return command
 
 
@@ -194,7 +301,37 @@ def node_policy(*, node: Node) -> list[dict]:
     the node: their names are the owners the host knows their processes by (a VM's domain, a
     pod); a shared GPU caps each owner at its slot's memory; a GPU nobody holds has no owner.
     """
-    from cloud.choices import IsolationMode
+    gpus, live, _ = _desired(node)
+    return _policy(gpus, live)
+
+
+def heartbeat_answer(*, node: Node, held: str | None) -> dict:
+    """
+    What the answer to a heartbeat tells the agent, read in one statement: the version of its
+    policy always, the policy itself only when it is not the one the agent holds (``held``, the
+    version it sent; none from an older agent, which gets the whole policy every time), and
+    whether commands wait for it (when none do, the agent does not ask for them). The policy is
+    computed from the live instances on every heartbeat and never cached: what changed since the
+    last heartbeat (a tenant placed, released, moved, a MIG GPU handed over) shows in the very
+    next answer. A command enqueued just after the answer is pulled on the next turn.
+    """
+    gpus, live, commands_waiting = _desired(node)
+    policy = _policy(gpus, live)
+    version = policy_version(policy)
+    answer = {"policy_version": version, "commands_waiting": commands_waiting}
+    if held != version:
+        answer["policy"] = policy
+    return answer
+
+
+def policy_version(policy: list[dict]) -> str:
+    """A fingerprint of the policy itself: the same policy has the same version, any change another."""
+    canonical = json.dumps(policy, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def _policy(gpus: list, live: list) -> list[dict]:
+    """The policy of ``_desired``'s GPUs and live instances."""
     from security.isolation import EXCLUSIVE, MIG, SHARED
 
     from .steps import mig_layout_for
@@ -203,23 +340,77 @@ def node_policy(*, node: Node) -> list[dict]:
     modes: dict[str, str] = {}
     layouts: dict[str, str] = {}
     aliases: dict[str, dict] = {}  # GPU -> {the runtime's id of an owner: the owner}
-    live = Instance.objects.filter(node=node, state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE]
-                                   ).select_related("reservation__offering")
-    for instance in live:
-        offering = instance.reservation.offering
-        for device in instance.devices:
-            cap = device["mem_hi"] - device["mem_lo"] if offering.slots_per_gpu > 1 else None
-            owners.setdefault(device["gpu_id"], {})[instance.name] = cap
-            if instance.runtime_uid:
-                aliases.setdefault(device["gpu_id"], {})[instance.runtime_uid] = instance.name
-            modes[device["gpu_id"]] = {IsolationMode.MIG: MIG, IsolationMode.SHARED: SHARED}.get(
-                offering.isolation_mode, EXCLUSIVE)
-            if offering.isolation_mode == IsolationMode.MIG and instance.state == InstanceState.ACTIVE:
-                # Enforced once handed over: until then provisioning is still cutting the GPU.
-                layouts[device["gpu_id"]] = mig_layout_for(offering)
-    return [{"index": index, "mode": modes.get(str(gpu_id), EXCLUSIVE), "owners": owners.get(str(gpu_id), {}),
-             "mig_layout": layouts.get(str(gpu_id)), "aliases": aliases.get(str(gpu_id), {})}
-            for gpu_id, index in node.gpus.order_by("index").values_list("pk", "index")]
+    for name, state, runtime_uid, devices, offering_id, slots_per_gpu, isolation_mode in live:
+        for device in devices:
+            gpu = device["gpu_id"]
+            owners.setdefault(gpu, {})[name] = device["mem_hi"] - device["mem_lo"] if slots_per_gpu > 1 else None
+            if runtime_uid:
+                aliases.setdefault(gpu, {})[runtime_uid] = name
+            modes[gpu] = {IsolationMode.MIG: MIG, IsolationMode.SHARED: SHARED}.get(isolation_mode, EXCLUSIVE)
+            if isolation_mode == IsolationMode.MIG and state == InstanceState.ACTIVE:
+                # Enforced once handed over: until then provisioning is still cutting the GPU. The
+                # offering is read as far as the layout needs (its other fields load when read).
+                offering = Offering.from_db(
+                    DEFAULT_DB_ALIAS,
+                    ["id", "slots_per_gpu", "isolation_mode"],
+                    [offering_id, slots_per_gpu, isolation_mode],
+                )
+                layouts[gpu] = mig_layout_for(offering)
+    return [
+        {
+            "index": index,
+            "mode": modes.get(gpu, EXCLUSIVE),
+            "owners": owners.get(gpu, {}),
+            "mig_layout": layouts.get(gpu),
+            "aliases": aliases.get(gpu, {}),
+        }
+        for gpu, index in gpus
+    ]
+
+
+_LIVE = (InstanceState.PROVISIONING, InstanceState.ACTIVE)
+_WAITING = (AgentCommand.State.PENDING, AgentCommand.State.SENT)  # what commands_take hands out
+_DESIRED_SQL = (
+    "SELECT (SELECT json_agg(json_build_array(g.id, g.index) ORDER BY g.index) "  # noqa: S608 -- our own names
+    f"FROM {GPU._meta.db_table} g WHERE g.node_id = %(node)s)::text, "
+    "(SELECT json_agg(json_build_array(i.name, i.state, i.runtime_uid, i.devices, o.id, o.slots_per_gpu, "
+    "o.isolation_mode) ORDER BY i.reservation_id, i.index) "
+    f"FROM {Instance._meta.db_table} i JOIN {Reservation._meta.db_table} r ON r.id = i.reservation_id "
+    f"JOIN {Offering._meta.db_table} o ON o.id = r.offering_id "
+    f"WHERE i.node_id = %(node)s AND i.state IN ({', '.join(repr(str(s)) for s in _LIVE)}))::text, "
+    f"EXISTS (SELECT FROM {AgentCommand._meta.db_table} c WHERE c.node_id = %(node)s "
+    f"AND c.state IN ({', '.join(repr(str(s)) for s in _WAITING)}))"
+)
+
+
+def _desired(node: Node) -> tuple[list, list, bool]:
+    """
+    The node's GPUs as (id, index) by index, its live instances as (name, state, runtime_uid,
+    devices, offering id, slots_per_gpu, isolation_mode), and whether commands wait for its agent:
+    one prepared statement on PostgreSQL (every heartbeat asks it).
+    """
+    if connection.vendor != "postgresql":
+        gpus = [(str(pk), index) for pk, index in node.gpus.order_by("index").values_list("pk", "index")]
+        live = list(
+            Instance.objects.filter(node=node, state__in=_LIVE)
+            .order_by("reservation_id", "index")
+            .values_list(
+                "name",
+                "state",
+                "runtime_uid",
+                "devices",
+                "reservation__offering_id",
+                "reservation__offering__slots_per_gpu",
+                "reservation__offering__isolation_mode",
+            )
+        )
+        return gpus, live, AgentCommand.objects.filter(node=node, state__in=_WAITING).exists()
+    from cloud.telemetry import fast_cursor
+
+    with fast_cursor() as cursor:
+        cursor.execute(_DESIRED_SQL, {"node": node.pk})
+        gpus, live, waiting = cursor.fetchone()
+    return json.loads(gpus or "[]"), json.loads(live or "[]"), waiting
 
 
 @transaction.atomic
@@ -232,8 +423,11 @@ def violations_report(*, node: Node, violations: list[dict]) -> int:
     from security.models import Incident
 
     gpus = {gpu.index: gpu for gpu in node.gpus.all()}
-    live = list(Instance.objects.filter(node=node, state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE]
-                                        ).only("tenant_id", "devices"))
+    live = list(
+        Instance.objects.filter(node=node, state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE]).only(
+            "tenant_id", "devices"
+        )
+    )
     held: dict = {}  # GPUs quarantined now under tenants' work: id -> what was found
     for violation in violations:
         gpu = gpus.get(int(violation["index"]))
@@ -242,12 +436,20 @@ def violations_report(*, node: Node, violations: list[dict]) -> int:
         # Matched here, not by a JSON lookup: SQLite (the embedded default) has no JSON containment.
         tenants = sorted({str(i.tenant_id) for i in live if any(d["gpu_id"] == str(gpu.pk) for d in i.devices)})
         summary = f"{node.hostname} GPU {gpu.index}: {violation['kind']} -- {violation['detail']}"[:500]
-        Incident.objects.create(kind=f"isolation_{violation['kind']}", node_id=node.pk, summary=summary,
-                                tenant_id=tenants[0] if len(tenants) == 1 else None,
-                                evidence={"gpu": gpu.uuid, **{k: violation.get(k) for k in
-                                                              ("kind", "action", "detail", "owner", "pids")}})
-        audit_record(actor=None, action="isolation.violation", target=node, tenant_id=None,
-                     after={"gpu": gpu.index, "kind": violation["kind"], "action": violation["action"]})
+        Incident.objects.create(
+            kind=f"isolation_{violation['kind']}",
+            node_id=node.pk,
+            summary=summary,
+            tenant_id=tenants[0] if len(tenants) == 1 else None,
+            evidence={"gpu": gpu.uuid, **{k: violation.get(k) for k in ("kind", "action", "detail", "owner", "pids")}},
+        )
+        audit_record(
+            actor=None,
+            action="isolation.violation",
+            target=node,
+            tenant_id=None,
+            after={"gpu": gpu.index, "kind": violation["kind"], "action": violation["action"]},
+        )
         if violation["action"] == "quarantine_gpu" and gpu.state != GPUState.QUARANTINED:
             GPU.objects.filter(pk=gpu.pk).update(state=GPUState.QUARANTINED)
             if tenants:
@@ -258,6 +460,13 @@ def violations_report(*, node: Node, violations: list[dict]) -> int:
         from .replacement import gpus_failed
 
         now = timezone.now()
-        gpus_failed(node=node, gpu_ids=list(held), cause="isolation", summary="; ".join(held.values())[:500],
-                    evidence={"violations": len(violations)}, impact_started_at=now, detected_at=now)
+        gpus_failed(
+            node=node,
+            gpu_ids=list(held),
+            cause="isolation",
+            summary="; ".join(held.values())[:500],
+            evidence={"violations": len(violations)},
+            impact_started_at=now,
+            detected_at=now,
+        )
     return len(violations)

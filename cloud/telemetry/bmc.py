@@ -30,8 +30,11 @@ def bmc_collect(*, now: datetime | None = None) -> dict:
     from provisioning.drivers import DriverError, Target, drivers_for, fabric_driver_for
 
     now = now or timezone.now()
-    held = list(Node.objects.filter(pool=NodePool.BARE_METAL, state=NodeState.ALLOCATED)
-                .select_related("region", "fabric__region").order_by("hostname"))
+    held = list(
+        Node.objects.filter(pool=NodePool.BARE_METAL, state=NodeState.ALLOCATED)
+        .select_related("region", "fabric__region")
+        .order_by("hostname")
+    )
     result = {"nodes": 0, "failed": 0, "ports": 0}
     if not held:
         return result
@@ -41,8 +44,13 @@ def bmc_collect(*, now: datetime | None = None) -> dict:
     readings, latest, samples = [], [], []
     judged = []  # (node, BMC reading, power state): failure detection judges them once stored
     for node in held:
-        target = Target(node_id=str(node.pk), hostname=node.hostname, bmc_address=node.bmc_address,
-                        bmc_username=node.bmc_username, bmc_password=node.bmc_password)
+        target = Target(
+            node_id=str(node.pk),
+            hostname=node.hostname,
+            bmc_address=node.bmc_address,
+            bmc_username=node.bmc_username,
+            bmc_password=node.bmc_password,
+        )
         try:
             power = drivers_for(node.region.slug).power
             reading = power.readings(target)
@@ -51,26 +59,46 @@ def bmc_collect(*, now: datetime | None = None) -> dict:
             log.warning("BMC readings of %s: %s", node.hostname, exc)
             result["failed"] += 1
             continue
-        readings.append(NodeBMCReading(node=node, read_at=now, power_w=reading.get("power_w"),
-                                       temperatures=reading.get("temperatures") or [],
-                                       health=reading.get("health") or "unknown"))
-        gpu_temperatures = [t.get("celsius") for t in reading.get("temperatures") or []
-                            if str(t.get("context", "")).lower() == "gpu"]
+        readings.append(
+            NodeBMCReading(
+                node=node,
+                read_at=now,
+                power_w=reading.get("power_w"),
+                temperatures=reading.get("temperatures") or [],
+                health=reading.get("health") or "unknown",
+            )
+        )
+        gpu_temperatures = [
+            t.get("celsius") for t in reading.get("temperatures") or [] if str(t.get("context", "")).lower() == "gpu"
+        ]
         for position, (_, gpu_id) in enumerate(sorted(gpus.get(node.pk, []), key=lambda g: g[0])):
             celsius = gpu_temperatures[position] if position < len(gpu_temperatures) else None
             celsius = int(round(celsius)) if isinstance(celsius, int | float) and 0 <= celsius <= 200 else None
-            latest.append(GPUTelemetry(gpu_id=gpu_id, node_id=node.pk, sampled_at=now, temperature_c=celsius,
-                                       xids=[], source=TelemetrySource.BMC))
+            latest.append(
+                GPUTelemetry(
+                    gpu_id=gpu_id,
+                    node_id=node.pk,
+                    sampled_at=now,
+                    temperature_c=celsius,
+                    xids=[],
+                    source=TelemetrySource.BMC,
+                )
+            )
             samples.append(GPUSample(gpu_id=gpu_id, sampled_at=now, temperature_c=celsius))
         result["nodes"] += 1
     port_readings: dict = {}
     port_rows = _fabric_port_rows(held, now, fabric_driver_for, port_readings)
     with transaction.atomic():
-        NodeBMCReading.objects.bulk_create(readings, update_conflicts=True, unique_fields=["node"],
-                                           update_fields=["read_at", "power_w", "temperatures", "health"])
+        NodeBMCReading.objects.bulk_create(
+            readings,
+            update_conflicts=True,
+            unique_fields=["node"],
+            update_fields=["read_at", "power_w", "temperatures", "health"],
+        )
         GPUSample.objects.bulk_create(samples)
-        GPUTelemetry.objects.bulk_create(latest, update_conflicts=True, unique_fields=["gpu"],
-                                         update_fields=["node", *LATEST_FIELDS])
+        GPUTelemetry.objects.bulk_create(
+            latest, update_conflicts=True, unique_fields=["gpu"], update_fields=["node", *LATEST_FIELDS]
+        )
         if port_rows:
             upsert_ports(port_rows)
     result["ports"] = len(port_rows)
@@ -103,8 +131,9 @@ def _fabric_port_rows(held: list[Node], now: datetime, fabric_driver_for, readin
             log.warning("port states of fabric %s: %s", fabric, exc)
             continue
         for node in nodes:
-            links = [(guid, states[guid]) for guid in known[node.pk]
-                     if states.get(guid) in (PortLink.UP, PortLink.DOWN)]
+            links = [
+                (guid, states[guid]) for guid in known[node.pk] if states.get(guid) in (PortLink.UP, PortLink.DOWN)
+            ]
             if links:
                 updates = port_updates(node, links, now, "fabric", known[node.pk])
                 rows += [row for row, _ in updates if row]

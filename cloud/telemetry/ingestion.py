@@ -8,11 +8,12 @@ the read returns the node's GPUs with their latest samples and its ports with th
 JSON; the write is one statement whose data-modifying CTEs insert the raw samples, upsert the
 latest sample per GPU (INSERT ... ON CONFLICT DO UPDATE) and upsert the port states that are due,
 from two JSON arrays. (The raw samples ride in that statement rather than in a COPY of their own:
-for 8 rows a second statement and its protocol exchange cost more than they save.) The
-transaction commits without waiting for the WAL flush (``synchronous_commit`` off, for it alone):
-a crash may lose the last fraction of a second of samples, never half of a heartbeat, and every
-other write of the control plane stays synchronous. On SQLite (the embedded default) the same
-rows are written through the ORM.
+for 8 rows a second statement and its protocol exchange cost more than they save.) One statement
+is atomic by itself, so no BEGIN and COMMIT round trips are spent on it when the caller holds no
+transaction. Its transaction commits without waiting for the WAL flush (``synchronous_commit``
+off, for it alone): a crash may lose the last fraction of a second of samples, never half of a
+heartbeat, and every other write of the control plane stays synchronous. On SQLite (the embedded
+default) the same rows are written through the ORM, in a transaction.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
 from ..errors import DomainError, Forbidden
@@ -40,6 +41,7 @@ MAX_TEMPERATURE_C = 200
 # A port's status is written when its link changes, and otherwise at most this often (``seen_at``
 # says when it was last confirmed): rewriting eight unchanged rows every heartbeat buys nothing.
 PORT_REFRESH = timedelta(seconds=60)
+PREPARE_THRESHOLD = 5  # a hot statement (``fast_cursor``) is prepared on its fifth use on a connection
 _GUID = re.compile(r"^(0x)?([0-9a-f]{1,16})$")
 
 # The readings of a sample: name -> (kind, upper bound). Lower bounds are 0: a negative reading is refused.
@@ -53,10 +55,28 @@ READINGS = {
     "ecc_uncorrected": (int, 2**63 - 1),
     "processes": (int, 32_767),
 }
-SAMPLE_FIELDS = ("utilization_pct", "memory_used_mib", "temperature_c", "power_w", "ecc_corrected",
-                 "ecc_uncorrected", "processes")
-LATEST_FIELDS = ("sampled_at", "utilization_pct", "memory_used_mib", "memory_total_mib", "temperature_c",
-                 "power_w", "ecc_corrected", "ecc_uncorrected", "processes", "xids", "source")
+SAMPLE_FIELDS = (
+    "utilization_pct",
+    "memory_used_mib",
+    "temperature_c",
+    "power_w",
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "processes",
+)
+LATEST_FIELDS = (
+    "sampled_at",
+    "utilization_pct",
+    "memory_used_mib",
+    "memory_total_mib",
+    "temperature_c",
+    "power_w",
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "processes",
+    "xids",
+    "source",
+)
 PORT_FIELDS = ("id", "link", "changed_at", "changes", "window_started_at", "seen_at")
 
 
@@ -105,8 +125,15 @@ class Known:
     ports: dict
 
 
-def ingest(*, node: Node, samples: list, ports: list, now: datetime | None = None,
-           source: str = TelemetrySource.AGENT, known: Known | None = None) -> Ingested:
+def ingest(
+    *,
+    node: Node,
+    samples: list,
+    ports: list,
+    now: datetime | None = None,
+    source: str = TelemetrySource.AGENT,
+    known: Known | None = None,
+) -> Ingested:
     """
     Store one heartbeat's ``samples`` (one per GPU of ``node``) and ``ports`` (the link of HCA
     ports of ``node`` by GUID). A reading out of range, a malformed entry or more samples than the
@@ -133,10 +160,10 @@ def ingest(*, node: Node, samples: list, ports: list, now: datetime | None = Non
     port_rows = port_updates(node, links, now, source, known.ports) if links else []
     due = [write for write, _ in port_rows if write]
     if readings or due:
-        with transaction.atomic(savepoint=False):
-            if connection.vendor == "postgresql":
-                _write_postgresql(node, readings, due, now, source)
-            else:
+        if connection.vendor == "postgresql":
+            _write_postgresql(node, readings, due, now, source)  # one statement: atomic on its own
+        else:
+            with transaction.atomic(savepoint=False):
                 _write_portable(node, readings, due)
     return Ingested(gpus=readings, ports=[reading for _, reading in port_rows])
 
@@ -160,7 +187,8 @@ def _check_sample(position: int, sample) -> dict:
             checked[name] = None
             continue
         if value.__class__ not in (int, float) or (  # a bool is not a reading, nor 1.5 errors
-                kind is int and value.__class__ is float and not value.is_integer()):
+            kind is int and value.__class__ is float and not value.is_integer()
+        ):
             wanted = "an integer" if kind is int else "a number"
             raise BadTelemetry(f"Sample {position} ({uuid}): {name} must be {wanted}.")
         if not 0 <= value <= upper:
@@ -169,14 +197,21 @@ def _check_sample(position: int, sample) -> dict:
         checked[name] = kind(value)
     used, total = checked["memory_used_mib"], checked["memory_total_mib"]
     if used is not None and total is not None and used > total:
-        raise BadTelemetry(f"Sample {position} ({uuid}): memory_used_mib {used} is more than memory_total_mib "
-                           f"{total}.", code="out_of_range")
+        raise BadTelemetry(
+            f"Sample {position} ({uuid}): memory_used_mib {used} is more than memory_total_mib {total}.",
+            code="out_of_range",
+        )
     xids = sample.get("xids")
     xids = [] if xids is None else xids
-    if not isinstance(xids, list) or len(xids) > MAX_XIDS_PER_SAMPLE or not all(
-            x.__class__ is int and 0 <= x <= 65_535 for x in xids):
-        raise BadTelemetry(f"Sample {position} ({uuid}): xids must be a list of at most {MAX_XIDS_PER_SAMPLE} "
-                           "XID codes (integers 0-65535).")
+    if (
+        not isinstance(xids, list)
+        or len(xids) > MAX_XIDS_PER_SAMPLE
+        or not all(x.__class__ is int and 0 <= x <= 65_535 for x in xids)
+    ):
+        raise BadTelemetry(
+            f"Sample {position} ({uuid}): xids must be a list of at most {MAX_XIDS_PER_SAMPLE} "
+            "XID codes (integers 0-65535)."
+        )
     checked["xids"] = list(xids)
     return checked
 
@@ -199,17 +234,22 @@ def _check_port(position: int, port) -> tuple[str, str]:
 #
 
 # Only our own table and column names are put into these statements. Rows come back as JSON
-# text, parsed by the json module: cheaper than loading each column of each row one by one.
+# text, parsed by the json module: cheaper than loading each column of each row one by one. Each
+# GPU's latest sample and each port's status are correlated subqueries, so they are always probed
+# by primary key whatever the planner's statistics say (a join planned on the stale statistics of
+# a freshly filled table scanned all 10,240 latest rows on every heartbeat).
 _NODE_SQL = (
     "SELECT (SELECT json_agg(json_build_array(g.id, g.index, g.uuid, "  # noqa: S608
-    f"{', '.join(f't.{f}' for f in LATEST_FIELDS)})) "
-    f"FROM {GPU._meta.db_table} g LEFT JOIN {GPUTelemetry._meta.db_table} t ON t.gpu_id = g.id "
-    "WHERE g.node_id = %(node)s)::text, "
-    "(SELECT json_agg(json_build_array(p.guid, p.id, s.link, EXTRACT(EPOCH FROM s.changed_at), s.changes, "
-    "EXTRACT(EPOCH FROM s.window_started_at), EXTRACT(EPOCH FROM s.seen_at))) "
-    f"FROM {HCAPort._meta.db_table} p LEFT JOIN {HCAPortStatus._meta.db_table} s ON s.port_id = p.id "
-    "WHERE p.node_id = %(node)s)::text"
+    f"(SELECT json_build_array({', '.join(f't.{f}' for f in LATEST_FIELDS)}) "
+    f"FROM {GPUTelemetry._meta.db_table} t WHERE t.gpu_id = g.id))) "
+    f"FROM {GPU._meta.db_table} g WHERE g.node_id = %(node)s)::text, "
+    "(SELECT json_agg(json_build_array(p.guid, p.id, (SELECT json_build_array(s.link, "
+    "EXTRACT(EPOCH FROM s.changed_at), s.changes, EXTRACT(EPOCH FROM s.window_started_at), "
+    f"EXTRACT(EPOCH FROM s.seen_at)) FROM {HCAPortStatus._meta.db_table} s WHERE s.port_id = p.id))) "
+    f"FROM {HCAPort._meta.db_table} p WHERE p.node_id = %(node)s)::text"
 )
+_NO_LATEST = (None,) * len(LATEST_FIELDS)
+_NO_STATUS = (None,) * (len(PORT_FIELDS) - 1)
 # Port times as Unix seconds: the flap arithmetic needs no datetime objects.
 _PORTS_SQL = (
     "SELECT p.node_id, p.guid, p.id, s.link, EXTRACT(EPOCH FROM s.changed_at)::float8, s.changes, "  # noqa: S608
@@ -221,30 +261,44 @@ _PORTS_SQL = (
 
 def fast_cursor():
     """
-    PostgreSQL: a cursor with server-side binding, so the hot statements are prepared once per
-    connection (psycopg prepares a statement on its fifth use) where Django's client-side cursor
-    has every one parsed and planned again. Logged like any Django cursor when queries are captured.
+    PostgreSQL: a cursor with server-side binding whose statements are prepared once per
+    connection (on their fifth use, psycopg's threshold) where Django's client-side cursor has
+    every one parsed and planned again -- most of the database's work for these small statements.
+    Django turns preparing off on its connections (for transaction-mode poolers, which do not keep
+    a session's prepared statements); it is turned on here for this connection's server-side
+    binding cursors only, which are these (Django's own cursors bind client-side and never
+    prepare), unless the database's OPTIONS say ``prepare_threshold`` (None: a deployment behind
+    such a pooler keeps it off). Logged like any Django cursor when queries are captured.
     """
     import psycopg
 
-    connection.ensure_connection()
-    raw = psycopg.Cursor(connection.connection)
-    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
+    db = connections[DEFAULT_DB_ALIAS]  # one lookup: each use of the ``connection`` proxy is another
+    db.ensure_connection()
+    if db.connection.prepare_threshold is None and "prepare_threshold" not in db.settings_dict["OPTIONS"]:
+        db.connection.prepare_threshold = PREPARE_THRESHOLD
+    raw = psycopg.Cursor(db.connection)
+    return db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)
 
 
 def node_known(node: Node) -> Known:
     """The node's GPUs with their latest samples, and its ports with their status: one query on PostgreSQL."""
     if connection.vendor != "postgresql":
         columns = ("id", "index", "uuid", *(f"telemetry__{f}" for f in LATEST_FIELDS))
-        return Known(gpus=list(GPU.objects.filter(node=node).order_by().values_list(*columns)),
-                     ports=known_ports([node])[node.pk])
+        return Known(
+            gpus=list(GPU.objects.filter(node=node).order_by().values_list(*columns)),
+            ports=known_ports([node])[node.pk],
+        )
     with fast_cursor() as cursor:
         cursor.execute(_NODE_SQL, {"node": node.pk})
         gpus, ports = cursor.fetchone()
     rows = []
-    for gpu_id, index, uuid, sampled_at, *readings in json.loads(gpus or "[]"):
+    for gpu_id, index, uuid, latest in json.loads(gpus or "[]"):
+        sampled_at, *readings = latest or _NO_LATEST
         rows.append((UUID(gpu_id), index, uuid, sampled_at and datetime.fromisoformat(sampled_at), *readings))
-    return Known(gpus=rows, ports={guid: tuple(row) for guid, *row in json.loads(ports or "[]")})
+    return Known(
+        gpus=rows,
+        ports={guid: (port_id, *(status or _NO_STATUS)) for guid, port_id, status in json.loads(ports or "[]")},
+    )
 
 
 def known_ports(nodes: list[Node]) -> dict:
@@ -258,10 +312,12 @@ def known_ports(nodes: list[Node]) -> dict:
             cursor.execute(_PORTS_SQL, [[node.pk for node in nodes]])
             rows = cursor.fetchall()
     else:
-        rows = [(node_id, guid, port_id, link, _ts(changed), changes, _ts(started), _ts(seen))
-                for node_id, guid, port_id, link, changed, changes, started, seen in HCAPort.objects.filter(
-                    node__in=nodes).order_by().values_list(
-                    "node_id", "guid", *(f"status__{f}" if f != "id" else f for f in PORT_FIELDS))]
+        rows = [
+            (node_id, guid, port_id, link, _ts(changed), changes, _ts(started), _ts(seen))
+            for node_id, guid, port_id, link, changed, changes, started, seen in HCAPort.objects.filter(node__in=nodes)
+            .order_by()
+            .values_list("node_id", "guid", *(f"status__{f}" if f != "id" else f for f in PORT_FIELDS))
+        ]
     for node_id, guid, *row in rows:
         known[node_id][guid] = row
     return known
@@ -285,8 +341,7 @@ def _match(node: Node, checked: list[dict], known_rows: list[tuple], now: dateti
         uuid = sample["uuid"]
         row = known.get(uuid)
         if row is None:
-            raise Forbidden(f"This node has no GPU {uuid}; an agent speaks only for its own GPUs.",
-                            code="foreign_gpu")
+            raise Forbidden(f"This node has no GPU {uuid}; an agent speaks only for its own GPUs.", code="foreign_gpu")
         if uuid in seen:
             raise BadTelemetry(f"GPU {uuid} is sampled twice in one heartbeat.", code="duplicate")
         seen.add(uuid)
@@ -311,8 +366,12 @@ def port_updates(node: Node, links: list[tuple[str, str]], now: datetime, source
         raise BadTelemetry("A port is reported twice in one heartbeat.", code="duplicate")
     unknown = sorted(guid for guid, _ in links if guid not in known)
     if unknown:
-        log.warning("%s reported %d port(s) it has no HCAPort for, skipped: %s", node.hostname, len(unknown),
-                    ", ".join(unknown[:16]) + (" ..." if len(unknown) > 16 else ""))
+        log.warning(
+            "%s reported %d port(s) it has no HCAPort for, skipped: %s",
+            node.hostname,
+            len(unknown),
+            ", ".join(unknown[:16]) + (" ..." if len(unknown) > 16 else ""),
+        )
         links = [(guid, link) for guid, link in links if guid in known]
     window, refresh = settings.MERIDIAN_PORT_FLAP_WINDOW_S, PORT_REFRESH.total_seconds()
     at = now.timestamp()
@@ -331,8 +390,13 @@ def port_updates(node: Node, links: list[tuple[str, str]], now: datetime, source
             changed_at = at
         write = before != link or seen_at is None or abs(at - seen_at) >= refresh
         row = (port_id, link, changed_at, changes, started, at, source) if write else None
-        reading = PortReading(port_id=port_id, guid=guid, link=link, previous=before,
-                              changes_in_window=0 if started is None or at - started > window else changes)
+        reading = PortReading(
+            port_id=port_id,
+            guid=guid,
+            link=link,
+            previous=before,
+            changes_in_window=0 if started is None or at - started > window else changes,
+        )
         rows.append((row, reading))
     return rows
 
@@ -350,12 +414,20 @@ def changes_in_window(status: HCAPortStatus, now: datetime) -> int:
 #
 
 _LATEST_SET = ", ".join(f"{f} = EXCLUDED.{f}" for f in ("node_id", *LATEST_FIELDS))
-_PORT_SET = ", ".join(f"{f} = EXCLUDED.{f}" for f in ("link", "changed_at", "changes", "window_started_at",
-                                                      "seen_at", "source"))
+_PORT_SET = ", ".join(
+    f"{f} = EXCLUDED.{f}" for f in ("link", "changed_at", "changes", "window_started_at", "seen_at", "source")
+)
 # The readings of a sample as the write's JSON carries them, each with its PostgreSQL type.
-_SAMPLE_COLUMNS = {"utilization_pct": "int2", "memory_used_mib": "int4", "memory_total_mib": "int4",
-                   "temperature_c": "int2", "power_w": "float8", "ecc_corrected": "int8", "ecc_uncorrected": "int8",
-                   "processes": "int2"}
+_SAMPLE_COLUMNS = {
+    "utilization_pct": "int2",
+    "memory_used_mib": "int4",
+    "memory_total_mib": "int4",
+    "temperature_c": "int2",
+    "power_w": "float8",
+    "ecc_corrected": "int8",
+    "ecc_uncorrected": "int8",
+    "processes": "int2",
+}
 _SAMPLE_SELECT = ", ".join(f"(e->>{i})::{kind} AS {name}" for i, (name, kind) in enumerate(_SAMPLE_COLUMNS.items(), 1))
 # One statement for a heartbeat, its rows passed as two JSON arrays (one parameter each, cheap to
 # send and to parse): the samples, inserted as raw samples and upserted as the latest; the port
@@ -386,25 +458,38 @@ SELECT set_config('synchronous_commit', 'off', true)
 """  # noqa: S608
 
 
-def _write_postgresql(node: Node, readings: list[GPUReading], ports: list[tuple], now: datetime,
-                      source: str) -> None:
-    samples = json.dumps([[str(r.gpu_id), *(r.sample[c] for c in _SAMPLE_COLUMNS), r.sample["xids"]]
-                          for r in readings])
+def _write_postgresql(node: Node, readings: list[GPUReading], ports: list[tuple], now: datetime, source: str) -> None:
+    samples = json.dumps([[str(r.gpu_id), *(r.sample[c] for c in _SAMPLE_COLUMNS), r.sample["xids"]] for r in readings])
     with fast_cursor() as cursor:
-        cursor.execute(_WRITE_SQL, {"samples": samples, "ports": json.dumps(ports), "at": now, "node": node.pk,
-                                    "source": source})
+        cursor.execute(
+            _WRITE_SQL, {"samples": samples, "ports": json.dumps(ports), "at": now, "node": node.pk, "source": source}
+        )
 
 
 def _write_portable(node: Node, readings: list[GPUReading], ports: list[tuple]) -> None:
     """The same rows through the ORM: three statements (SQLite, the embedded default)."""
     if readings:
-        GPUSample.objects.bulk_create([
-            GPUSample(gpu_id=r.gpu_id, sampled_at=r.sample["sampled_at"], xid_count=len(r.sample["xids"]),
-                      xids=r.sample["xids"], **{f: r.sample[f] for f in SAMPLE_FIELDS}) for r in readings])
+        GPUSample.objects.bulk_create(
+            [
+                GPUSample(
+                    gpu_id=r.gpu_id,
+                    sampled_at=r.sample["sampled_at"],
+                    xid_count=len(r.sample["xids"]),
+                    xids=r.sample["xids"],
+                    **{f: r.sample[f] for f in SAMPLE_FIELDS},
+                )
+                for r in readings
+            ]
+        )
         GPUTelemetry.objects.bulk_create(
-            [GPUTelemetry(gpu_id=r.gpu_id, node_id=node.pk, **{f: r.sample[f] for f in LATEST_FIELDS})
-             for r in readings],
-            update_conflicts=True, unique_fields=["gpu"], update_fields=["node", *LATEST_FIELDS])
+            [
+                GPUTelemetry(gpu_id=r.gpu_id, node_id=node.pk, **{f: r.sample[f] for f in LATEST_FIELDS})
+                for r in readings
+            ],
+            update_conflicts=True,
+            unique_fields=["gpu"],
+            update_fields=["node", *LATEST_FIELDS],
+        )
     if ports:
         upsert_ports(ports)
 
@@ -412,8 +497,19 @@ def _write_portable(node: Node, readings: list[GPUReading], ports: list[tuple]) 
 def upsert_ports(rows: list[tuple]) -> None:
     """Port status rows as ``port_updates`` gives them, in one upsert through the ORM."""
     HCAPortStatus.objects.bulk_create(
-        [HCAPortStatus(port_id=port_id, link=link, changed_at=_dt(changed), changes=changes,
-                       window_started_at=_dt(started), seen_at=_dt(seen), source=source)
-         for port_id, link, changed, changes, started, seen, source in rows],
-        update_conflicts=True, unique_fields=["port"],
-        update_fields=["link", "changed_at", "changes", "window_started_at", "seen_at", "source"])
+        [
+            HCAPortStatus(
+                port_id=port_id,
+                link=link,
+                changed_at=_dt(changed),
+                changes=changes,
+                window_started_at=_dt(started),
+                seen_at=_dt(seen),
+                source=source,
+            )
+            for port_id, link, changed, changes, started, seen, source in rows
+        ],
+        update_conflicts=True,
+        unique_fields=["port"],
+        update_fields=["link", "changed_at", "changes", "window_started_at", "seen_at", "source"],
+    )

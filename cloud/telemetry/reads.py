@@ -18,8 +18,11 @@ PERIODS = (RAW, RollupPeriod.MINUTE.value, RollupPeriod.HOUR.value)
 MAX_POINTS = 3000  # a series read is bounded whatever ``since`` says: per GPU, and in all
 MAX_POINTS_IN_ALL = 100_000
 SPANS = {RAW: timedelta(0), RollupPeriod.MINUTE: timedelta(minutes=1), RollupPeriod.HOUR: timedelta(hours=1)}
-DEFAULT_WINDOWS = {RAW: timedelta(minutes=10), RollupPeriod.MINUTE: timedelta(hours=1),
-                   RollupPeriod.HOUR: timedelta(days=7)}
+DEFAULT_WINDOWS = {
+    RAW: timedelta(minutes=10),
+    RollupPeriod.MINUTE: timedelta(hours=1),
+    RollupPeriod.HOUR: timedelta(days=7),
+}
 
 
 def latest_dict(row: GPUTelemetry | None) -> dict | None:
@@ -39,13 +42,21 @@ def rollup_point(row: GPUSampleRollup) -> dict:
     n = row.utilization_samples
     mean = row.utilization_sum / n if n else None
     std = math.sqrt(max(0.0, row.utilization_sumsq / n - mean * mean)) if n else None
-    return {"at": row.bucket, "samples": row.samples, "utilization_mean": None if mean is None else round(mean, 3),
-            "utilization_std": None if std is None else round(std, 3), "utilization_max": row.utilization_max,
-            "memory_used_max": row.memory_used_max,
-            "temperature_mean": _mean(row.temperature_sum, row.temperature_samples),
-            "temperature_max": row.temperature_max, "power_mean": _mean(row.power_sum, row.power_samples),
-            "power_max": row.power_max, "ecc_uncorrected_max": row.ecc_uncorrected_max, "xid_count": row.xid_count,
-            "idle_samples": row.idle_samples}
+    return {
+        "at": row.bucket,
+        "samples": row.samples,
+        "utilization_mean": None if mean is None else round(mean, 3),
+        "utilization_std": None if std is None else round(std, 3),
+        "utilization_max": row.utilization_max,
+        "memory_used_max": row.memory_used_max,
+        "temperature_mean": _mean(row.temperature_sum, row.temperature_samples),
+        "temperature_max": row.temperature_max,
+        "power_mean": _mean(row.power_sum, row.power_samples),
+        "power_max": row.power_max,
+        "ecc_uncorrected_max": row.ecc_uncorrected_max,
+        "xid_count": row.xid_count,
+        "idle_samples": row.idle_samples,
+    }
 
 
 def default_since(period: str, now: datetime) -> datetime:
@@ -56,12 +67,14 @@ def _series(gpu_ids: list, period: str, since: datetime) -> dict:
     """Points per GPU since ``since`` (oldest first), the newest MAX_POINTS per GPU at most: one query."""
     limit = min(MAX_POINTS * len(gpu_ids), MAX_POINTS_IN_ALL)
     if period == RAW:
-        rows = (GPUSample.objects.filter(gpu_id__in=gpu_ids, sampled_at__gte=since)
-                .order_by("-sampled_at", "-id")[:limit])
+        rows = GPUSample.objects.filter(gpu_id__in=gpu_ids, sampled_at__gte=since).order_by("-sampled_at", "-id")[
+            :limit
+        ]
         points = [(r.gpu_id, _raw_point(r)) for r in rows]
     else:
-        rows = (GPUSampleRollup.objects.filter(gpu_id__in=gpu_ids, period=period, bucket__gte=since)
-                .order_by("-bucket", "gpu_id")[:limit])
+        rows = GPUSampleRollup.objects.filter(gpu_id__in=gpu_ids, period=period, bucket__gte=since).order_by(
+            "-bucket", "gpu_id"
+        )[:limit]
         points = [(r.gpu_id, rollup_point(r)) for r in rows]
     by_gpu: dict = {gpu_id: [] for gpu_id in gpu_ids}
     for gpu_id, point in reversed(points):
@@ -74,12 +87,18 @@ def gpu_series(*, gpu: GPU, period: str, since: datetime | None = None, now: dat
     now = now or timezone.now()
     since = since or default_since(period, now)
     latest = GPUTelemetry.objects.filter(gpu=gpu).first()
-    return {"gpu": gpu.pk, "period": period, "since": since, "latest": latest_dict(latest),
-            "series": _series([gpu.pk], period, since)[gpu.pk]}
+    return {
+        "gpu": gpu.pk,
+        "period": period,
+        "since": since,
+        "latest": latest_dict(latest),
+        "series": _series([gpu.pk], period, since)[gpu.pk],
+    }
 
 
-def reservation_telemetry(*, reservation, period: str = RollupPeriod.MINUTE, since: datetime | None = None,
-                          now: datetime | None = None) -> dict:
+def reservation_telemetry(
+    *, reservation, period: str = RollupPeriod.MINUTE, since: datetime | None = None, now: datetime | None = None
+) -> dict:
     """
     The telemetry of a reservation's own GPUs (through its allocations), limited to the time each
     GPU was the reservation's: what the GPU did for an earlier or later tenant is never shown.
@@ -91,8 +110,11 @@ def reservation_telemetry(*, reservation, period: str = RollupPeriod.MINUTE, sin
     now = now or timezone.now()
     since = since or default_since(period, now)
     windows: dict = {}  # GPU -> (its UUID, [(start, end)] of the reservation's allocations of it)
-    for gpu_id, uuid, starts_at, ends_at in Allocation.objects.filter(reservation=reservation).values_list(
-            "gpu_id", "gpu__uuid", "starts_at", "ends_at").order_by("gpu__node__hostname", "gpu__index"):
+    for gpu_id, uuid, starts_at, ends_at in (
+        Allocation.objects.filter(reservation=reservation)
+        .values_list("gpu_id", "gpu__uuid", "starts_at", "ends_at")
+        .order_by("gpu__node__hostname", "gpu__index")
+    ):
         windows.setdefault(gpu_id, (uuid, []))[1].append((starts_at, ends_at))
     if windows:
         since = max(since, min(start for _, spans in windows.values() for start, _ in spans))

@@ -27,15 +27,37 @@ ROLLUP_GRACE = timedelta(seconds=10)
 # Per database: a bucket's start as the column stores it, and a float cast. SQLite keeps
 # datetimes as 'YYYY-MM-DD HH:MM:SS[.ffffff]' text in UTC (Django's format), so truncation is text.
 _TRUNC = {
-    "postgresql": {"minute": "date_trunc('minute', {col}, 'UTC')", "hour": "date_trunc('hour', {col}, 'UTC')",
-                   "float": "CAST({expr} AS double precision)"},
-    "sqlite": {"minute": "strftime('%%Y-%%m-%%d %%H:%%M:00', {col})",
-               "hour": "strftime('%%Y-%%m-%%d %%H:00:00', {col})", "float": "CAST({expr} AS REAL)"},
+    "postgresql": {
+        "minute": "date_trunc('minute', {col}, 'UTC')",
+        "hour": "date_trunc('hour', {col}, 'UTC')",
+        "float": "CAST({expr} AS double precision)",
+    },
+    "sqlite": {
+        "minute": "strftime('%%Y-%%m-%%d %%H:%%M:00', {col})",
+        "hour": "strftime('%%Y-%%m-%%d %%H:00:00', {col})",
+        "float": "CAST({expr} AS REAL)",
+    },
 }
-ROLLUP_COLUMNS = ("gpu_id", "period", "bucket", "samples", "utilization_samples", "utilization_sum",
-                  "utilization_sumsq", "utilization_max", "memory_used_max", "temperature_samples", "temperature_sum",
-                  "temperature_max", "power_samples", "power_sum", "power_max", "ecc_uncorrected_max", "xid_count",
-                  "idle_samples")
+ROLLUP_COLUMNS = (
+    "gpu_id",
+    "period",
+    "bucket",
+    "samples",
+    "utilization_samples",
+    "utilization_sum",
+    "utilization_sumsq",
+    "utilization_max",
+    "memory_used_max",
+    "temperature_samples",
+    "temperature_sum",
+    "temperature_max",
+    "power_samples",
+    "power_sum",
+    "power_max",
+    "ecc_uncorrected_max",
+    "xid_count",
+    "idle_samples",
+)
 
 
 def _minute_select(vendor: dict) -> str:
@@ -71,8 +93,10 @@ def _upsert_rollups(select: str, params: list) -> int:
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in ROLLUP_COLUMNS[3:])
     # Upsert, not plain insert: a rollup that runs twice over the same buckets (two beat runs at
     # once, a retried task) writes the same figures again instead of failing or adding twice.
-    statement = (f"INSERT INTO {table} ({', '.join(ROLLUP_COLUMNS)}) {select} "  # noqa: S608 -- our own names
-                 f"ON CONFLICT (gpu_id, period, bucket) DO UPDATE SET {updates}")
+    statement = (
+        f"INSERT INTO {table} ({', '.join(ROLLUP_COLUMNS)}) {select} "  # noqa: S608 -- our own names
+        f"ON CONFLICT (gpu_id, period, bucket) DO UPDATE SET {updates}"
+    )
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         return max(cursor.rowcount, 0)
@@ -112,7 +136,8 @@ def rollup(*, now: datetime | None = None) -> dict:
             start = _floor(first, "minute") if first else end
         if start < end:
             written[RollupPeriod.MINUTE.value] = _upsert_rollups(
-                _minute_select(vendor), [RollupPeriod.MINUTE.value, adapt(start), adapt(end)])
+                _minute_select(vendor), [RollupPeriod.MINUTE.value, adapt(start), adapt(end)]
+            )
         end = _floor(closed, "hour")
         last = _watermark(RollupPeriod.HOUR)
         if last is not None:
@@ -122,7 +147,8 @@ def rollup(*, now: datetime | None = None) -> dict:
             start = _floor(first, "hour") if first else end
         if start < end:
             written[RollupPeriod.HOUR.value] = _upsert_rollups(
-                _hour_select(vendor), [RollupPeriod.HOUR.value, RollupPeriod.MINUTE.value, adapt(start), adapt(end)])
+                _hour_select(vendor), [RollupPeriod.HOUR.value, RollupPeriod.MINUTE.value, adapt(start), adapt(end)]
+            )
     return written
 
 
@@ -153,7 +179,9 @@ def prune(*, now: datetime | None = None) -> dict:
         deleted[RAW] = GPUSample.objects.filter(sampled_at__lt=raw_cut).delete()[0]
     if minute_cut is not None:
         deleted[RollupPeriod.MINUTE.value] = GPUSampleRollup.objects.filter(
-            period=RollupPeriod.MINUTE, bucket__lt=minute_cut).delete()[0]
+            period=RollupPeriod.MINUTE, bucket__lt=minute_cut
+        ).delete()[0]
     deleted[RollupPeriod.HOUR.value] = GPUSampleRollup.objects.filter(
-        period=RollupPeriod.HOUR, bucket__lt=now - retention[RollupPeriod.HOUR]).delete()[0]
+        period=RollupPeriod.HOUR, bucket__lt=now - retention[RollupPeriod.HOUR]
+    ).delete()[0]
     return deleted

@@ -24,40 +24,57 @@ def main(argv=None) -> None:
     parser.add_argument("--url", required=True, help="The control plane, e.g. https://meridian.example")
     parser.add_argument("--key-id", required=True, help="This node's key id (nk_...), from enrolment.")
     parser.add_argument("--secret-file", required=True, type=Path, help="A file holding this node's secret.")
-    parser.add_argument("--interval", type=float, default=10.0,
-                        help="Seconds between turns until the control plane says otherwise (10).")
-    parser.add_argument("--nvml", choices=["simulated", "real"], default="simulated",
-                        help="The NVML backend: simulated GPUs, or the host's through pynvml.")
-    parser.add_argument("--scrub-command", default="",
-                        help='How a real GPU is cleared between tenants, {index} its index, e.g. '
-                             '"nvidia-smi --gpu-reset -i {index}".')
-    parser.add_argument("--mig-command", default="",
-                        help='How a real GPU is cut into a MIG layout, {index} and {layout} filled in.')
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=10.0,
+        help="Seconds between turns until the control plane says otherwise (10).",
+    )
+    parser.add_argument(
+        "--nvml",
+        choices=["simulated", "real"],
+        default="simulated",
+        help="The NVML backend: simulated GPUs, or the host's through pynvml.",
+    )
+    parser.add_argument(
+        "--scrub-command",
+        default="",
+        help='How a real GPU is cleared between tenants, {index} its index, e.g. "nvidia-smi --gpu-reset -i {index}".',
+    )
+    parser.add_argument(
+        "--mig-command", default="", help="How a real GPU is cut into a MIG layout, {index} and {layout} filled in."
+    )
     parser.add_argument("--gpus", type=int, default=8, help="Simulated GPUs (the simulated NVML backend).")
     parser.add_argument("--memory-mib", type=int, default=81920, help="Memory of each simulated GPU (81920).")
-    parser.add_argument("--gpu-uuid", action="append", default=[],
-                        help="UUIDs of the simulated GPUs, in index order (as enrolled).")
-    parser.add_argument("--port-guid", action="append", default=[],
-                        help="GUIDs of the simulated InfiniBand ports (as enrolled); real hosts read /sys.")
+    parser.add_argument(
+        "--gpu-uuid", action="append", default=[], help="UUIDs of the simulated GPUs, in index order (as enrolled)."
+    )
+    parser.add_argument(
+        "--port-guid",
+        action="append",
+        default=[],
+        help="GUIDs of the simulated InfiniBand ports (as enrolled); real hosts read /sys.",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     host = {}
     if args.nvml == "real":
         nvml = RealNVML()
-        host = {"scrub_command": shlex.split(args.scrub_command) or None,
-                "mig_command": shlex.split(args.mig_command) or None, "ports": SysfsPorts()}
+        host = {
+            "scrub_command": shlex.split(args.scrub_command) or None,
+            "mig_command": shlex.split(args.mig_command) or None,
+            "ports": SysfsPorts(),
+        }
     else:
         uuids = args.gpu_uuid or [f"GPU-{uuid.uuid4()}" for _ in range(args.gpus)]
-        nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=args.memory_mib)
-                              for i, u in enumerate(uuids)])
+        nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=args.memory_mib) for i, u in enumerate(uuids)])
         host = dict(zip(("process_owner", "kill"), simulated_host(nvml), strict=True))
         host["ports"] = SimulatedPorts(args.port_guid) if args.port_guid else None
     secret = args.secret_file.read_text().strip()
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    Agent(ControlPlane(args.url, args.key_id, secret), nvml, **host).run(interval=args.interval,
-                                                                        stop=stopping.is_set)
+    Agent(ControlPlane(args.url, args.key_id, secret), nvml, **host).run(interval=args.interval, stop=stopping.is_set)
 
 
 if __name__ == "__main__":

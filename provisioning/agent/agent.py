@@ -34,12 +34,15 @@ class ControlPlane:
 
     def call(self, method: str, path: str, payload: dict | None = None) -> dict:
         body = b"" if payload is None else json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json",
-                   **signed_headers(self.key_id, self.secret, method, f"{API}{path}", body)}
+        headers = {
+            "Content-Type": "application/json",
+            **signed_headers(self.key_id, self.secret, method, f"{API}{path}", body),
+        }
         if not self.base_url.startswith(("http://", "https://")):
             raise ControlPlaneError(f"The control plane URL must be http(s): {self.base_url}")
-        request = urllib.request.Request(f"{self.base_url}{API}{path}", data=body or None,  # noqa: S310 -- checked
-                                         method=method, headers=headers)
+        request = urllib.request.Request(  # noqa: S310 -- the scheme is checked above
+            f"{self.base_url}{API}{path}", data=body or None, method=method, headers=headers
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 -- our own URL
                 return json.loads(response.read() or b"{}")
@@ -59,13 +62,29 @@ class Agent:
     ports (agent.ports); ``silent`` stops the heartbeat (tests and the demo: a hung agent).
     """
 
-    def __init__(self, control_plane, nvml, *, version: str = "1", attester=None, hostname: str = "",
-                 process_owner=None, kill=None, scrub_command: list[str] | None = None, baseline_mib: int = 1024,
-                 mig_command: list[str] | None = None, ports=None):
+    def __init__(
+        self,
+        control_plane,
+        nvml,
+        *,
+        version: str = "1",
+        attester=None,
+        hostname: str = "",
+        process_owner=None,
+        kill=None,
+        scrub_command: list[str] | None = None,
+        baseline_mib: int = 1024,
+        mig_command: list[str] | None = None,
+        ports=None,
+    ):
         self.control_plane, self.nvml, self.version = control_plane, nvml, version
         self.ports = ports
         self.silent = False
         self.interval: float | None = None  # from the control plane's last answer
+        # The isolation policy the control plane gave last, and its version: sent with every
+        # heartbeat, so the policy comes back only when it changed. The watchdog enforces the one held.
+        self.policy: list[dict] = []
+        self.policy_version: str | None = None
         self.unsent_xids: dict[str, list[int]] = {}  # by GPU UUID: XIDs of a heartbeat that did not get through
         self.attester, self.hostname = attester, hostname
         # Who runs a process (its cgroup: a VM's domain, a pod) and how to stop one: the host's, by default.
@@ -79,7 +98,10 @@ class Agent:
         self.mig_layouts: dict[int, str] = {}
 
     def run_once(self) -> int:
-        """Heartbeat, the isolation watchdog on the policy it brought back, then every waiting command."""
+        """
+        Heartbeat, the isolation watchdog on the policy held (brought back when it changed), then
+        every waiting command (pulled only when the heartbeat's answer says some wait, or does not say).
+        """
         if self.silent:
             return 0
         body = self.heartbeat()
@@ -93,16 +115,33 @@ class Agent:
             raise
         if isinstance(answer.get("interval_s"), int | float) and answer["interval_s"] > 0:
             self.interval = min(max(float(answer["interval_s"]), 1.0), 3600.0)
-        found = self.watchdog(answer.get("policy") or [])
+        self.policy_take(answer)
+        found = self.watchdog(self.policy)
         if found:
             try:
                 self.control_plane.call("POST", "/violations/", {"violations": [v.to_dict() for v in found]})
             except ControlPlaneError as exc:  # acted on already; the commands must still run this turn
                 log.warning("could not report %d violation(s): %s", len(found), exc)
+        if answer.get("commands_waiting") is False:  # said so; a control plane that does not say is asked
+            return 0
         commands = self.control_plane.call("GET", "/commands/").get("commands", [])
         for command in commands:
             self.control_plane.call("POST", f"/commands/{command['id']}/result/", self.execute(command))
         return len(commands)
+
+    def policy_take(self, answer: dict) -> None:
+        """
+        Keep the policy a heartbeat's answer brought, or the one held when the answer left it out
+        (unchanged). A control plane that sends no version (an older one) sends the policy every
+        time; an answer whose version is not the held one but brings no policy makes the next
+        heartbeat ask for it whole, and the held policy is enforced meanwhile.
+        """
+        version = answer.get("policy_version")
+        if "policy" in answer:
+            self.policy = answer["policy"] or []
+            self.policy_version = version if isinstance(version, str) else None
+        elif version != self.policy_version:
+            self.policy_version = None
 
     def execute(self, command: dict) -> dict:
         try:
@@ -122,19 +161,26 @@ class Agent:
                     return {"ok": False, "detail": "this agent has no attestation backend"}
                 wanted = set(command["payload"]["gpus"])
                 gpus = [gpu for gpu in self.nvml.inventory() if gpu["index"] in wanted]
-                return {"ok": True, "evidence": self.attester.evidence(self.hostname, command["payload"]["nonce"],
-                                                                       gpus)}
+                return {
+                    "ok": True,
+                    "evidence": self.attester.evidence(self.hostname, command["payload"]["nonce"], gpus),
+                }
             return {"ok": False, "detail": f"unknown command {command['kind']!r}"}
         except Exception as exc:  # one bad command must not stop the agent: report it
             log.exception("command %s failed", command.get("id"))
             return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
 
     def heartbeat(self) -> dict:
-        """What a heartbeat carries: the inventory, a sample of every GPU and the state of every IB port."""
+        """
+        What a heartbeat carries: the inventory, a sample of every GPU, the state of every IB port,
+        and the version of the policy held (none before the first answer).
+        """
         gpus = self.inventory()
         body = {"agent_version": self.version, "gpus": gpus, "samples": self.samples(gpus)}
         if self.ports is not None:
             body["ports"] = self.ports.states()
+        if self.policy_version is not None:
+            body["policy_version"] = self.policy_version
         return body
 
     def samples(self, gpus: list[dict]) -> list[dict]:
@@ -148,11 +194,17 @@ class Agent:
             index = gpu["index"]
             try:
                 memory, ecc, processes = nvml.memory(index) or {}, nvml.ecc(index) or {}, nvml.processes(index)
-                sample = {"uuid": gpu["uuid"], "utilization_pct": nvml.utilization(index),
-                          "memory_used_mib": memory.get("used_mib"), "memory_total_mib": memory.get("total_mib"),
-                          "temperature_c": nvml.temperature(index), "power_w": nvml.power(index),
-                          "ecc_corrected": ecc.get("corrected"), "ecc_uncorrected": ecc.get("uncorrected"),
-                          "processes": None if processes is None else len(processes)}
+                sample = {
+                    "uuid": gpu["uuid"],
+                    "utilization_pct": nvml.utilization(index),
+                    "memory_used_mib": memory.get("used_mib"),
+                    "memory_total_mib": memory.get("total_mib"),
+                    "temperature_c": nvml.temperature(index),
+                    "power_w": nvml.power(index),
+                    "ecc_corrected": ecc.get("corrected"),
+                    "ecc_uncorrected": ecc.get("uncorrected"),
+                    "processes": None if processes is None else len(processes),
+                }
                 # Last: a reading failing above loses no XID.
                 sample["xids"] = (self.unsent_xids.pop(gpu["uuid"], []) + (nvml.xids(index) or []))[:MAX_XIDS]
             except NVMLReadError as exc:
@@ -237,9 +289,14 @@ class Agent:
         for entry in policy:
             gpu = GPUPolicy.from_dict(entry)
             aliases = entry.get("aliases") or {}  # a pod's UID -> its instance
-            processes = [Process(pid=p["pid"], owner=_alias(aliases, self.process_owner(p["pid"])),
-                                 used_memory_mib=p.get("used_memory_mib") or 0)
-                         for p in (self.nvml.processes(gpu.index) or [])]
+            processes = [
+                Process(
+                    pid=p["pid"],
+                    owner=_alias(aliases, self.process_owner(p["pid"])),
+                    used_memory_mib=p.get("used_memory_mib") or 0,
+                )
+                for p in (self.nvml.processes(gpu.index) or [])
+            ]
             violations = evaluate(gpu, processes, mig_layout=self.current_layout(gpu.index))
             for violation in violations:
                 if violation.action in (KILL_PROCESS, STOP_CONTAINER):
@@ -300,10 +357,12 @@ def kill_process(index: int, pid: int) -> None:
 
 def simulated_host(nvml) -> tuple:
     """(process_owner, kill) over a SimulatedNVML's processes, each of which may carry its "owner"."""
+
     def owner(pid: int) -> str | None:
         return next((p.get("owner") for gpu in nvml.gpus.values() for p in gpu.processes if p["pid"] == pid), None)
 
     def kill(index: int, pid: int) -> None:
         gpu = nvml.gpus[index]
         gpu.processes = [p for p in gpu.processes if p["pid"] != pid]
+
     return owner, kill

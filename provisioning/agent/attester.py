@@ -27,12 +27,21 @@ class SimulatedAttester:
             identity = self.identities.get(gpu["uuid"])
             if identity is None:
                 raise LookupError(f"no device identity for GPU {gpu['uuid']}")
-            measurements = device_pki.reference_measurements(identity["gpu_model"], identity["vbios"],
-                                                             identity["driver"])
+            measurements = device_pki.reference_measurements(
+                identity["gpu_model"], identity["vbios"], identity["driver"]
+            )
             key = device_pki.key_from_pem(identity["key"])
             signed = device_pki.sign_gpu_evidence(
-                key, identity["chain"], uuid=gpu["uuid"], serial=identity["serial"],
-                gpu_model=identity["gpu_model"], vbios=identity["vbios"], driver=identity["driver"],
-                measurements=measurements, nonce=nonce, generated_at=int(time.time()))
+                key,
+                identity["chain"],
+                uuid=gpu["uuid"],
+                serial=identity["serial"],
+                gpu_model=identity["gpu_model"],
+                vbios=identity["vbios"],
+                driver=identity["driver"],
+                measurements=measurements,
+                nonce=nonce,
+                generated_at=int(time.time()),
+            )
             reports.append(signed.to_dict())
         return {"node": hostname, "nonce": nonce, "gpus": reports}

@@ -18,8 +18,16 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 MIB = 1024 * 1024
-RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset",
-                    5: "recover_imex_domain", 6: "bus_reset", 7: "system_reboot"}
+RECOVERY_ACTIONS = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
 
 
 @runtime_checkable
@@ -87,8 +95,12 @@ def healthy_from(ecc: dict | None, xid: dict | None) -> bool:
         return False
     if not xid:
         return True
-    return (xid.get("recovery_action") in (None, "none") and not xid.get("row_remap_failure")
-            and not xid.get("row_remap_pending") and not xid.get("retired_pages_pending"))
+    return (
+        xid.get("recovery_action") in (None, "none")
+        and not xid.get("row_remap_failure")
+        and not xid.get("row_remap_pending")
+        and not xid.get("retired_pages_pending")
+    )
 
 
 @dataclass
@@ -103,8 +115,14 @@ class SimulatedGPU:
     vbios: str | None = "96.00.00.00.00"
     processes: list[dict] = field(default_factory=list)  # {"pid", "used_memory_mib"}, as tests need them
     ecc: dict | None = field(default_factory=lambda: {"corrected": 0, "uncorrected": 0})
-    xid: dict | None = field(default_factory=lambda: {"recovery_action": "none", "retired_pages_pending": False,
-                                                      "row_remap_pending": False, "row_remap_failure": False})
+    xid: dict | None = field(
+        default_factory=lambda: {
+            "recovery_action": "none",
+            "retired_pages_pending": False,
+            "row_remap_pending": False,
+            "row_remap_failure": False,
+        }
+    )
     mig: tuple[bool, bool] | None = None
     utilization_pct: int = 0
     temperature_c: int | None = None  # None: follows the utilization (``SimulatedNVML.temperature``)
@@ -129,12 +147,24 @@ class SimulatedNVML:
         self._versions = versions or {"driver": "570.00.00", "nvml": "12.570.00", "cuda_driver": "12.8"}
 
     def inventory(self) -> list[dict]:
-        return [{"index": g.index, "uuid": g.uuid, "name": g.name, "serial": g.serial, "memory_mib": g.memory_mib,
-                 "healthy": g.healthy, "memory_used_ranges": sorted(g.used)} for g in self.gpus.values()]
+        return [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "serial": g.serial,
+                "memory_mib": g.memory_mib,
+                "healthy": g.healthy,
+                "memory_used_ranges": sorted(g.used),
+            }
+            for g in self.gpus.values()
+        ]
 
     def processes(self, index: int) -> list[dict]:
-        return [{"pid": p["pid"], "used_memory_mib": p.get("used_memory_mib"), "types": p.get("types", ["compute"])}
-                for p in self.gpus[index].processes]
+        return [
+            {"pid": p["pid"], "used_memory_mib": p.get("used_memory_mib"), "types": p.get("types", ["compute"])}
+            for p in self.gpus[index].processes
+        ]
 
     def memory(self, index: int) -> dict:
         """Used memory is what the simulated processes hold."""
@@ -180,8 +210,10 @@ class SimulatedNVML:
     def raise_ecc(self, index: int, *, uncorrected: int = 1, corrected: int = 0) -> None:
         """More ECC errors on the GPU's volatile counters (an uncorrected one makes it unhealthy)."""
         gpu = self.gpus[index]
-        gpu.ecc = {"corrected": (gpu.ecc or {}).get("corrected", 0) + corrected,
-                   "uncorrected": (gpu.ecc or {}).get("uncorrected", 0) + uncorrected}
+        gpu.ecc = {
+            "corrected": (gpu.ecc or {}).get("corrected", 0) + corrected,
+            "uncorrected": (gpu.ecc or {}).get("uncorrected", 0) + uncorrected,
+        }
         gpu.healthy = healthy_from(gpu.ecc, gpu.xid)
 
     def overheat(self, index: int, celsius: int | None = 95) -> None:
@@ -230,7 +262,7 @@ def _unavailable_hint(pynvml, error) -> str:
         pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "install the NVIDIA driver, which provides libnvidia-ml.so.1",
         pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "load the NVIDIA kernel driver (check `nvidia-smi` and `lsmod`)",
         pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "the NVML library and kernel driver differ: reload the driver "
-                                                   "or reboot after the driver upgrade",
+        "or reboot after the driver upgrade",
         pynvml.NVML_ERROR_NO_PERMISSION: "run the agent as a user that may open /dev/nvidia*",
     }
     return hints.get(getattr(error, "value", None), "check that `nvidia-smi` works on this host")
@@ -255,8 +287,9 @@ class RealNVML:
         self._raised: dict[int, list[int]] = {}  # XIDs drained from the set, not yet asked for
         try:
             count = self._read("device count", self._nvml.nvmlDeviceGetCount)
-            self._handles = {i: self._read(f"handle of GPU {i}", self._nvml.nvmlDeviceGetHandleByIndex, i)
-                             for i in range(count or 0)}
+            self._handles = {
+                i: self._read(f"handle of GPU {i}", self._nvml.nvmlDeviceGetHandleByIndex, i) for i in range(count or 0)
+            }
         except NVMLReadError:
             self.shutdown()
             raise
@@ -266,8 +299,10 @@ class RealNVML:
         try:
             import pynvml
         except ImportError as exc:
-            raise NVMLUnavailable("The real NVML backend needs nvidia-ml-py (`pip install nvidia-ml-py`), "
-                                  "which provides the pynvml module.") from exc
+            raise NVMLUnavailable(
+                "The real NVML backend needs nvidia-ml-py (`pip install nvidia-ml-py`), "
+                "which provides the pynvml module."
+            ) from exc
         return pynvml
 
     def _init(self) -> None:
@@ -314,17 +349,24 @@ class RealNVML:
 
     def _describe(self, index: int) -> dict:
         memory = self.memory(index)
-        return {"index": index, "uuid": _text(self._device("UUID", "nvmlDeviceGetUUID", index)),
-                "name": _text(self._device("name", "nvmlDeviceGetName", index)),
-                "serial": _text(self._device("serial", "nvmlDeviceGetSerial", index)),
-                "memory_mib": None if memory is None else memory["total_mib"],
-                "healthy": healthy_from(self.ecc(index), self.xid_errors(index))}
+        return {
+            "index": index,
+            "uuid": _text(self._device("UUID", "nvmlDeviceGetUUID", index)),
+            "name": _text(self._device("name", "nvmlDeviceGetName", index)),
+            "serial": _text(self._device("serial", "nvmlDeviceGetSerial", index)),
+            "memory_mib": None if memory is None else memory["total_mib"],
+            "healthy": healthy_from(self.ecc(index), self.xid_errors(index)),
+        }
 
     def processes(self, index: int) -> list[dict] | None:
         """Compute and graphics processes, one entry per pid (a process can be both); None if neither is offered."""
-        lists = {kind: self._device(f"{kind} processes", name, index)
-                 for kind, name in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
-                                    ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"))}
+        lists = {
+            kind: self._device(f"{kind} processes", name, index)
+            for kind, name in (
+                ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+            )
+        }
         if all(found is None for found in lists.values()):
             return None
         merged: dict[int, dict] = {}
@@ -345,10 +387,15 @@ class RealNVML:
 
     def ecc(self, index: int) -> dict | None:
         """Volatile totals (since the driver loaded); None where ECC is off or not offered."""
-        counts = {key: self._device(f"{key} ECC errors", "nvmlDeviceGetTotalEccErrors", index, error_type,
-                                    self._nvml.NVML_VOLATILE_ECC)
-                  for key, error_type in (("corrected", self._nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                                          ("uncorrected", self._nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))}
+        counts = {
+            key: self._device(
+                f"{key} ECC errors", "nvmlDeviceGetTotalEccErrors", index, error_type, self._nvml.NVML_VOLATILE_ECC
+            )
+            for key, error_type in (
+                ("corrected", self._nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                ("uncorrected", self._nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            )
+        }
         return None if all(v is None for v in counts.values()) else counts
 
     def xid_errors(self, index: int) -> dict | None:
@@ -361,10 +408,12 @@ class RealNVML:
         where not offered; the whole reading is None when none is.
         """
         nvml = self._nvml
-        fields = {"recovery_action": nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
-                  "retired_pages_pending": nvml.NVML_FI_DEV_RETIRED_PENDING,
-                  "row_remap_pending": nvml.NVML_FI_DEV_REMAPPED_PENDING,
-                  "row_remap_failure": nvml.NVML_FI_DEV_REMAPPED_FAILURE}
+        fields = {
+            "recovery_action": nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+            "retired_pages_pending": nvml.NVML_FI_DEV_RETIRED_PENDING,
+            "row_remap_pending": nvml.NVML_FI_DEV_REMAPPED_PENDING,
+            "row_remap_failure": nvml.NVML_FI_DEV_REMAPPED_FAILURE,
+        }
         values = self._device("XID-related fields", "nvmlDeviceGetFieldValues", index, list(fields.values()))
         if values is None:
             return None
@@ -372,8 +421,10 @@ class RealNVML:
         if all(v is None for v in read.values()):
             return None
         action = read.pop("recovery_action")
-        return {"recovery_action": None if action is None else RECOVERY_ACTIONS.get(action, str(action)),
-                **{key: None if value is None else bool(value) for key, value in read.items()}}
+        return {
+            "recovery_action": None if action is None else RECOVERY_ACTIONS.get(action, str(action)),
+            **{key: None if value is None else bool(value) for key, value in read.items()},
+        }
 
     def _field_value(self, value):
         """A field's own status says whether it is offered; the value sits in the union member its type names."""
@@ -444,8 +495,11 @@ class RealNVML:
         driver = self._read("driver version", nvml.nvmlSystemGetDriverVersion)
         library = self._read("NVML version", nvml.nvmlSystemGetNVMLVersion)
         cuda = self._read("CUDA driver version", nvml.nvmlSystemGetCudaDriverVersion)
-        return {"driver": _text(driver), "nvml": _text(library),
-                "cuda_driver": None if cuda is None else _cuda_version(cuda)}
+        return {
+            "driver": _text(driver),
+            "nvml": _text(library),
+            "cuda_driver": None if cuda is None else _cuda_version(cuda),
+        }
 
     def vbios(self, index: int) -> str | None:
         return _text(self._device("VBIOS version", "nvmlDeviceGetVbiosVersion", index))
@@ -464,5 +518,7 @@ class RealNVML:
         Not done through NVML: clearing a GPU needs a reset, which needs privileges and is the
         host's configured scrub command, run outside this backend.
         """
-        raise NotImplementedError(f"RealNVML does not scrub GPU {index}: a scrub is a GPU reset, run by the "
-                                  "host's configured scrub command, not through NVML reads.")
+        raise NotImplementedError(
+            f"RealNVML does not scrub GPU {index}: a scrub is a GPU reset, run by the "
+            "host's configured scrub command, not through NVML reads."
+        )

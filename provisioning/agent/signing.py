@@ -28,8 +28,12 @@ def signature(secret: str, method: str, path: str, timestamp: str, nonce: str, b
 def signed_headers(key_id: str, secret: str, method: str, path: str, body: bytes, now: float | None = None) -> dict:
     timestamp = str(int(now if now is not None else time.time()))
     nonce = secrets.token_hex(16)
-    return {HEADER_KEY: key_id, HEADER_TIME: timestamp, HEADER_NONCE: nonce,
-            HEADER_SIGNATURE: signature(secret, method, path, timestamp, nonce, body)}
+    return {
+        HEADER_KEY: key_id,
+        HEADER_TIME: timestamp,
+        HEADER_NONCE: nonce,
+        HEADER_SIGNATURE: signature(secret, method, path, timestamp, nonce, body),
+    }
 
 
 def valid(secret: str, method: str, path: str, timestamp: str, nonce: str, body: bytes, given: str) -> bool:

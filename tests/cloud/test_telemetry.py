@@ -45,19 +45,49 @@ def fleet(db):
 def node_with(gpus: int) -> Node:
     """A node with ``gpus`` GPUs (64 is more than any real server, which is the point)."""
     template = Node.objects.order_by("hostname").first()
-    node = Node.objects.create(hostname=unique("wide-node"), region=template.region, fabric=template.fabric,
-                               leaf=template.leaf, pool=NodePool.SHARED, bmc_address="https://bmc/redfish/v1",
-                               cpu_cores=64, ram_gib=512, nvme_tb="3.84", state=NodeState.IN_SERVICE)
-    GPU.objects.bulk_create([GPU(node=node, index=i, uuid=f"GPU-{uuid.uuid4()}", serial=unique("sn"),
-                                 pci_bus_id=HGX_PCI_BUS_IDS[i] if i < 8 else f"0000:{i:02x}:00.0", model=h100(),
-                                 memory_mib=81920) for i in range(gpus)])
+    node = Node.objects.create(
+        hostname=unique("wide-node"),
+        region=template.region,
+        fabric=template.fabric,
+        leaf=template.leaf,
+        pool=NodePool.SHARED,
+        bmc_address="https://bmc/redfish/v1",
+        cpu_cores=64,
+        ram_gib=512,
+        nvme_tb="3.84",
+        state=NodeState.IN_SERVICE,
+    )
+    GPU.objects.bulk_create(
+        [
+            GPU(
+                node=node,
+                index=i,
+                uuid=f"GPU-{uuid.uuid4()}",
+                serial=unique("sn"),
+                pci_bus_id=HGX_PCI_BUS_IDS[i] if i < 8 else f"0000:{i:02x}:00.0",
+                model=h100(),
+                memory_mib=81920,
+            )
+            for i in range(gpus)
+        ]
+    )
     return node
 
 
 def sample(gpu_uuid: str, **readings) -> dict:
-    return {"uuid": gpu_uuid, "utilization_pct": 50, "memory_used_mib": 1024, "memory_total_mib": 81559,
-            "temperature_c": 45, "power_w": 300.5, "ecc_corrected": 0, "ecc_uncorrected": 0, "processes": 1,
-            "xids": [], **readings}
+    return {
+        "uuid": gpu_uuid,
+        "utilization_pct": 50,
+        "memory_used_mib": 1024,
+        "memory_total_mib": 81559,
+        "temperature_c": 45,
+        "power_w": 300.5,
+        "ecc_corrected": 0,
+        "ecc_uncorrected": 0,
+        "processes": 1,
+        "xids": [],
+        **readings,
+    }
 
 
 def samples_of(node: Node, **readings) -> list[dict]:
@@ -82,8 +112,12 @@ def test_ingest_stores_raw_samples_latest_and_ports(fleet):
     result = telemetry.ingest(node=node, samples=samples_of(node), ports=ports_of(node), now=T0)
     assert stored() == (8, 8, 8)
     latest = GPUTelemetry.objects.get(gpu=node.gpus.get(index=3))
-    assert (latest.utilization_pct, latest.memory_total_mib, latest.power_w, latest.sampled_at) == (50, 81559, 300.5,
-                                                                                                   T0)
+    assert (latest.utilization_pct, latest.memory_total_mib, latest.power_w, latest.sampled_at) == (
+        50,
+        81559,
+        300.5,
+        T0,
+    )
     assert [r.previous for r in result.gpus] == [None] * 8
     assert {p.link for p in result.ports} == {"up"} and all(p.previous is None for p in result.ports)
 
@@ -100,8 +134,10 @@ def test_ingest_returns_each_new_sample_with_the_one_before(fleet):
     assert third.sample["xids"] == [79] and third.previous["sampled_at"] == T0 and third.previous["xids"] == []
     from cloud.health import FailurePolicy, evaluate_gpu
 
-    causes = {f.cause for f in evaluate_gpu(sample=third.sample, previous=third.previous, recent_xids=0,
-                                            policy=FailurePolicy())}
+    causes = {
+        f.cause
+        for f in evaluate_gpu(sample=third.sample, previous=third.previous, recent_xids=0, policy=FailurePolicy())
+    }
     assert causes == {"xid_79", "uncorrectable_ecc", "over_temperature"}
     assert GPUTelemetry.objects.get(gpu_id=third.gpu_id).xids == [79]
     assert GPUSample.objects.filter(gpu_id=third.gpu_id).order_by("sampled_at").last().xid_count == 1
@@ -111,8 +147,9 @@ def test_ingest_takes_the_same_queries_for_8_gpus_as_for_64(fleet):
     counts = {}
     for gpus in (8, 64):
         node = node_with(gpus)
-        HCAPort.objects.bulk_create([HCAPort(node=node, index=i, guid=f"{0xA000 + 0x100 * gpus + i:016x}")
-                                     for i in range(gpus)])
+        HCAPort.objects.bulk_create(
+            [HCAPort(node=node, index=i, guid=f"{0xA000 + 0x100 * gpus + i:016x}") for i in range(gpus)]
+        )
         telemetry.ingest(node=node, samples=samples_of(node), ports=ports_of(node), now=T0)  # first: inserts
         samples, ports = samples_of(node, utilization_pct=70), ports_of(node, "down")
         with CaptureQueriesContext(connection) as queries:
@@ -124,6 +161,36 @@ def test_ingest_takes_the_same_queries_for_8_gpus_as_for_64(fleet):
     # PostgreSQL: one read (GPUs with their latest, ports with their status), one write. SQLite: the
     # same through the ORM, a few statements more. Never one per GPU.
     assert counts[8] == counts[64] <= 7, counts
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL's")
+def test_the_hot_statements_are_prepared_unless_the_database_options_say_not(fleet):
+    """
+    Django leaves psycopg's preparing off; the heartbeat's statements turn it on for their own
+    server-binding cursors (prepared on the fifth use), unless OPTIONS name ``prepare_threshold``.
+    """
+    from unittest import mock
+
+    node = Node.objects.order_by("hostname").first()
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+    try:
+        raw.prepare_threshold = None
+        with mock.patch.dict(connection.settings_dict["OPTIONS"], {"prepare_threshold": None}):
+            telemetry.node_known(node)
+        assert raw.prepare_threshold is None  # behind a transaction-mode pooler: left off
+        for _ in range(telemetry.ingestion.PREPARE_THRESHOLD + 1):
+            telemetry.node_known(node)
+        assert raw.prepare_threshold == telemetry.ingestion.PREPARE_THRESHOLD
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                ["%json_agg(json_build_array(g.id, g.index, g.uuid%"],
+            )
+            assert cursor.fetchone()[0] == 1
+    finally:
+        raw.prepare_threshold = before
 
 
 def _bad(node: Node, other: Node) -> dict:
@@ -158,8 +225,9 @@ def test_bad_samples_are_refused_and_nothing_is_stored(fleet, subtests):
     for name, (samples, status) in _bad(node, other).items():
         with subtests.test(name):
             # A valid sample and port ride along: they must not be stored either.
-            good = [s for s in samples_of(node) if s["uuid"] not in {x.get("uuid") for x in samples
-                                                                      if isinstance(x, dict)}][:1]
+            good = [
+                s for s in samples_of(node) if s["uuid"] not in {x.get("uuid") for x in samples if isinstance(x, dict)}
+            ][:1]
             with pytest.raises((DomainError, Forbidden)) as raised:
                 telemetry.ingest(node=node, samples=good + samples, ports=ports_of(node), now=T0)
             assert raised.value.status_code == status, raised.value.detail
@@ -167,11 +235,14 @@ def test_bad_samples_are_refused_and_nothing_is_stored(fleet, subtests):
             assert stored() == (0, 0, 0)
 
 
-@pytest.mark.parametrize(("ports", "status"), [
-    ([{"guid": "not-a-guid", "link": "up"}], 400),
-    ([{"guid": "00000000000000aa", "link": "sideways"}], 400),
-    (["up"], 400),
-])
+@pytest.mark.parametrize(
+    ("ports", "status"),
+    [
+        ([{"guid": "not-a-guid", "link": "up"}], 400),
+        ([{"guid": "00000000000000aa", "link": "sideways"}], 400),
+        (["up"], 400),
+    ],
+)
 def test_bad_ports_are_refused(fleet, ports, status):
     node = fleet[0]
     with pytest.raises(DomainError) as raised:
@@ -188,10 +259,11 @@ def test_unknown_ports_are_skipped_and_the_rest_is_stored(fleet, caplog):
     own ports and samples are stored; nothing is written for the unknown GUIDs.
     """
     node, other = fleet[0], fleet[1]
-    vfs = [{"guid": f"0x{0xab + i:016x}", "link": "up"} for i in range(len(ports_of(node)))]  # more than it has
+    vfs = [{"guid": f"0x{0xAB + i:016x}", "link": "up"} for i in range(len(ports_of(node)))]  # more than it has
     with caplog.at_level("WARNING", logger="cloud.telemetry.ingestion"):
-        result = telemetry.ingest(node=node, samples=samples_of(node), ports=ports_of(node) + vfs
-                                  + ports_of(other)[:1], now=T0)
+        result = telemetry.ingest(
+            node=node, samples=samples_of(node), ports=ports_of(node) + vfs + ports_of(other)[:1], now=T0
+        )
     assert {p.guid for p in result.ports} == {p["guid"] for p in ports_of(node)}
     assert stored() == (node.gpus.count(), node.gpus.count(), node.ib_ports.count())
     assert not HCAPortStatus.objects.filter(port__node=other).exists()
@@ -215,8 +287,9 @@ def test_extra_fields_are_ignored(fleet):
     node = fleet[0]
     gpu = node.gpus.order_by("index").first()
     GPU.objects.filter(pk=gpu.pk).update(state="allocated")
-    telemetry.ingest(node=node, samples=[sample(gpu.uuid, state="free", tenant_id=str(uuid.uuid4()), node="x")],
-                     ports=[], now=T0)
+    telemetry.ingest(
+        node=node, samples=[sample(gpu.uuid, state="free", tenant_id=str(uuid.uuid4()), node="x")], ports=[], now=T0
+    )
     assert GPU.objects.get(pk=gpu.pk).state == "allocated"
     assert GPUTelemetry.objects.get(gpu=gpu).node_id == node.pk
 
@@ -251,7 +324,10 @@ def test_port_flaps_are_counted_inside_the_window(fleet, settings):
     assert (flapping.previous, flapping.link, flapping.changes_in_window) == ("up", "down", 3)
     status = HCAPortStatus.objects.get(port__guid=guid)
     assert (status.changed_at, status.seen_at, status.window_started_at) == (
-        T0 + timedelta(seconds=40), T0 + timedelta(seconds=40), T0 + timedelta(seconds=20))
+        T0 + timedelta(seconds=40),
+        T0 + timedelta(seconds=40),
+        T0 + timedelta(seconds=20),
+    )
     assert telemetry.changes_in_window(status, T0 + timedelta(minutes=6)) == 0  # the window has passed
     again = report("up", T0 + timedelta(minutes=6))
     assert again.changes_in_window == 1  # a new window starts at the next change
@@ -270,9 +346,20 @@ def test_rollup_computes_means_maxima_and_deviations_and_runs_once(fleet):
     node = fleet[0]
     a, b = node.gpus.order_by("index")[:2]
     minute = [10, 20, 30, 40, 50, 60]  # six samples, ten seconds apart
-    rows = [_raw(a, T0 + timedelta(seconds=10 * i), u, temperature_c=40 + i, power_w=100.0 + i, processes=1,
-                 memory_used_mib=1000 * i, ecc_uncorrected=i // 3, xid_count=1 if i == 4 else 0)
-            for i, u in enumerate(minute)]
+    rows = [
+        _raw(
+            a,
+            T0 + timedelta(seconds=10 * i),
+            u,
+            temperature_c=40 + i,
+            power_w=100.0 + i,
+            processes=1,
+            memory_used_mib=1000 * i,
+            ecc_uncorrected=i // 3,
+            xid_count=1 if i == 4 else 0,
+        )
+        for i, u in enumerate(minute)
+    ]
     rows += [_raw(a, T0 + timedelta(minutes=1, seconds=10 * i), 0, processes=0) for i in range(6)]  # idle minute
     rows += [_raw(b, T0 + timedelta(seconds=5), None)]  # utilization not offered
     GPUSample.objects.bulk_create(rows)
@@ -324,20 +411,31 @@ def test_hours_are_the_sum_of_their_minutes(fleet):
         assert point["samples"] == len(inside) and point["utilization_max"] == max(inside)
         assert point["utilization_mean"] == round(mean, 3)
         assert point["utilization_std"] == pytest.approx(
-            math.sqrt(sum((u - mean) ** 2 for u in inside) / len(inside)), abs=1e-3)
+            math.sqrt(sum((u - mean) ** 2 for u in inside) / len(inside)), abs=1e-3
+        )
     assert telemetry.rollup(now=T0 + timedelta(hours=2, minutes=1)) == {"1m": 0, "1h": 0}
 
 
 def test_prune_drops_only_what_is_past_retention_and_rolled_up(fleet, settings):
-    settings.MERIDIAN_TELEMETRY_RETENTION = {"raw": timedelta(hours=1), "1m": timedelta(days=2),
-                                             "1h": timedelta(days=90)}
+    settings.MERIDIAN_TELEMETRY_RETENTION = {
+        "raw": timedelta(hours=1),
+        "1m": timedelta(days=2),
+        "1h": timedelta(days=90),
+    }
     gpu = fleet[0].gpus.order_by("index").first()
     now = T0 + timedelta(days=100)
     GPUSample.objects.bulk_create([_raw(gpu, now - timedelta(minutes=m), 5) for m in (90, 70, 30)])
     assert telemetry.prune(now=now)["raw"] == 0  # nothing rolled up yet: nothing may go
     telemetry.rollup(now=now)
-    rollups = [GPUSampleRollup(gpu=gpu, period=period, bucket=now - age, samples=1) for period, age in (
-        ("1m", timedelta(days=3)), ("1m", timedelta(days=1)), ("1h", timedelta(days=91)), ("1h", timedelta(days=89)))]
+    rollups = [
+        GPUSampleRollup(gpu=gpu, period=period, bucket=now - age, samples=1)
+        for period, age in (
+            ("1m", timedelta(days=3)),
+            ("1m", timedelta(days=1)),
+            ("1h", timedelta(days=91)),
+            ("1h", timedelta(days=89)),
+        )
+    ]
     GPUSampleRollup.objects.bulk_create(rollups)
     deleted = telemetry.prune(now=now)
     assert deleted == {"raw": 2, "1m": 1, "1h": 1}
@@ -356,8 +454,12 @@ def test_a_held_bare_metal_node_is_read_through_its_bmc_and_fabric(fleet):
     held, idle = Node.objects.filter(pool=NodePool.BARE_METAL).order_by("hostname")[:2]
     Node.objects.filter(pk=held.pk).update(state=NodeState.ALLOCATED)
     SimulatedPower().set_power(Target(node_id=str(held.pk), hostname=held.hostname), True)
-    SimulatedPower().set_readings(Target(node_id=str(held.pk), hostname=held.hostname), power_w=5600.0,
-                                  gpu_celsius=[41, 42, 43, 44, 45, 46, 47, 99], health="warning")
+    SimulatedPower().set_readings(
+        Target(node_id=str(held.pk), hostname=held.hostname),
+        power_w=5600.0,
+        gpu_celsius=[41, 42, 43, 44, 45, 46, 47, 99],
+        health="warning",
+    )
     down = held.ib_ports.order_by("index").first().guid
     fabric_driver_for(held.fabric).set_port_state(down, "down")
 
@@ -385,8 +487,15 @@ def _allocated(world) -> tuple[Reservation, GPU]:
     reservation = world.t1.objects[Reservation]
     small_fleet(4)
     gpu = Node.objects.filter(pool=NodePool.SHARED).order_by("hostname").first().gpus.order_by("index").first()
-    Allocation.objects.create(reservation=reservation, gpu=gpu, node=gpu.node, mem_lo=0, mem_hi=gpu.memory_mib,
-                              starts_at=T0, ends_at=T0 + timedelta(hours=1))
+    Allocation.objects.create(
+        reservation=reservation,
+        gpu=gpu,
+        node=gpu.node,
+        mem_lo=0,
+        mem_hi=gpu.memory_mib,
+        starts_at=T0,
+        ends_at=T0 + timedelta(hours=1),
+    )
     return reservation, gpu
 
 
@@ -395,8 +504,12 @@ def test_a_tenant_reads_only_its_reservations_gpus_while_they_were_its_own(world
     node = gpu.node
     neighbour = node.gpus.exclude(pk=gpu.pk).order_by("index").first()
     for at in (T0 - timedelta(minutes=5), T0 + timedelta(minutes=1), T0 + timedelta(minutes=2)):
-        telemetry.ingest(node=node, samples=[sample(gpu.uuid, utilization_pct=at.minute), sample(neighbour.uuid)],
-                         ports=[], now=at + timedelta(seconds=5))
+        telemetry.ingest(
+            node=node,
+            samples=[sample(gpu.uuid, utilization_pct=at.minute), sample(neighbour.uuid)],
+            ports=[],
+            now=at + timedelta(seconds=5),
+        )
     telemetry.rollup(now=T0 + timedelta(minutes=4))
 
     url = f"/api/v1/reservations/{reservation.pk}/telemetry/"

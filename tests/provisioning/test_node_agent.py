@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -39,15 +40,18 @@ def shared_host() -> Node:
 
 
 def nvml_of(node: Node) -> SimulatedNVML:
-    return SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=m)
-                          for i, u, m in node.gpus.order_by("index").values_list("index", "uuid", "memory_mib")])
+    return SimulatedNVML(
+        [
+            SimulatedGPU(index=i, uuid=u, memory_mib=m)
+            for i, u, m in node.gpus.order_by("index").values_list("index", "uuid", "memory_mib")
+        ]
+    )
 
 
 def send(client: Client, key_id, secret, method, path, payload=None, *, now=None, headers=None):
     body = b"" if payload is None else json.dumps(payload).encode()
     signed = headers or signed_headers(key_id, secret, method, f"{API}{path}", body, now=now)
-    return client.generic(method, f"{API}{path}", body, content_type="application/json",
-                          headers=signed)
+    return client.generic(method, f"{API}{path}", body, content_type="application/json", headers=signed)
 
 
 def agent_turn(node: Node) -> None:
@@ -73,8 +77,12 @@ def test_a_real_agent_heartbeats_pulls_a_scrub_and_answers(world, fleet, live_se
     assert agent.run_once() == 0
     state = AgentState.objects.get(node=node)
     assert [g["uuid"] for g in state.gpus] == list(node.gpus.order_by("index").values_list("uuid", flat=True))
-    command = node_agents.command_enqueue(node_id=node.pk, kind="scrub", reference="op-1",
-                                          payload={"devices": [{"index": 2, "mem_lo": 0, "mem_hi": 81920}]})
+    command = node_agents.command_enqueue(
+        node_id=node.pk,
+        kind="scrub",
+        reference="op-1",
+        payload={"devices": [{"index": 2, "mem_lo": 0, "mem_hi": 81920}]},
+    )
     assert agent.run_once() == 1
     command.refresh_from_db()
     assert command.state == "done" and command.result["ok"] is True
@@ -112,9 +120,11 @@ def test_an_altered_or_replayed_request_is_refused(world, fleet):
 
 def test_a_node_speaks_only_for_its_own_gpus_and_commands(world, fleet):
     client = Client()
-    node, other = Node.objects.filter(pool="shared").order_by("hostname")[:2] if \
-        Node.objects.filter(pool="shared").count() > 1 else (shared_host(), Node.objects.exclude(
-            pk=shared_host().pk).first())
+    node, other = (
+        Node.objects.filter(pool="shared").order_by("hostname")[:2]
+        if Node.objects.filter(pool="shared").count() > 1
+        else (shared_host(), Node.objects.exclude(pk=shared_host().pk).first())
+    )
     credential, secret = node_agents.credential_issue(actor=None, node=node)
     body = heartbeat_body(node)
     body["gpus"].append({"index": 9, "uuid": other.gpus.first().uuid})
@@ -133,9 +143,11 @@ def test_a_node_speaks_only_for_its_own_gpus_and_commands(world, fleet):
 
 def test_release_scrubs_through_the_agent_and_waits_for_its_answer(world, fleet, steps, settings):
     settings.MERIDIAN_DRIVERS = {"default": {"host": "agent"}}
-    response = world.client("t1_member").post("/api/v1/reservations/", {
-        "name": "vm", "offering": vm_offering(1).slug, "gpus": 1, "regions": ["us-east-1"], "duration_hours": 1},
-        format="json")
+    response = world.client("t1_member").post(
+        "/api/v1/reservations/",
+        {"name": "vm", "offering": vm_offering(1).slug, "gpus": 1, "regions": ["us-east-1"], "duration_hours": 1},
+        format="json",
+    )
     pk = response.json()["id"]
     node_agents.heartbeat(node=shared_host(), agent_version="1", gpus=nvml_of(shared_host()).inventory())
     waiting = steps.run(limit=12, settle=False)
@@ -164,9 +176,11 @@ def test_release_scrubs_through_the_agent_and_waits_for_its_answer(world, fleet,
 
 def test_a_silent_agent_fails_the_step_that_needs_it(world, fleet, steps, settings):
     settings.MERIDIAN_DRIVERS = {"default": {"host": "agent"}}
-    response = world.client("t1_member").post("/api/v1/reservations/", {
-        "name": "vm", "offering": vm_offering(1).slug, "gpus": 1, "regions": ["us-east-1"], "duration_hours": 1},
-        format="json")
+    response = world.client("t1_member").post(
+        "/api/v1/reservations/",
+        {"name": "vm", "offering": vm_offering(1).slug, "gpus": 1, "regions": ["us-east-1"], "duration_hours": 1},
+        format="json",
+    )
     pk = response.json()["id"]
     steps.run()
     # Nobody answered the attestation challenge: the node is not handed over, the reservation is placed again.
@@ -196,12 +210,15 @@ def test_the_agent_runs_from_its_command_line_without_django(tmp_path):
 
     secret = tmp_path / "node.key"
     secret.write_text("s3cret")
-    code = ("import sys, provisioning.agent.__main__ as m; "
-            "assert not any(name.startswith('django') for name in sys.modules), 'django imported'; print('ok')")
+    code = (
+        "import sys, provisioning.agent.__main__ as m; "
+        "assert not any(name.startswith('django') for name in sys.modules), 'django imported'; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
-    usage = subprocess.run([sys.executable, "-m", "provisioning.agent", "--help"], capture_output=True, text=True,
-                           timeout=60)
+    usage = subprocess.run(
+        [sys.executable, "-m", "provisioning.agent", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert usage.returncode == 0 and "--key-id" in usage.stdout
 
 
@@ -221,11 +238,27 @@ def test_violations_are_reported_only_for_the_nodes_own_gpus_and_in_shape(world,
     assert bad.status_code == 400
     missing = send(client, credential.key_id, secret, "POST", "/violations/", {"violations": [{"index": 0}]})
     assert missing.status_code == 400
-    foreign = send(client, credential.key_id, secret, "POST", "/violations/", {"violations": [
-        {"index": 99, "kind": "foreign_process", "action": "kill_process", "detail": "x"}]})
+    foreign = send(
+        client,
+        credential.key_id,
+        secret,
+        "POST",
+        "/violations/",
+        {"violations": [{"index": 99, "kind": "foreign_process", "action": "kill_process", "detail": "x"}]},
+    )
     assert foreign.status_code == 403
-    good = send(client, credential.key_id, secret, "POST", "/violations/", {"violations": [
-        {"index": 0, "kind": "foreign_process", "action": "kill_process", "detail": "pid 9", "pids": [9]}]})
+    good = send(
+        client,
+        credential.key_id,
+        secret,
+        "POST",
+        "/violations/",
+        {
+            "violations": [
+                {"index": 0, "kind": "foreign_process", "action": "kill_process", "detail": "pid 9", "pids": [9]}
+            ]
+        },
+    )
     assert good.status_code == 200 and good.json() == {"recorded": 1}
     answer = send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node))
     assert [p["index"] for p in answer.json()["policy"]] == list(range(node.gpus.count()))
@@ -329,8 +362,7 @@ def test_an_agent_that_sends_only_its_inventory_is_still_heard(world, fleet):
 
 
 TELEMETRY_REFUSED = [
-    (lambda body, other: body["samples"][0].update(memory_used_mib=10**6, memory_total_mib=81920), 400,
-     "out_of_range"),
+    (lambda body, other: body["samples"][0].update(memory_used_mib=10**6, memory_total_mib=81920), 400, "out_of_range"),
     (lambda body, other: body["samples"][0].update(utilization_pct=-3), 400, "out_of_range"),
     (lambda body, other: body["samples"][0].update(temperature_c=201), 400, "out_of_range"),
     (lambda body, other: body["samples"].append({"uuid": other.gpus.first().uuid}), 400, "too_many"),
@@ -366,12 +398,15 @@ def test_bad_telemetry_on_a_heartbeat_is_refused_but_the_node_is_still_alive(wor
     assert (GPUSample.objects.count(), GPUTelemetry.objects.count(), HCAPortStatus.objects.count()) == (0, 0, 0)
 
 
-@pytest.mark.parametrize(("change", "status", "code"), [
-    (lambda body, other: body.update(samples="all of them"), 400, "invalid"),
-    (lambda body, other: body.update(gpus=[{"uuid": other.gpus.first().uuid}]), 403, "foreign_gpu"),
-    (lambda body, other: body.update(gpus=[{"uuid": "GPU-x"}] * 100), 400, "too_many"),
-    (lambda body, other: body.update(gpus=[{"uuid": "GPU-x"}] * 100_000), 413, "request_too_large"),
-])
+@pytest.mark.parametrize(
+    ("change", "status", "code"),
+    [
+        (lambda body, other: body.update(samples="all of them"), 400, "invalid"),
+        (lambda body, other: body.update(gpus=[{"uuid": other.gpus.first().uuid}]), 403, "foreign_gpu"),
+        (lambda body, other: body.update(gpus=[{"uuid": "GPU-x"}] * 100), 400, "too_many"),
+        (lambda body, other: body.update(gpus=[{"uuid": "GPU-x"}] * 100_000), 413, "request_too_large"),
+    ],
+)
 def test_a_malformed_heartbeat_or_a_foreign_inventory_stores_nothing(world, fleet, change, status, code):
     """
     A body of the wrong shape, or an inventory that is not the node's, is not a heartbeat of this
@@ -405,11 +440,240 @@ def test_a_heartbeat_with_unknown_ports_is_heard_and_its_own_telemetry_stored(wo
     other = Node.objects.exclude(pk=node.pk).order_by("hostname").first()
     agent, _ = telemetry_agent(node)
     body = agent.heartbeat()
-    body["ports"] += [{"guid": "0x00000000000000ab", "link": "up"}, {"guid": other.ib_ports.first().guid,
-                                                                     "link": "down"}]
+    body["ports"] += [
+        {"guid": "0x00000000000000ab", "link": "up"},
+        {"guid": other.ib_ports.first().guid, "link": "down"},
+    ]
     response = send(client, agent.control_plane.key_id, agent.control_plane.secret, "POST", "/heartbeat/", body)
     assert response.status_code == 200, response.content[:300]
     assert AgentState.objects.filter(node=node).exists()
     assert GPUSample.objects.filter(gpu__node=node).count() == node.gpus.count()
     assert set(HCAPortStatus.objects.values_list("port__node", flat=True)) == {node.pk}
     assert HCAPortStatus.objects.count() == node.ib_ports.count()
+
+
+#
+# The isolation policy on the heartbeat: sent again only when it changed
+#
+
+
+def live_vm(world, steps) -> Instance:
+    """A tenant's VM, active on a shared host: the host's policy names it."""
+    from tests.provisioning.pipeline import SSH_KEY
+
+    response = world.client("t1_member").post(
+        "/api/v1/reservations/",
+        {
+            "name": "vm",
+            "offering": vm_offering(1).slug,
+            "gpus": 1,
+            "regions": ["us-east-1"],
+            "duration_hours": 1,
+            "ssh_public_key": SSH_KEY,
+        },
+        format="json",
+    )
+    steps.run()
+    return Instance.objects.get(reservation_id=response.json()["id"], state="active")
+
+
+def test_a_policy_the_agent_holds_is_not_sent_again_until_it_changes(world, fleet, steps):
+    instance = live_vm(world, steps)
+    node, index = instance.node, instance.devices[0]["index"]
+    client = Client()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+
+    first = send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node)).json()
+    held = first["policy_version"]
+    assert first["policy"][index]["owners"] == {instance.name: None}
+    again = send(
+        client, credential.key_id, secret, "POST", "/heartbeat/", {**heartbeat_body(node), "policy_version": held}
+    ).json()
+    assert "policy" not in again and again["policy_version"] == held
+    assert again["ok"] is True and again["interval_s"] > 0
+
+    # The runtime names the VM's processes by another id: the policy changed, and comes back.
+    Instance.objects.filter(pk=instance.pk).update(runtime_uid="0f6c1b9e-2d4a-4c8e-9b1a-3e5d7f9a1c2b")
+    renamed = send(
+        client, credential.key_id, secret, "POST", "/heartbeat/", {**heartbeat_body(node), "policy_version": held}
+    ).json()
+    assert renamed["policy_version"] != held
+    assert renamed["policy"][index]["aliases"] == {"0f6c1b9e-2d4a-4c8e-9b1a-3e5d7f9a1c2b": instance.name}
+
+    # The tenant releases the VM: its GPU has no owner in the very next answer (no cache to expire).
+    world.client("t1_member").post(f"/api/v1/reservations/{instance.reservation_id}/release/")
+    steps.run()
+    assert Instance.objects.get(pk=instance.pk).state == "released"
+    released = send(
+        client,
+        credential.key_id,
+        secret,
+        "POST",
+        "/heartbeat/",
+        {**heartbeat_body(node), "policy_version": renamed["policy_version"]},
+    ).json()
+    assert released["policy_version"] not in (held, renamed["policy_version"])
+    assert released["policy"][index]["owners"] == {} and released["policy"][index]["aliases"] == {}
+    assert released["policy"] == node_agents.node_policy(node=node)
+
+
+def test_an_agent_that_sends_no_policy_version_gets_the_whole_policy_every_time(world, fleet):
+    client, node = Client(), shared_host()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    answers = [
+        send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node)).json() for _ in range(2)
+    ]
+    for answer in answers:
+        assert [p["index"] for p in answer["policy"]] == list(range(node.gpus.count()))
+    assert answers[0]["policy_version"] == answers[1]["policy_version"]
+    # A version that is not the current one (a stale or made-up one) gets the whole policy too.
+    other = send(
+        client,
+        credential.key_id,
+        secret,
+        "POST",
+        "/heartbeat/",
+        {**heartbeat_body(node), "policy_version": "not-a-version"},
+    ).json()
+    assert other["policy"] == answers[0]["policy"]
+    bad = send(client, credential.key_id, secret, "POST", "/heartbeat/", {**heartbeat_body(node), "policy_version": 7})
+    assert bad.status_code == 400 and "policy_version" in bad.json()["errors"][0]["detail"]
+
+
+def test_the_agent_enforces_the_policy_it_holds_when_the_answer_leaves_it_out(world, fleet, steps):
+    from provisioning.agent.agent import simulated_host
+    from security.models import Incident
+
+    instance = live_vm(world, steps)
+    node, index = instance.node, instance.devices[0]["index"]
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    answers = []
+
+    class Recording(InProcessControlPlane):
+        def call(self, method, path, payload=None):
+            answer = super().call(method, path, payload)
+            if path == "/heartbeat/":
+                answers.append(answer)
+            return answer
+
+    nvml = nvml_of(node)
+    owner, kill = simulated_host(nvml)
+    agent = Agent(Recording(credential.key_id, secret), nvml, process_owner=owner, kill=kill)
+    agent.run_once()
+    assert "policy" in answers[0] and agent.policy_version == answers[0]["policy_version"]
+    nvml.gpus[index].processes = [
+        {"pid": 100, "used_memory_mib": 1000, "owner": instance.name},
+        {"pid": 666, "used_memory_mib": 1000, "owner": "r000000000000-0"},
+    ]
+    agent.run_once()
+    assert "policy" not in answers[1]  # unchanged: not sent again ...
+    assert [p["pid"] for p in nvml.gpus[index].processes] == [100]  # ... and still enforced
+    assert Incident.objects.filter(kind="isolation_foreign_process", node_id=node.pk).count() == 1
+
+
+def test_a_control_plane_without_policy_versions_still_drives_the_agent():
+    """An older control plane answers the policy every time and no version: the agent takes each."""
+    agent = Agent(None, SimulatedNVML([SimulatedGPU(index=0, uuid="GPU-0", memory_mib=81920)]))
+    agent.policy_take({"ok": True, "policy": [{"index": 0, "owners": {"vm-a": None}}]})
+    assert agent.policy == [{"index": 0, "owners": {"vm-a": None}}] and agent.policy_version is None
+    assert "policy_version" not in agent.heartbeat()
+    agent.policy_take({"ok": True, "policy_version": "v2", "policy": []})
+    assert agent.policy == [] and agent.heartbeat()["policy_version"] == "v2"
+    # A version it does not hold, without the policy: keep enforcing the held one, ask for it whole next.
+    agent.policy_take({"ok": True, "policy_version": "v3"})
+    assert agent.policy == [] and "policy_version" not in agent.heartbeat()
+
+
+#
+# Authentication stays strict on the cheaper path
+#
+
+
+def test_a_revoked_key_is_refused(world, fleet):
+    client, node = Client(), shared_host()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    assert send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node)).status_code == 200
+    type(credential).objects.filter(pk=credential.pk).update(revoked_at=timezone.now())
+    refused = send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node))
+    assert refused.status_code == 401 and refused.json()["errors"][0]["code"] == "node_key_invalid"
+
+
+def test_a_replayed_request_is_refused_even_when_its_telemetry_was(world, fleet):
+    """The nonce is spent by the signed request, whatever its handler then answered."""
+    client, node = Client(), shared_host()
+    agent, _ = telemetry_agent(node)
+    body = agent.heartbeat()
+    body["samples"][0]["utilization_pct"] = -1
+    encoded = json.dumps(body).encode()
+    headers = signed_headers(
+        agent.control_plane.key_id, agent.control_plane.secret, "POST", f"{API}/heartbeat/", encoded
+    )
+    assert send(client, None, None, "POST", "/heartbeat/", body, headers=headers).status_code == 400
+    replayed = send(client, None, None, "POST", "/heartbeat/", body, headers=headers)
+    assert replayed.status_code == 409 and replayed.json()["errors"][0]["code"] == "replayed"
+
+
+def test_a_stale_request_is_refused_before_its_nonce_is_spent(world, fleet):
+    client, node = Client(), shared_host()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    stale = send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node), now=time.time() + 3600)
+    assert stale.status_code == 401 and stale.json()["errors"][0]["code"] == "stale"
+    assert not AgentNonce.objects.exists() and not AgentState.objects.exists()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the threads share a server's test database only")
+@pytest.mark.django_db(transaction=True)
+def test_copies_of_a_request_arriving_at_once_are_heard_once(world, fleet):
+    """Replay protection holds under concurrency: the nonce's unique row admits one copy."""
+    import threading
+
+    node = shared_host()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    body = json.dumps(heartbeat_body(node)).encode()
+    headers = signed_headers(credential.key_id, secret, "POST", f"{API}/heartbeat/", body)
+    start, codes = threading.Barrier(4), []
+
+    def post():
+        try:
+            start.wait(timeout=30)
+            codes.append(
+                Client()
+                .generic("POST", f"{API}/heartbeat/", body, content_type="application/json", headers=headers)
+                .status_code
+            )
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=post) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(codes) == [200, 409, 409, 409]
+    assert AgentNonce.objects.filter(node=node).count() == 1
+
+
+def test_the_agent_asks_for_commands_only_when_the_heartbeat_says_some_wait(world, fleet):
+    node = shared_host()
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    calls = []
+
+    class Counting(InProcessControlPlane):
+        def call(self, method, path, payload=None):
+            calls.append((method, path))
+            return super().call(method, path, payload)
+
+    agent = Agent(Counting(credential.key_id, secret), nvml_of(node))
+    assert agent.run_once() == 0
+    assert calls == [("POST", "/heartbeat/")]  # nothing waits: one request this turn
+    command = node_agents.command_enqueue(node_id=node.pk, kind="inventory", reference="op-9", payload={})
+    calls.clear()
+    assert agent.run_once() == 1
+    assert calls == [("POST", "/heartbeat/"), ("GET", "/commands/"), ("POST", f"/commands/{command.pk}/result/")]
+    assert AgentCommand.objects.get(pk=command.pk).state == "done"
+    # A command sent but never answered (the answer was lost) still counts as waiting: it is sent again.
+    lost = node_agents.command_enqueue(node_id=node.pk, kind="inventory", reference="op-10", payload={})
+    AgentCommand.objects.filter(pk=lost.pk).update(state="sent")
+    client = Client()
+    answer = send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node)).json()
+    assert answer["commands_waiting"] is True
