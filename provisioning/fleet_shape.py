@@ -54,6 +54,8 @@ class NodeShape(NamedTuple):
 
 
 class FleetShape:
+    """The fleet's shape, read at most every ``refresh_s`` seconds, and the snapshots made from it."""
+
     def __init__(self, refresh_s: float = 30.0):
         self.refresh_s = refresh_s
         self.nodes: list[NodeShape] = []  # by hostname, as load_snapshot orders them
