@@ -462,7 +462,8 @@ def _mass_silence(heard: Q, cutoff: datetime, policy: FailurePolicy, now: dateti
             resolved_at=now, restored_at=now)
     recent = now - policy.faulty_after_misses * timedelta(seconds=policy.heartbeat_interval_s)
     released = {row["evidence__region_id"]: row["at"] for row in Incident.objects.filter(
-        kind=MASS_SILENCE, resolved_at__gte=recent).values("evidence__region_id").annotate(at=Max("resolved_at"))}
+        kind=MASS_SILENCE, resolved_at__gte=recent).values("evidence__region_id").order_by().annotate(
+        at=Max("resolved_at"))}
     return ({counts[key]["region_id"] for key in held},
             {counts[key]["region_id"]: at for key, at in released.items() if key in counts and key not in held})
 
