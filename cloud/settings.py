@@ -142,6 +142,10 @@ else:
     # Keep connections between requests (each gunicorn thread holds one), checked before reuse.
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DJANGO_CONN_MAX_AGE", default=60))
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # The node API's hot statements are prepared on the server (cloud.telemetry.fast_cursor);
+    # behind a transaction-mode pooler (PgBouncer), which cannot keep them, turn that off.
+    if not env.bool("MERIDIAN_DB_PREPARED_STATEMENTS", default=True):
+        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 #
