@@ -17,23 +17,16 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import NamedTuple
 from uuid import UUID
 
-from django.db import connection
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Max
 
-from cloud.capacity import SELLABLE_HEALTH
 from cloud.models import GPU, Node
 
-from .allocations import ALLOCATABLE_NODE_STATES
-from .choices import BillingTerm, OperationKind, OperationState
-from .models import Allocation, Operation, Reservation
-from .plan_types import Busy, GPUCapacity, NodeCapacity, Snapshot
-from .snapshot import UNUSABLE_GPU_STATES
-
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+from .plan_types import GPUCapacity, NodeCapacity, Snapshot
+from .snapshot import SELLABLE_GPU, sellable_nodes, window_allocations
 
 
 class GpuShape(NamedTuple):
@@ -101,47 +94,7 @@ class FleetShape:
 
 
 def _blocked() -> tuple[set, set]:
-    """The nodes and GPUs that may not take work now (load_snapshot's rules, as exceptions)."""
-    nodes = set(Node.objects.exclude(is_spare=False, state__in=ALLOCATABLE_NODE_STATES, health__in=SELLABLE_HEALTH)
-                .values_list("id", flat=True))
-    # A node whose idle attestation is under way is not sold until it has passed.
-    nodes.update(Operation.objects.filter(kind=OperationKind.ATTEST, node__isnull=False,
-                                          state__in=[OperationState.PENDING, OperationState.RUNNING])
-                 .values_list("node_id", flat=True))
-    gpus = set(GPU.objects.filter(~Q(health__in=SELLABLE_HEALTH) | Q(state__in=UNUSABLE_GPU_STATES))
-               .values_list("id", flat=True))
+    """The nodes and GPUs that may not take work now: load_snapshot's rules (snapshot.py), as exceptions."""
+    nodes = set(Node.objects.exclude(pk__in=sellable_nodes().values("pk")).values_list("id", flat=True))
+    gpus = set(GPU.objects.exclude(SELLABLE_GPU).values_list("id", flat=True))
     return nodes, gpus
-
-
-def window_allocations(now: datetime, until: datetime) -> dict[UUID, list[Busy]]:
-    """Every allocation overlapping [now, until), per GPU, sorted by start."""
-    busy = defaultdict(list)
-    if connection.vendor == "postgresql":
-        rows = _window_rows_postgresql(now, until)
-    else:
-        rows = (Allocation.objects.filter(ends_at__gt=now, starts_at__lt=until).order_by("starts_at").values_list(
-            "gpu_id", "reservation_id", "starts_at", "ends_at", "mem_lo", "mem_hi", "reservation__billing_term",
-            "reservation__score"))
-        rows = ((g, r, s, e, lo, hi, term == BillingTerm.SPOT, score) for g, r, s, e, lo, hi, term, score in rows)
-    for gpu_id, reservation_id, start, end, lo, hi, spot, score in rows:
-        busy[gpu_id].append(Busy(reservation_id, start, end, lo, hi, spot, score))
-    return busy
-
-
-def _window_rows_postgresql(now: datetime, until: datetime):
-    """
-    The same rows with times as microseconds since the epoch: parsing 20,000 timestamps as text
-    cost more than the query; integers cost a tenth of that.
-    """
-    a, r = Allocation._meta.db_table, Reservation._meta.db_table
-    # Only the models' table names are formatted in; every value is a parameter.
-    sql = (f"SELECT a.gpu_id, a.reservation_id, (EXTRACT(EPOCH FROM a.starts_at) * 1000000)::bigint, "  # noqa: S608
-           f"(EXTRACT(EPOCH FROM a.ends_at) * 1000000)::bigint, a.mem_lo, a.mem_hi, r.billing_term = %s, r.score "
-           f"FROM {a} a JOIN {r} r ON r.id = a.reservation_id WHERE a.ends_at > %s AND a.starts_at < %s "
-           f"ORDER BY a.starts_at")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [BillingTerm.SPOT, now, until])
-        rows = cursor.fetchall()
-    micro = timedelta(microseconds=1)
-    return ((g, rid, EPOCH + s * micro, EPOCH + e * micro, lo, hi, spot, score)
-            for g, rid, s, e, lo, hi, spot, score in rows)

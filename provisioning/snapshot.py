@@ -8,10 +8,12 @@ work and GPUs that are not healthy never enter a snapshot, so the planner cannot
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
 
 from django.conf import settings
-from django.db.models import Count, Exists, OuterRef
+from django.db import connection
+from django.db.models import Count, Exists, OuterRef, Q
 
 from cloud.capacity import SELLABLE_HEALTH
 from cloud.choices import GPUState, NodePool, OfferingKind
@@ -23,6 +25,7 @@ from .models import Allocation, Operation, Reservation
 from .plan_types import Busy, GPUCapacity, NodeCapacity, Request, Snapshot
 
 UNUSABLE_GPU_STATES = [GPUState.QUARANTINED]
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids=None, pool=None,
@@ -36,24 +39,14 @@ def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids
                             free_only=free_only)
     if node_ids is not None:
         nodes, gpus = nodes.filter(pk__in=list(node_ids)), gpus.filter(node_id__in=list(node_ids))
-    busy = defaultdict(list)
-    in_window = Allocation.objects.filter(ends_at__gt=now, starts_at__lt=until)
-    if free_only:
-        in_window = in_window.none()
-    allocations = in_window.filter(gpu__in=gpus).values_list(
-        "gpu_id", "reservation_id", "starts_at", "ends_at", "mem_lo", "mem_hi", "reservation__billing_term",
-        "reservation__score",
-    )
-    for gpu_id, reservation_id, start, end, lo, hi, term, score in allocations:
-        busy[gpu_id].append(Busy(reservation_id=reservation_id, start=start, end=end, mem_lo=lo, mem_hi=hi,
-                                 preemptible=term == BillingTerm.SPOT, priority=score))
+    busy = {} if free_only else window_allocations(now, until, gpus)
 
     by_node = defaultdict(list)
     models = {}
     for gpu_id, node_id, index, memory, model_id in gpus.values_list("id", "node_id", "index", "memory_mib",
                                                                        "model_id"):
         by_node[node_id].append(GPUCapacity(gpu_id=gpu_id, index=index, memory_mib=memory,
-                                            busy=sorted(busy.get(gpu_id, []), key=lambda b: b.start)))
+                                            busy=busy.get(gpu_id, [])))
         models[node_id] = model_id
     capacity = [
         NodeCapacity(node_id=node_id, region=region, fabric_id=fabric_id, leaf_id=leaf_id, pod=pod, pool=node_pool,
@@ -64,18 +57,27 @@ def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids
     return Snapshot(now=now, nodes=capacity)
 
 
-def _sellable(*, now, until, regions, gpu_model_ids, pool, free_only):
-    """The nodes that may take work and their usable GPUs (only those free in the window, if asked)."""
+# A GPU that may take work (its node aside).
+SELLABLE_GPU = Q(health__in=SELLABLE_HEALTH) & ~Q(state__in=UNUSABLE_GPU_STATES)
+
+
+def sellable_nodes():
+    """The nodes that may take work: no spare, in an allocatable state, healthy, not being attested."""
     # A node whose idle attestation is under way is not sold until it has passed.
     attesting = Operation.objects.filter(node=OuterRef("pk"), kind=OperationKind.ATTEST,
                                          state__in=[OperationState.PENDING, OperationState.RUNNING])
-    nodes = Node.objects.filter(is_spare=False, state__in=ALLOCATABLE_NODE_STATES, health__in=SELLABLE_HEALTH).exclude(
+    return Node.objects.filter(is_spare=False, state__in=ALLOCATABLE_NODE_STATES, health__in=SELLABLE_HEALTH).exclude(
         Exists(attesting))
+
+
+def _sellable(*, now, until, regions, gpu_model_ids, pool, free_only):
+    """The nodes that may take work and their usable GPUs (only those free in the window, if asked)."""
+    nodes = sellable_nodes()
     if regions is not None:
         nodes = nodes.filter(region__slug__in=list(regions))
     if pool is not None:
         nodes = nodes.filter(pool=pool)
-    gpus = GPU.objects.filter(node__in=nodes, health__in=SELLABLE_HEALTH).exclude(state__in=UNUSABLE_GPU_STATES)
+    gpus = GPU.objects.filter(SELLABLE_GPU, node__in=nodes)
     if gpu_model_ids is not None:
         gpus = gpus.filter(model_id__in=list(gpu_model_ids))
     if free_only:
@@ -135,3 +137,44 @@ def request_for(reservation: Reservation, now: datetime) -> Request:
         eviction_grace=settings.MERIDIAN_SPOT_GRACE,
         fabric_id=reservation.vpc.fabric_id if reservation.vpc_id else None,
     )
+
+
+def window_allocations(now: datetime, until: datetime, gpus=None) -> dict[UUID, list[Busy]]:
+    """Every allocation overlapping [now, until) (on ``gpus``, a GPU queryset, when given), per GPU, by start."""
+    busy = defaultdict(list)
+    if connection.vendor == "postgresql":
+        rows = _window_rows_postgresql(now, until, gpus)
+    else:
+        in_window = Allocation.objects.filter(ends_at__gt=now, starts_at__lt=until)
+        if gpus is not None:
+            in_window = in_window.filter(gpu__in=gpus)
+        rows = in_window.order_by("starts_at").values_list(
+            "gpu_id", "reservation_id", "starts_at", "ends_at", "mem_lo", "mem_hi", "reservation__billing_term",
+            "reservation__score")
+        rows = ((g, r, s, e, lo, hi, term == BillingTerm.SPOT, score) for g, r, s, e, lo, hi, term, score in rows)
+    for gpu_id, reservation_id, start, end, lo, hi, spot, score in rows:
+        busy[gpu_id].append(Busy(reservation_id, start, end, lo, hi, spot, score))
+    return busy
+
+
+def _window_rows_postgresql(now: datetime, until: datetime, gpus):
+    """
+    The same rows with times as microseconds since the epoch: parsing 20,000 timestamps as text
+    cost more than the query; integers cost a tenth of that.
+    """
+    a, r = Allocation._meta.db_table, Reservation._meta.db_table
+    on_gpus, params = "", []
+    if gpus is not None:
+        subquery, params = gpus.values("pk").query.sql_with_params()
+        on_gpus = f"AND a.gpu_id IN ({subquery}) "
+    # Only the models' table names and the ORM's own SQL are formatted in; every value is a parameter.
+    sql = (f"SELECT a.gpu_id, a.reservation_id, (EXTRACT(EPOCH FROM a.starts_at) * 1000000)::bigint, "  # noqa: S608
+           f"(EXTRACT(EPOCH FROM a.ends_at) * 1000000)::bigint, a.mem_lo, a.mem_hi, r.billing_term = %s, r.score "
+           f"FROM {a} a JOIN {r} r ON r.id = a.reservation_id WHERE a.ends_at > %s AND a.starts_at < %s {on_gpus}"
+           f"ORDER BY a.starts_at")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [BillingTerm.SPOT, now, until, *params])
+        rows = cursor.fetchall()
+    micro = timedelta(microseconds=1)
+    return ((g, rid, EPOCH + s * micro, EPOCH + e * micro, lo, hi, spot, score)
+            for g, rid, s, e, lo, hi, spot, score in rows)
