@@ -289,23 +289,23 @@ def queued_count() -> int:
     return Reservation.objects.filter(state="queued").count()
 
 
-_records = []
+_memory = []
 
 
-def loop_records():
+def loop_memory():
     """What the scheduler loop keeps between cycles (run_scheduler keeps one too)."""
     from provisioning.scheduler import LoopMemory
 
-    if not _records:
-        _records.append(LoopMemory.for_loop())
-    return _records[0]
+    if not _memory:
+        _memory.append(LoopMemory.for_loop())
+    return _memory[0]
 
 
 def timed_cycle():
     from provisioning.scheduler import run_cycle
 
     started = time.perf_counter()
-    report = run_cycle(memory=loop_records())
+    report = run_cycle(memory=loop_memory())
     return (time.perf_counter() - started) * 1000, report
 
 
@@ -439,7 +439,7 @@ def profile_cycle(top: int = int(os.environ.get("BENCH_PROFILE_TOP", "16"))) -> 
 
     profiler = cProfile.Profile()
     profiler.enable()
-    run_cycle(memory=loop_records())
+    run_cycle(memory=loop_memory())
     profiler.disable()
     stats = pstats.Stats(profiler, stream=io.StringIO())
     rows = []
