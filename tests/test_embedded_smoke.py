@@ -154,6 +154,9 @@ def test_run_command_serves_console_and_api_and_stops_cleanly(tmp_path):
             assert state == "releasing", state
             assert time.monotonic() < deadline, "the release did not finish (is the node agent answering?)"
             time.sleep(0.5)
+    except Exception:
+        print("make run's output, last lines:\n" + log_path.read_text()[-8000:])  # shown with the failure
+        raise
     finally:
         os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
         try:
