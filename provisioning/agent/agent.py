@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import logging
 import os
@@ -45,11 +46,16 @@ class ControlPlane:
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 -- our own URL
-                return json.loads(response.read() or b"{}")
+                answer = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
             raise ControlPlaneError(f"{method} {path}: {exc.code} {exc.read()[:300]!r}") from exc
-        except OSError as exc:
-            raise ControlPlaneError(f"{method} {path}: {exc}") from exc
+        except (OSError, http.client.HTTPException) as exc:  # refused, reset, cut short mid-answer
+            raise ControlPlaneError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        except ValueError as exc:  # not JSON: a proxy's error page, a truncated body
+            raise ControlPlaneError(f"{method} {path}: the answer is not JSON: {exc}") from exc
+        if not isinstance(answer, dict):
+            raise ControlPlaneError(f"{method} {path}: the answer is not a JSON object")
+        return answer
 
 
 MAX_XIDS = 64  # per GPU and heartbeat, as the control plane accepts them

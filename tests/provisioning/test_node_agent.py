@@ -6,8 +6,10 @@ command), the pipeline's scrub going through the agent, and the telemetry a hear
 """
 
 import json
+import threading
 import time
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.db import connection
@@ -677,3 +679,35 @@ def test_the_agent_asks_for_commands_only_when_the_heartbeat_says_some_wait(worl
     client = Client()
     answer = send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node)).json()
     assert answer["commands_waiting"] is True
+
+
+class _Misbehaving(BaseHTTPRequestHandler):
+    """A control plane that answers badly: a body cut short, an HTML page, a JSON list."""
+
+    def log_message(self, format, *args):  # noqa: A002 -- the stdlib's signature
+        pass
+
+    def do_POST(self):  # noqa: N802 -- the stdlib's name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = {"/api/agent/v1/cut/": b'{"ok": tr', "/api/agent/v1/html/": b"<html>Bad gateway</html>",
+                "/api/agent/v1/list/": b"[1, 2]"}[self.path]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body) + (100 if self.path.endswith("cut/") else 0)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+
+@pytest.mark.parametrize("path", ["/cut/", "/html/", "/list/"])
+def test_a_bad_answer_is_a_control_plane_error_not_a_crash(path):
+    """The agent loop survives what a control plane under load or a proxy may send back."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Misbehaving)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        control_plane = ControlPlane(f"http://127.0.0.1:{server.server_address[1]}", "nk_test", "secret", timeout=5)
+        with pytest.raises(ControlPlaneError):
+            control_plane.call("POST", path, {"ping": True})
+    finally:
+        server.shutdown()
+        server.server_close()

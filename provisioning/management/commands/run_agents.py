@@ -53,6 +53,8 @@ class Command(BaseCommand):
                     agent.run_once()
                 except ControlPlaneError as exc:
                     log.warning("agent: %s", exc)
+                except Exception:  # one agent's surprise must not stop the fleet's (and make run with it)
+                    log.exception("agent of %s failed this turn", agent.hostname)
             stopping.wait(max(0.0, interval - (time.monotonic() - started)))
 
     def _fleet(self):
