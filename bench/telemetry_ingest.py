@@ -11,8 +11,9 @@ What runs, on a scratch PostgreSQL database:
     the AgentState row: what the node API does for a heartbeat but the request, its signature
     and the policy answer;
   - http: the same heartbeats as agents send them, signed, through the node API in this process
-    as a WSGI server hands them to Django (the request through every middleware, the key and
-    signature check, the nonce spent, the above, the policy answer): the path the fleet really
+    as a WSGI server hands them to Django (the request through every middleware, the key read
+    with what is stored of its node and the node's desired state in one statement, the signature
+    check, the nonce spent, the above's writes, the policy answer): the path the fleet really
     takes. First one heartbeat per node with no policy version (agents starting: the whole
     policy comes back; not measured), then BENCH_HTTP_ROUNDS (3) rounds of BENCH_HTTP_REQUESTS
     (1280) more (the median round is reported), each carrying the version of the policy its

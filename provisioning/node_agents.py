@@ -11,6 +11,7 @@ import hashlib
 import json
 import secrets
 from datetime import timedelta
+from typing import NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
 from django.utils import timezone
@@ -19,6 +20,7 @@ from rest_framework.exceptions import NotFound
 from cloud.choices import GPUState, IsolationMode
 from cloud.errors import Conflict, DomainError, Forbidden
 from cloud.models import GPU, Node, Offering
+from cloud.telemetry import NODE_KNOWN_COLUMNS
 from security.audit import audit_record
 from security.crypto import decrypt
 
@@ -50,10 +52,22 @@ def credential_issue(*, actor, node: Node) -> tuple[NodeCredential, str]:
     return credential, secret
 
 
-def authenticate(*, method: str, path: str, headers, body: bytes, now=None) -> Node:
+class TurnRead(NamedTuple):
+    """What an agent's heartbeat reads of its node: its stored GPUs and ports, its desired state."""
+
+    known: object  # cloud.telemetry.Known
+    desired: tuple  # _desired's
+
+
+def authenticate(
+    *, method: str, path: str, headers, body: bytes, now=None, turn: bool = False
+) -> tuple[Node, TurnRead | None]:
     """
     The node whose key signed this request; refuses unknown keys, stale times, bad signatures,
     replays. Two statements whatever the request: the key with its node, then the nonce spent.
+    With ``turn`` (a heartbeat) the first also reads what ``agent_turn`` needs (on PostgreSQL; None
+    elsewhere), before the signature is checked: a read of one node's rows, no write, so a forged
+    request costs no more than any other refused one.
     """
     now = now or timezone.now()
     key_id, timestamp, nonce, given = (
@@ -64,10 +78,10 @@ def authenticate(*, method: str, path: str, headers, body: bytes, now=None) -> N
             f"Sign the request: {HEADER_KEY}, {HEADER_TIME}, {HEADER_NONCE} and {HEADER_SIGNATURE} are required.",
             code="node_auth_required",
         )
-    found = _credential(key_id)
+    found = _credential(key_id, turn)
     if found is None:
         raise AgentAuthFailed("Unknown or revoked node key; issue a new one for this node.", code="node_key_invalid")
-    secret, node = found
+    secret, node, read = found
     try:
         skew = abs(now.timestamp() - int(timestamp))
     except ValueError:
@@ -81,18 +95,19 @@ def authenticate(*, method: str, path: str, headers, body: bytes, now=None) -> N
         raise AgentAuthFailed("The signature does not match the request.", code="signature_invalid")
     if not _nonce_spend(node=node, nonce=nonce, now=now):
         raise Replayed()
-    return node
+    return node, read
 
 
 # The node's own columns but those the database gives back converted (the BMC password, encrypted:
 # an agent's request has no use for it); a field left out loads when read, as ``defer()`` does.
 _NODE_FIELDS = [f for f in Node._meta.concrete_fields if not hasattr(f, "from_db_value")]
 _NODE_ATTNAMES = [f.attname for f in _NODE_FIELDS]
-_CREDENTIAL_SQL = (
-    f"SELECT c.secret, {', '.join(f'n.{f.column}' for f in _NODE_FIELDS)} "  # noqa: S608 -- our own names
-    f"FROM {NodeCredential._meta.db_table} c JOIN {Node._meta.db_table} n ON n.id = c.node_id "
-    "WHERE c.key_id = %s AND c.revoked_at IS NULL"
+_CREDENTIAL_SELECT = f"SELECT k.secret, {', '.join(f'n.{f.column}' for f in _NODE_FIELDS)}"
+_CREDENTIAL_FROM = (
+    f" FROM {NodeCredential._meta.db_table} k JOIN {Node._meta.db_table} n ON n.id = k.node_id "  # noqa: S608
+    "WHERE k.key_id = %(key)s AND k.revoked_at IS NULL"
 )
+_CREDENTIAL_SQL = _CREDENTIAL_SELECT + _CREDENTIAL_FROM
 _NONCE_SQL = (
     f"INSERT INTO {AgentNonce._meta.db_table} (node_id, nonce, seen_at) VALUES (%s, %s, %s) "  # noqa: S608
     "ON CONFLICT (node_id, nonce) DO NOTHING"
@@ -126,23 +141,26 @@ def _write(sql: str, params: list) -> bool:
         return cursor.fetchone()[1]
 
 
-def _credential(key_id: str) -> tuple[str, Node] | None:
+def _credential(key_id: str, turn: bool = False) -> tuple[str, Node, TurnRead | None] | None:
     """
     The live key's secret and its node, in one statement (prepared on PostgreSQL: every agent
-    request asks it), or None for an unknown or revoked key.
+    request asks it), or None for an unknown or revoked key; with ``turn``, on PostgreSQL, the
+    same statement reads the node's ``TurnRead`` too.
     """
     if connection.vendor != "postgresql":
         credential = NodeCredential.objects.select_related("node").filter(key_id=key_id, revoked_at=None).first()
-        return None if credential is None else (credential.secret, credential.node)
+        return None if credential is None else (credential.secret, credential.node, None)
     from cloud.telemetry import fast_cursor
 
     with fast_cursor() as cursor:
-        cursor.execute(_CREDENTIAL_SQL, [key_id])
+        cursor.execute(_CREDENTIAL_TURN_SQL if turn else _CREDENTIAL_SQL, {"key": key_id})
         row = cursor.fetchone()
     if row is None:
         return None
-    node = Node.from_db(DEFAULT_DB_ALIAS, _NODE_ATTNAMES, row[1:])
-    return decrypt(row[0]), node
+    columns = 1 + len(_NODE_FIELDS)
+    node = Node.from_db(DEFAULT_DB_ALIAS, _NODE_ATTNAMES, row[1:columns])
+    read = _turn_read(*row[columns:]) if turn else None
+    return decrypt(row[0]), node, read
 
 
 def _nonce_spend(*, node: Node, nonce: str, now) -> bool:
@@ -169,6 +187,28 @@ def _nonce_spend(*, node: Node, nonce: str, now) -> bool:
     return _write(_NONCE_SQL, [node.pk, nonce, now])
 
 
+def agent_turn(
+    *,
+    node: Node,
+    agent_version: str,
+    gpus: list[dict],
+    samples: list | None = None,
+    ports: list | None = None,
+    held: str | None = None,
+    read: TurnRead | None = None,
+    now=None,
+) -> dict:
+    """
+    An agent's heartbeat and the answer it gets (``heartbeat_answer``). ``read`` is what
+    ``authenticate(turn=True)`` read of the node with its key -- what is stored of it (for
+    ``heartbeat``'s checks) and its desired state (for the answer) -- or None to read them here. Read
+    before the writes: a heartbeat changes neither.
+    """
+    known, desired = read or (None, None)
+    heartbeat(node=node, agent_version=agent_version, gpus=gpus, samples=samples, ports=ports, now=now, known=known)
+    return heartbeat_answer(node=node, held=held, desired=desired)
+
+
 def heartbeat(
     *,
     node: Node,
@@ -177,6 +217,7 @@ def heartbeat(
     samples: list | None = None,
     ports: list | None = None,
     now=None,
+    known=None,
 ) -> AgentState:
     """
     Record what the agent sees: its inventory, and its GPU samples and port states through
@@ -190,7 +231,7 @@ def heartbeat(
     one every MERIDIAN_AGENT_INTERVAL seconds): on PostgreSQL three, and no transaction of their
     own -- the read, the liveness, the telemetry, each write atomic by itself and committed as it
     runs, so failure detection acts on samples already stored (in its own transaction, only when
-    it found something).
+    it found something). ``known`` is ``telemetry.node_known(node)`` when the caller read it already.
     """
     from cloud import telemetry
     from cloud.detection import judge_samples
@@ -198,7 +239,7 @@ def heartbeat(
     now = now or timezone.now()
     if len(gpus) > telemetry.MAX_GPUS_PER_NODE:
         raise DomainError(f"{len(gpus)} GPUs: a node has at most {telemetry.MAX_GPUS_PER_NODE}.", code="too_many")
-    stored = telemetry.node_known(node)  # the node's GPUs and ports as stored: one query, for ingest too
+    stored = known or telemetry.node_known(node)  # the node's GPUs and ports as stored, for ingest too
     known = {row[2] for row in stored.gpus}
     foreign = sorted({str(g.get("uuid")) for g in gpus} - known)
     if foreign:
@@ -305,7 +346,7 @@ def node_policy(*, node: Node) -> list[dict]:
     return _policy(gpus, live)
 
 
-def heartbeat_answer(*, node: Node, held: str | None) -> dict:
+def heartbeat_answer(*, node: Node, held: str | None, desired: tuple | None = None) -> dict:
     """
     What the answer to a heartbeat tells the agent, read in one statement: the version of its
     policy always, the policy itself only when it is not the one the agent holds (``held``, the
@@ -313,9 +354,10 @@ def heartbeat_answer(*, node: Node, held: str | None) -> dict:
     whether commands wait for it (when none do, the agent does not ask for them). The policy is
     computed from the live instances on every heartbeat and never cached: what changed since the
     last heartbeat (a tenant placed, released, moved, a MIG GPU handed over) shows in the very
-    next answer. A command enqueued just after the answer is pulled on the next turn.
+    next answer. A command enqueued just after the answer is pulled on the next turn. ``desired``
+    is ``_desired(node)`` when the caller read it already.
     """
-    gpus, live, commands_waiting = _desired(node)
+    gpus, live, commands_waiting = desired or _desired(node)
     policy = _policy(gpus, live)
     version = policy_version(policy)
     answer = {"policy_version": version, "commands_waiting": commands_waiting}
@@ -370,8 +412,8 @@ def _policy(gpus: list, live: list) -> list[dict]:
 
 _LIVE = (InstanceState.PROVISIONING, InstanceState.ACTIVE)
 _WAITING = (AgentCommand.State.PENDING, AgentCommand.State.SENT)  # what commands_take hands out
-_DESIRED_SQL = (
-    "SELECT (SELECT json_agg(json_build_array(g.id, g.index) ORDER BY g.index) "  # noqa: S608 -- our own names
+_DESIRED_COLUMNS = (  # the node as %(node)s
+    "(SELECT json_agg(json_build_array(g.id, g.index) ORDER BY g.index) "  # noqa: S608 -- our own names
     f"FROM {GPU._meta.db_table} g WHERE g.node_id = %(node)s)::text, "
     "(SELECT json_agg(json_build_array(i.name, i.state, i.runtime_uid, i.devices, o.id, o.slots_per_gpu, "
     "o.isolation_mode) ORDER BY i.reservation_id, i.index) "
@@ -380,6 +422,11 @@ _DESIRED_SQL = (
     f"WHERE i.node_id = %(node)s AND i.state IN ({', '.join(repr(str(s)) for s in _LIVE)}))::text, "
     f"EXISTS (SELECT FROM {AgentCommand._meta.db_table} c WHERE c.node_id = %(node)s "
     f"AND c.state IN ({', '.join(repr(str(s)) for s in _WAITING)}))"
+)
+_DESIRED_SQL = f"SELECT {_DESIRED_COLUMNS}"  # noqa: S608 -- our own names
+# The key, its node and the node's TurnRead: the node's subqueries correlated to the key's node.
+_CREDENTIAL_TURN_SQL = (
+    f"{_CREDENTIAL_SELECT}, {NODE_KNOWN_COLUMNS}, {_DESIRED_COLUMNS}{_CREDENTIAL_FROM}".replace("%(node)s", "n.id")
 )
 
 
@@ -409,8 +456,17 @@ def _desired(node: Node) -> tuple[list, list, bool]:
 
     with fast_cursor() as cursor:
         cursor.execute(_DESIRED_SQL, {"node": node.pk})
-        gpus, live, waiting = cursor.fetchone()
+        return _desired_from_columns(*cursor.fetchone())
+
+
+def _desired_from_columns(gpus: str | None, live: str | None, waiting: bool) -> tuple[list, list, bool]:
     return json.loads(gpus or "[]"), json.loads(live or "[]"), waiting
+
+
+def _turn_read(known_gpus: str | None, known_ports: str | None, *desired) -> TurnRead:
+    from cloud.telemetry import known_from_columns
+
+    return TurnRead(known=known_from_columns(known_gpus, known_ports), desired=_desired_from_columns(*desired))
 
 
 @transaction.atomic

@@ -21,18 +21,23 @@ from cloud.middleware import error_body
 from . import node_agents
 
 
-def _signed(handler):
-    """Authenticate the node, parse the JSON body, and answer errors in the API's one shape."""
+def _signed(handler, turn: bool = False):
+    """
+    Authenticate the node, parse the JSON body, and answer errors in the API's one shape. A
+    ``turn`` handler (the heartbeat) is given what authenticate read for it as ``read``.
+    """
 
     @csrf_exempt
     def view(request, **kwargs):
         try:
-            node = node_agents.authenticate(
-                method=request.method, path=request.path, headers=request.headers, body=request.body
+            node, read = node_agents.authenticate(
+                method=request.method, path=request.path, headers=request.headers, body=request.body, turn=turn
             )
             payload = json.loads(request.body) if request.body else {}
             if not isinstance(payload, dict):
                 raise ValueError("the body must be a JSON object")
+            if turn:
+                kwargs["read"] = read
             return JsonResponse(handler(node, payload, **kwargs))
         except APIException as exc:
             code = exc.get_codes() if isinstance(exc.get_codes(), str) else "invalid"
@@ -51,12 +56,12 @@ def _signed(handler):
     return view
 
 
-def heartbeat(node, payload):
+def heartbeat(node, payload, read=None):
     """
     The agent's turn: its inventory (``gpus``), and from current agents a sample per GPU
     (``samples``) and its InfiniBand ports (``ports``), checked and stored by cloud.telemetry.
     An older agent that sends only ``gpus`` is still heard. The answer carries the desired state
-    (the agent pulls it, node_agents.heartbeat_answer): each GPU's isolation policy with its
+    (the agent pulls it, node_agents.agent_turn): each GPU's isolation policy with its
     version, the policy itself only when it differs from the one the agent holds
     (``policy_version``, the version it was given last; an older agent sends none and gets the
     policy every time), and whether commands wait for it.
@@ -71,14 +76,16 @@ def heartbeat(node, payload):
         raise ValueError("ports must be a list of objects with a guid and a link")
     if held is not None and not (isinstance(held, str) and len(held) <= 64):
         raise ValueError("policy_version must be the version string of the policy the agent holds")
-    node_agents.heartbeat(
-        node=node, agent_version=str(payload.get("agent_version", "")), gpus=gpus, samples=samples, ports=ports
+    answer = node_agents.agent_turn(
+        node=node,
+        agent_version=str(payload.get("agent_version", "")),
+        gpus=gpus,
+        samples=samples,
+        ports=ports,
+        held=held,
+        read=read,
     )
-    return {
-        "ok": True,
-        "interval_s": settings.MERIDIAN_AGENT_INTERVAL,
-        **node_agents.heartbeat_answer(node=node, held=held),
-    }
+    return {"ok": True, "interval_s": settings.MERIDIAN_AGENT_INTERVAL, **answer}
 
 
 def violations(node, payload):
@@ -113,7 +120,7 @@ def result(node, payload, command_id: uuid.UUID):
 
 
 urlpatterns = [
-    path("heartbeat/", require_http_methods(["POST"])(_signed(heartbeat)), name="agent-heartbeat"),
+    path("heartbeat/", require_http_methods(["POST"])(_signed(heartbeat, turn=True)), name="agent-heartbeat"),
     path("commands/", require_http_methods(["GET"])(_signed(commands)), name="agent-commands"),
     path("violations/", require_http_methods(["POST"])(_signed(violations)), name="agent-violations"),
     path(

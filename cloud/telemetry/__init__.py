@@ -18,6 +18,7 @@ from .ingestion import (
     LATEST_FIELDS,
     MAX_GPUS_PER_NODE,
     MAX_PORTS_PER_NODE,
+    NODE_KNOWN_COLUMNS,
     BadTelemetry,
     GPUReading,
     Ingested,
@@ -26,6 +27,7 @@ from .ingestion import (
     changes_in_window,
     fast_cursor,
     ingest,
+    known_from_columns,
     node_known,
 )
 from .reads import PERIODS, gpu_series, latest_dict, reservation_telemetry, rollup_point
@@ -35,6 +37,7 @@ __all__ = [
     "LATEST_FIELDS",
     "MAX_GPUS_PER_NODE",
     "MAX_PORTS_PER_NODE",
+    "NODE_KNOWN_COLUMNS",
     "PERIODS",
     "RAW",
     "ROLLUP_GRACE",
@@ -48,6 +51,7 @@ __all__ = [
     "fast_cursor",
     "gpu_series",
     "ingest",
+    "known_from_columns",
     "latest_dict",
     "node_known",
     "prune",

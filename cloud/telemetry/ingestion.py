@@ -237,9 +237,11 @@ def _check_port(position: int, port) -> tuple[str, str]:
 # text, parsed by the json module: cheaper than loading each column of each row one by one. Each
 # GPU's latest sample and each port's status are correlated subqueries, so they are always probed
 # by primary key whatever the planner's statistics say (a join planned on the stale statistics of
-# a freshly filled table scanned all 10,240 latest rows on every heartbeat).
-_NODE_SQL = (
-    "SELECT (SELECT json_agg(json_build_array(g.id, g.index, g.uuid, "  # noqa: S608
+# a freshly filled table scanned all 10,240 latest rows on every heartbeat). The select list is
+# public (the node as ``%(node)s``): a caller that reads more of the node in the same turn puts it
+# in its own statement (provisioning.node_agents reads the desired state with it).
+NODE_KNOWN_COLUMNS = (
+    "(SELECT json_agg(json_build_array(g.id, g.index, g.uuid, "  # noqa: S608
     f"(SELECT json_build_array({', '.join(f't.{f}' for f in LATEST_FIELDS)}) "
     f"FROM {GPUTelemetry._meta.db_table} t WHERE t.gpu_id = g.id))) "
     f"FROM {GPU._meta.db_table} g WHERE g.node_id = %(node)s)::text, "
@@ -248,6 +250,7 @@ _NODE_SQL = (
     f"EXTRACT(EPOCH FROM s.seen_at)) FROM {HCAPortStatus._meta.db_table} s WHERE s.port_id = p.id))) "
     f"FROM {HCAPort._meta.db_table} p WHERE p.node_id = %(node)s)::text"
 )
+_NODE_SQL = f"SELECT {NODE_KNOWN_COLUMNS}"  # noqa: S608 -- our own names
 _NO_LATEST = (None,) * len(LATEST_FIELDS)
 _NO_STATUS = (None,) * (len(PORT_FIELDS) - 1)
 # Port times as Unix seconds: the flap arithmetic needs no datetime objects.
@@ -290,7 +293,11 @@ def node_known(node: Node) -> Known:
         )
     with fast_cursor() as cursor:
         cursor.execute(_NODE_SQL, {"node": node.pk})
-        gpus, ports = cursor.fetchone()
+        return known_from_columns(*cursor.fetchone())
+
+
+def known_from_columns(gpus: str | None, ports: str | None) -> Known:
+    """``Known`` from the two columns of NODE_KNOWN_COLUMNS (JSON text, None where the node has none)."""
     rows = []
     for gpu_id, index, uuid, latest in json.loads(gpus or "[]"):
         sampled_at, *readings = latest or _NO_LATEST

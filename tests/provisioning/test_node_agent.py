@@ -519,6 +519,31 @@ def test_a_policy_the_agent_holds_is_not_sent_again_until_it_changes(world, flee
     assert released["policy"] == node_agents.node_policy(node=node)
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the heartbeat's one read is PostgreSQL's")
+def test_a_signed_heartbeat_is_four_statements_and_its_one_read_is_the_separate_reads(world, fleet, steps):
+    """
+    The key, its node, what is stored of the node and its desired state are one read; then the
+    nonce, the liveness and the telemetry are one write each: four statements whatever the GPUs.
+    """
+    from django.test.utils import CaptureQueriesContext
+
+    from cloud import telemetry
+
+    instance = live_vm(world, steps)  # a policy with an owner in it
+    node = instance.node
+    agent, _ = telemetry_agent(node)
+    agent.nvml.set_utilization(0, 55)
+    assert agent.run_once() == 0  # the first turn: the whole policy
+    key_id = node.agent_credential.key_id
+    secret, same, read = node_agents._credential(key_id, turn=True)
+    assert same == node and read.known == telemetry.node_known(node) and read.desired == node_agents._desired(node)
+    assert read.known.gpus[0][3] is not None  # the sample just stored is in it
+    with CaptureQueriesContext(connection) as queries:
+        assert agent.run_once() == 0
+    assert len(queries) == 4, [q["sql"][:120] for q in queries]
+    assert agent.policy[instance.devices[0]["index"]]["owners"] == {instance.name: None}
+
+
 def test_an_agent_that_sends_no_policy_version_gets_the_whole_policy_every_time(world, fleet):
     client, node = Client(), shared_host()
     credential, secret = node_agents.credential_issue(actor=None, node=node)
