@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -315,17 +316,32 @@ def operation_run_step(operation_id, step: str, dispatch: str | None = None) -> 
     "retrying", "failed"). Drivers are called outside any transaction.
     """
     deadline = time.monotonic() + settings.MERIDIAN_STEP_CHAIN_SECONDS
+    chained = None
     while True:
-        outcome = _run_step(operation_id, step, dispatch, chain=dispatch is not None and time.monotonic() < deadline)
-        if not outcome.startswith(CHAINED):
+        outcome = _run_step(operation_id, step, dispatch, chain=dispatch is not None and time.monotonic() < deadline,
+                            chained=chained)
+        if not isinstance(outcome, Chained):
             return outcome
-        step = outcome.removeprefix(CHAINED)
+        chained = outcome
 
 
-CHAINED = "next:"
+@dataclass
+class Chained:
+    """
+    The chain goes on in this task: ``run``, the next step's StepRun, was recorded (and the
+    operation moved to it, running) in the transaction that closed the step before, and
+    ``context`` is what that step worked with -- the step after reads nothing again.
+    """
+
+    run: StepRun
+    context: Context
 
 
-def _run_step(operation_id, step: str, dispatch: str | None, *, chain: bool) -> str:
+def _run_step(operation_id, step: str, dispatch: str | None, *, chain: bool, chained: Chained | None = None):
+    if chained is not None:
+        context, run = chained.context, chained.run
+        operation = context.operation
+        return _step_run(operation, run, context, pipeline_of(operation), run.attempt, chain=chain, dispatch=dispatch)
     operation = (Operation.objects.select_related("reservation__offering", "reservation__region",
                                                   "reservation__vpc__fabric__region", "node__region")
                  .filter(pk=operation_id).first())
@@ -338,7 +354,6 @@ def _run_step(operation_id, step: str, dispatch: str | None, *, chain: bool) -> 
     elif operation.step != step:
         return "skipped"
     steps = pipeline_of(operation)
-    names = [s.name for s in steps]
     attempt = operation.attempt + 1
     if operation.attempt:
         # A run still "running" here lost its worker (this is its redelivery or the reaper's resume).
@@ -355,7 +370,13 @@ def _run_step(operation_id, step: str, dispatch: str | None, *, chain: bool) -> 
     Operation.objects.filter(pk=operation.pk).update(state=OperationState.RUNNING, attempt=attempt,
                                                      updated_at=timezone.now())
     run = StepRun.objects.create(operation=operation, node=operation.node, name=step, attempt=attempt)
-    context = _context(operation)
+    return _step_run(operation, run, _context(operation), steps, attempt, chain=chain, dispatch=dispatch)
+
+
+def _step_run(operation: Operation, run: StepRun, context: Context, steps: list, attempt: int, *,
+              chain: bool, dispatch: str | None):
+    """Run the step ``run`` records (the operation marked running at it), and record how it went."""
+    step, names = run.name, [s.name for s in steps]
     try:
         if operation.kind == OperationKind.RELEASE:
             _wait_for_provisioning(context)
@@ -371,7 +392,7 @@ def _run_step(operation_id, step: str, dispatch: str | None, *, chain: bool) -> 
             raise
         return _step_failed(operation, run, NodeFault(node, f"unexpected error: {type(exc).__name__}: {exc}",
                                                       transient=True), attempt)
-    return _step_succeeded(operation, run, names, chain=chain)
+    return _step_succeeded(operation, run, names, chain=chain, dispatch=dispatch, context=context)
 
 
 def _wait_for_provisioning(context: Context) -> None:
@@ -416,19 +437,31 @@ def _lock(operation: Operation) -> Operation:
 
 
 @transaction.atomic
-def _step_succeeded(operation: Operation, run: StepRun, names: list[str], *, chain: bool = False) -> str:
-    """The operation moves to its next step (run next in this task when ``chain``), or finishes."""
+def _step_succeeded(operation: Operation, run: StepRun, names: list[str], *, chain: bool = False,
+                    dispatch: str | None = None, context: Context | None = None) -> str | Chained:
+    """
+    The operation moves to its next step, or finishes. With ``chain`` the next step runs in this
+    task: it is marked running and its StepRun recorded here, in the same transaction -- unless a
+    newer message carries the operation now (the reaper resumed it), which then runs it.
+    """
     locked = _lock(operation)
-    StepRun.objects.filter(pk=run.pk).update(state=StepState.SUCCEEDED, finished_at=timezone.now())
+    now = timezone.now()
+    StepRun.objects.filter(pk=run.pk).update(state=StepState.SUCCEEDED, finished_at=now)
     if locked.is_finished or locked.step != run.name:
         return "skipped"  # stopped meanwhile (the reservation was released)
     index = names.index(run.name)
     if index + 1 < len(names):
-        Operation.objects.filter(pk=locked.pk).update(step=names[index + 1], attempt=0, error="",
-                                                      progress=round(100 * (index + 1) / len(names)))
+        following, progress = names[index + 1], round(100 * (index + 1) / len(names))
+        if chain and context is not None and locked.dispatch == dispatch:
+            Operation.objects.filter(pk=locked.pk).update(step=following, attempt=1, error="", progress=progress,
+                                                          state=OperationState.RUNNING, updated_at=now)
+            operation.step, operation.attempt, operation.state = following, 1, OperationState.RUNNING
+            return Chained(run=StepRun.objects.create(operation=operation, node=operation.node, name=following,
+                                                      attempt=1), context=context)
+        Operation.objects.filter(pk=locked.pk).update(step=following, attempt=0, error="", progress=progress)
         if chain:
-            return CHAINED + names[index + 1]
-        _enqueue(locked, names[index + 1])
+            return "skipped"  # the newer message goes on from the step set here
+        _enqueue(locked, following)
         return "done"
     _finish(locked)
     return "done"

@@ -334,6 +334,7 @@ def apply_pod(ctx: Context) -> None:
         # The host's cgroups name the pod's processes by its UID: the watchdog knows them by it.
         uid = ((pods.pod(target, instance.name) or {}).get("metadata") or {}).get("uid") or ""
         Instance.objects.filter(pk=instance.pk).update(runtime_uid=uid)
+        instance.runtime_uid = uid
 
     def manifest_of(instance):
         slot = offering.slots_per_gpu > 1

@@ -49,9 +49,11 @@ class Simulated:
         key = self._key(target)
         seed = settings.MERIDIAN_SIMULATION.get("seed", 0)
         latency = _knob("latency_s", action)
-        SimulatedDevice.objects.get_or_create(key=key)  # safe when two workers touch a new device at once
         with transaction.atomic():
-            row = SimulatedDevice.objects.select_for_update().get(key=key)
+            row = SimulatedDevice.objects.select_for_update().filter(key=key).first()
+            if row is None:  # a new device: get_or_create is safe when two workers touch it at once
+                SimulatedDevice.objects.get_or_create(key=key)
+                row = SimulatedDevice.objects.select_for_update().get(key=key)
             calls = {**row.calls, action: row.calls.get(action, 0) + 1}
             roll = random.Random(f"{seed}|{key}|{action}|{calls[action]}").random()  # noqa: S311 -- fault injection
             fails = roll < max(_knob("broken_rate", action), _knob("failure_rate", action))

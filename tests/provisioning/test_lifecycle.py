@@ -4,6 +4,7 @@ becomes active with reachable instances, and a released one comes back clean.
 """
 
 import pytest
+from django.db import connection
 
 from cloud.models import GPU, Node
 from provisioning.drivers.simulated import Simulated
@@ -145,6 +146,68 @@ def test_a_chain_hands_the_rest_to_a_new_task_when_its_time_is_up(world, fleet, 
     assert [step for kind, step, _ in steps.ran if kind == "provision"] == ["power_on_deploy", "join_network"]
     runs = StepRun.objects.filter(operation__reservation_id=pk).values_list("name", flat=True)
     assert len(runs) == len(set(runs)) == 6  # every step once
+
+
+def test_a_chain_stops_when_a_newer_message_takes_the_operation_and_that_one_goes_on(
+    world, fleet, steps, settings, monkeypatch
+):
+    """
+    The reaper resumes an operation while its chain is inside a step (it looked stuck): the chain
+    closes that step and stops; the reaper's message runs the rest. Every step runs once.
+    """
+    from provisioning import lifecycle
+    from provisioning.steps import PIPELINES, Step
+
+    settings.MERIDIAN_STEP_CHAIN_SECONDS = 5
+    pipeline = PIPELINES[("provision", "bare_metal")]
+    original = pipeline[1]
+
+    def write_image_then_resumed(ctx):
+        original.run(ctx)
+        lifecycle._resume(ctx.operation)  # a new dispatch token, the step sent again
+
+    monkeypatch.setitem(PIPELINES, ("provision", "bare_metal"),
+                        [pipeline[0], Step(original.name, write_image_then_resumed), *pipeline[2:]])
+    pk = create(world, offering("bare_metal", 8), nodes=1)
+    steps.run()
+    assert reservation(pk).state == "active"
+    assert [(step, outcome) for _, step, outcome in steps.ran] == [
+        ("power_on_deploy", "skipped"),  # the chain: power_on_deploy, then write_image, then it stopped
+        ("write_image", "done"),  # the reaper's message: on from boot_from_disk to the end
+    ]
+    runs = StepRun.objects.filter(operation__reservation_id=pk).order_by("pk").values_list("name", "state")
+    assert list(runs) == [(step.name, "succeeded") for step in pipeline]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="statement counts as PostgreSQL runs them")
+def test_a_chained_step_reads_nothing_again(world, fleet, steps, settings, monkeypatch):
+    """
+    A step run in the chain of the one before it uses what that one loaded: closing a step and
+    opening the next is one transaction of five statements (two locks, the two step rows, the
+    operation) around the step's own work.
+    """
+    from django.test.utils import CaptureQueriesContext
+
+    from provisioning import lifecycle
+    from provisioning.steps import PIPELINES, Step
+
+    settings.MERIDIAN_STEP_CHAIN_SECONDS = 5
+    noop = [Step(step.name, lambda ctx: None) for step in PIPELINES[("provision", "vm")]]
+    monkeypatch.setitem(PIPELINES, ("provision", "vm"), noop)
+    create(world, offering("vm", 1), gpus=1)
+    _, reservation_id, _, _ = steps.queue.popleft()
+    lifecycle.reservation_provision_start(reservation_id)
+    _, operation_id, first, token = steps.queue.popleft()
+    with CaptureQueriesContext(connection) as queries:
+        lifecycle.operation_run_step(operation_id, first, token)
+    statements = [q["sql"] for q in queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
+    loads = [q for q in statements if q.startswith('SELECT "provisioning_operation"') and "FOR UPDATE" not in q]
+    assert len(loads) == 1  # the operation with its reservation, offering, region, VPC: read once for the chain
+    first_lock = next(i for i, q in enumerate(statements) if "FOR UPDATE" in q)
+    last_close = max(i for i, q in enumerate(statements) if q.startswith('UPDATE "provisioning_steprun"'))
+    # Between the first step's end and the last's: five statements per step that follows, three to close the last.
+    assert last_close - first_lock + 1 == 5 * (len(noop) - 1) + 3, "\n".join(q[:100] for q in statements)
+    assert Operation.objects.get(pk=operation_id).state == "succeeded"
 
 
 def test_a_message_older_than_the_operations_last_dispatch_is_skipped(world, fleet, steps):
