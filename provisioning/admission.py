@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Count, DateTimeField, ExpressionWrapper, F, FloatField, Q, Sum, Value
+from django.db.models import Case, Count, DateTimeField, ExpressionWrapper, F, FloatField, Q, Sum, Value, When
 from django.db.models.functions import Cast
 
 from cloud.capacity import SELLABLE_HEALTH
@@ -164,15 +164,16 @@ def gpus_counted(tenant, team, limit: QuotaLimit, window_start: datetime, window
         reservations = reservations.filter(gpu_model_id=limit.gpu_model_id)
     # Overlapping the window: placed ones by their window; waiting ones by the window they
     # asked for, or -- as soon as possible -- as if they started now.
-    placed = reservations.filter(starts_at__lt=window_end, ends_at__gt=window_start)
+    placed = Q(starts_at__lt=window_end, ends_at__gt=window_start)
     asked_start_floor = ExpressionWrapper(Value(window_start) - F("duration"), output_field=DateTimeField())
     asked_window = Q(requested_start__isnull=True) | Q(requested_start__lt=window_end,
                                                         requested_start__gt=asked_start_floor)
-    waiting = reservations.filter(asked_window, starts_at__isnull=True)
-    whole = sum((qs.aggregate(n=Sum("gpus"))["n"] or 0) for qs in (placed, waiting))
-    slots = sum(units / slots_per_gpu for units, slots_per_gpu in
-                (placed | waiting).filter(gpus=0).values_list("units", "offering__slots_per_gpu"))
-    return whole + slots
+    waiting = asked_window & Q(starts_at__isnull=True)
+    # One statement: whole GPUs summed; slots (gpus = 0) as their share of a GPU.
+    slot_share = Cast("units", FloatField()) / F("offering__slots_per_gpu")
+    counted = reservations.filter(placed | waiting).aggregate(
+        whole=Sum("gpus"), slots=Sum(Case(When(gpus=0, then=slot_share), output_field=FloatField())))
+    return (counted["whole"] or 0) + (counted["slots"] or 0)
 
 
 def quota_suspects(owners) -> set[tuple]:

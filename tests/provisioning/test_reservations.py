@@ -291,3 +291,34 @@ def test_an_ssh_key_of_an_unknown_type_is_a_400_not_a_500(world, fleet, key):
     assert response.status_code == 400
     assert ("ssh_public_key", "invalid") in error(response)
     assert not Reservation.objects.filter(tenant=world.t1.tenant, name="train").exists()
+
+
+def test_gpus_counted_against_a_quota_sums_whole_gpus_and_slot_shares_over_the_window(world, fleet):
+    """
+    Placed work overlapping the window and waiting work that could run in it count; a fractional
+    reservation counts as its share of a GPU; work outside the window, cancelled work and another
+    team's work (for a team limit) do not.
+    """
+    from provisioning.admission import gpus_counted
+    from tenants.quotas import QuotaLimit
+    from tests.provisioning.factories import make_reservation, offering
+
+    Reservation.objects.filter(tenant=world.t1.tenant).delete()
+    now = timezone.now().replace(microsecond=0)
+    window = (now, now + timedelta(hours=2))
+    sliced = offering("container", 1, slots_per_gpu=4)
+    placed = {"state": "scheduled", "team": world.t1.team}
+    make_reservation(world, units=1, starts_at=now - timedelta(hours=1), ends_at=now + timedelta(hours=1), **placed)
+    make_reservation(world, units=1, offering=sliced, starts_at=now, ends_at=now + timedelta(hours=1), **placed)
+    make_reservation(world, units=2, offering=sliced, state="queued", team=world.t1.team)  # as soon as possible
+    make_reservation(world, units=1, starts_at=now + timedelta(hours=3), ends_at=now + timedelta(hours=4),
+                     **placed)  # after the window
+    make_reservation(world, units=1, state="cancelled", team=world.t1.team)
+    make_reservation(world, units=1, state="queued")  # no team: the tenant's
+    tenant_limit = QuotaLimit(scope="tenant", resource=QuotaResource.GPUS, gpu_model_id=None, limit=100)
+    team_limit = QuotaLimit(scope="team", resource=QuotaResource.GPUS, gpu_model_id=None, limit=100)
+    whole = offering().gpus_per_unit  # one unit of the default offering: a whole node's GPUs
+    assert gpus_counted(world.t1.tenant, world.t1.team, tenant_limit, *window) == whole + 0.25 + 0.5 + whole
+    assert gpus_counted(world.t1.tenant, world.t1.team, team_limit, *window) == whole + 0.25 + 0.5
+    other_model = QuotaLimit(scope="tenant", resource=QuotaResource.GPUS, gpu_model_id=uuid.uuid4(), limit=1)
+    assert gpus_counted(world.t1.tenant, world.t1.team, other_model, *window) == 0
