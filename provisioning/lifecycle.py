@@ -330,7 +330,8 @@ class Chained:
     """
     The chain goes on in this task: ``run``, the next step's StepRun, was recorded (and the
     operation moved to it, running) in the transaction that closed the step before, and
-    ``context`` is what that step worked with -- the step after reads nothing again.
+    ``context`` is what that step worked with -- the step after reads only which of its instances
+    are still the operation's.
     """
 
     run: StepRun
@@ -441,8 +442,9 @@ def _step_succeeded(operation: Operation, run: StepRun, names: list[str], *, cha
                     dispatch: str | None = None, context: Context | None = None) -> str | Chained:
     """
     The operation moves to its next step, or finishes. With ``chain`` the next step runs in this
-    task: it is marked running and its StepRun recorded here, in the same transaction -- unless a
-    newer message carries the operation now (the reaper resumed it), which then runs it.
+    task: it is marked running and its StepRun recorded here, in the same transaction, and it works
+    on the instances still the operation's -- unless a newer message carries the operation now (the
+    reaper resumed it), which then runs it.
     """
     locked = _lock(operation)
     now = timezone.now()
@@ -453,6 +455,11 @@ def _step_succeeded(operation: Operation, run: StepRun, names: list[str], *, cha
     if index + 1 < len(names):
         following, progress = names[index + 1], round(100 * (index + 1) / len(names))
         if chain and context is not None and locked.dispatch == dispatch:
+            if context.reservation is not None:
+                # What a step reloaded before: instances failed meanwhile (their node or GPUs lost,
+                # provisioning.replacement) are no longer this operation's to work on.
+                live = set(_instances_of(locked).values_list("pk", flat=True))
+                context.instances = [instance for instance in context.instances if instance.pk in live]
             Operation.objects.filter(pk=locked.pk).update(step=following, attempt=1, error="", progress=progress,
                                                           state=OperationState.RUNNING, updated_at=now)
             operation.step, operation.attempt, operation.state = following, 1, OperationState.RUNNING

@@ -66,8 +66,9 @@ def authenticate(
     The node whose key signed this request; refuses unknown keys, stale times, bad signatures,
     replays. Two statements whatever the request: the key with its node, then the nonce spent.
     With ``turn`` (a heartbeat) the first also reads what ``agent_turn`` needs (on PostgreSQL; None
-    elsewhere), before the signature is checked: a read of one node's rows, no write, so a forged
-    request costs no more than any other refused one.
+    elsewhere). That read comes before the signature is checked (a stale or malformed time is
+    refused before any read): a forged request with a live key costs one read of that node's rows,
+    and writes nothing.
     """
     now = now or timezone.now()
     key_id, timestamp, nonce, given = (
@@ -78,10 +79,6 @@ def authenticate(
             f"Sign the request: {HEADER_KEY}, {HEADER_TIME}, {HEADER_NONCE} and {HEADER_SIGNATURE} are required.",
             code="node_auth_required",
         )
-    found = _credential(key_id, turn)
-    if found is None:
-        raise AgentAuthFailed("Unknown or revoked node key; issue a new one for this node.", code="node_key_invalid")
-    secret, node, read = found
     try:
         skew = abs(now.timestamp() - int(timestamp))
     except ValueError:
@@ -91,6 +88,10 @@ def authenticate(
             f"The request's time is {int(skew)} s away from ours (at most {MAX_SKEW_S}); check the node's clock.",
             code="stale",
         )
+    found = _credential(key_id, turn)
+    if found is None:
+        raise AgentAuthFailed("Unknown or revoked node key; issue a new one for this node.", code="node_key_invalid")
+    secret, node, read = found
     if len(nonce) > 64 or not valid(secret, method, path, timestamp, nonce, body, given):
         raise AgentAuthFailed("The signature does not match the request.", code="signature_invalid")
     if not _nonce_spend(node=node, nonce=nonce, now=now):
@@ -201,12 +202,15 @@ def agent_turn(
     """
     An agent's heartbeat and the answer it gets (``heartbeat_answer``). ``read`` is what
     ``authenticate(turn=True)`` read of the node with its key -- what is stored of it (for
-    ``heartbeat``'s checks) and its desired state (for the answer) -- or None to read them here. Read
-    before the writes: a heartbeat changes neither.
+    ``heartbeat``'s checks) and its desired state (for the answer) -- or None to read them here. The
+    desired state is read again when failure detection acted on the heartbeat.
     """
     known, desired = read or (None, None)
-    heartbeat(node=node, agent_version=agent_version, gpus=gpus, samples=samples, ports=ports, now=now, known=known)
-    return heartbeat_answer(node=node, held=held, desired=desired)
+    heard = heartbeat(node=node, agent_version=agent_version, gpus=gpus, samples=samples, ports=ports, now=now,
+                      known=known)
+    # Failure detection acted on this heartbeat (a GPU reset enqueued, GPUs or the node failed and
+    # their instances ended): the desired state read before is not the truth any more.
+    return heartbeat_answer(node=node, held=held, desired=None if heard.acted else desired)
 
 
 def heartbeat(
@@ -218,7 +222,7 @@ def heartbeat(
     ports: list | None = None,
     now=None,
     known=None,
-) -> AgentState:
+) -> Heard:
     """
     Record what the agent sees: its inventory, and its GPU samples and port states through
     ``cloud.telemetry.ingest``. An inventory that lists a GPU that is not this node's is refused
@@ -231,7 +235,8 @@ def heartbeat(
     one every MERIDIAN_AGENT_INTERVAL seconds): on PostgreSQL three, and no transaction of their
     own -- the read, the liveness, the telemetry, each write atomic by itself and committed as it
     runs, so failure detection acts on samples already stored (in its own transaction, only when
-    it found something). ``known`` is ``telemetry.node_known(node)`` when the caller read it already.
+    it found something). ``known`` is ``telemetry.node_known(node)`` when the caller read it already
+    (then the read is not made here). Returns the AgentState and whether detection acted.
     """
     from cloud import telemetry
     from cloud.detection import judge_samples
@@ -256,8 +261,15 @@ def heartbeat(
         # refuses before its one write: then nothing of the telemetry is stored, the liveness above
         # stays, and the API answers the refusal.
         ingested = telemetry.ingest(node=node, samples=samples or [], ports=ports or [], now=now, known=stored)
-        judge_samples(node=node, ingested=ingested, now=now)
-    return state
+        return Heard(state=state, acted=bool(judge_samples(node=node, ingested=ingested, now=now)))
+    return Heard(state=state, acted=False)
+
+
+class Heard(NamedTuple):
+    """A heartbeat stored: the node's AgentState, and whether failure detection acted on its telemetry."""
+
+    state: AgentState
+    acted: bool
 
 
 _AGENT_STATE_SQL = (

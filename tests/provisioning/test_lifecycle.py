@@ -179,12 +179,41 @@ def test_a_chain_stops_when_a_newer_message_takes_the_operation_and_that_one_goe
     assert list(runs) == [(step.name, "succeeded") for step in pipeline]
 
 
+def test_a_chained_step_leaves_out_an_instance_failed_meanwhile(world, fleet, steps, settings, monkeypatch):
+    """
+    While a chain runs, one of the reservation's instances fails (its GPU lost: replacement marks
+    it failed and cleans up after it). The steps after leave it alone: no domain started, no port
+    joined for it -- as when each step read the operation's instances again.
+    """
+    from provisioning.network import instance_ports
+    from provisioning.steps import PIPELINES, Step
+
+    settings.MERIDIAN_STEP_CHAIN_SECONDS = 5
+    pipeline = PIPELINES[("provision", "vm")]
+    lost = []
+
+    def define_then_one_lost(ctx):
+        pipeline[0].run(ctx)
+        lost.append(ctx.instances[1])
+        Instance.objects.filter(pk=ctx.instances[1].pk).update(state="failed")
+
+    monkeypatch.setitem(PIPELINES, ("provision", "vm"), [Step(pipeline[0].name, define_then_one_lost), *pipeline[1:]])
+    pk = create(world, offering("vm", 1), gpus=2)
+    steps.run()
+    assert reservation(pk).state == "active"
+    [gone] = lost
+    kept = Instance.objects.get(reservation_id=pk, state="active")
+    calls = Simulated.calls("hypervisor", gone.node.hostname)
+    assert calls["define"] == 2 and calls["start"] == 1  # only the instance still provisioning was started
+    assert instance_ports(gone, assign=False) == [] and instance_ports(kept, assign=False)
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="statement counts as PostgreSQL runs them")
 def test_a_chained_step_reads_nothing_again(world, fleet, steps, settings, monkeypatch):
     """
     A step run in the chain of the one before it uses what that one loaded: closing a step and
-    opening the next is one transaction of five statements (two locks, the two step rows, the
-    operation) around the step's own work.
+    opening the next is one transaction of six statements (two locks, the two step rows, which
+    instances are still the operation's, the operation) around the step's own work.
     """
     from django.test.utils import CaptureQueriesContext
 
@@ -205,8 +234,8 @@ def test_a_chained_step_reads_nothing_again(world, fleet, steps, settings, monke
     assert len(loads) == 1  # the operation with its reservation, offering, region, VPC: read once for the chain
     first_lock = next(i for i, q in enumerate(statements) if "FOR UPDATE" in q)
     last_close = max(i for i, q in enumerate(statements) if q.startswith('UPDATE "provisioning_steprun"'))
-    # Between the first step's end and the last's: five statements per step that follows, three to close the last.
-    assert last_close - first_lock + 1 == 5 * (len(noop) - 1) + 3, "\n".join(q[:100] for q in statements)
+    # Between the first step's end and the last's: six statements per step that follows, three to close the last.
+    assert last_close - first_lock + 1 == 6 * (len(noop) - 1) + 3, "\n".join(q[:100] for q in statements)
     assert Operation.objects.get(pk=operation_id).state == "succeeded"
 
 

@@ -544,6 +544,20 @@ def test_a_signed_heartbeat_is_four_statements_and_its_one_read_is_the_separate_
     assert agent.policy[instance.devices[0]["index"]]["owners"] == {instance.name: None}
 
 
+def test_a_reset_its_own_heartbeat_asked_for_is_in_that_heartbeats_answer(world, fleet):
+    """
+    XID 48 on a sample makes failure detection enqueue a GPU reset: the answer to that very
+    heartbeat says commands wait (the desired state is read again when detection acted), so the
+    agent runs the reset in the same turn instead of one period later.
+    """
+    node = shared_host()
+    agent, _ = telemetry_agent(node)
+    assert agent.run_once() == 0  # a clean turn first: no command
+    agent.nvml.inject_xid(3, 48)
+    assert agent.run_once() == 1  # the reset pulled and run in the turn that reported the XID
+    assert AgentCommand.objects.filter(node=node, kind="reset_gpu", state="done").count() == 1
+
+
 def test_an_agent_that_sends_no_policy_version_gets_the_whole_policy_every_time(world, fleet):
     client, node = Client(), shared_host()
     credential, secret = node_agents.credential_issue(actor=None, node=node)
