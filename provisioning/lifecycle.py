@@ -444,7 +444,7 @@ def _step_succeeded(operation: Operation, run: StepRun, names: list[str], *, cha
     The operation moves to its next step, or finishes. With ``chain`` the next step runs in this
     task: it is marked running and its StepRun recorded here, in the same transaction, and it works
     on the instances still the operation's -- unless a newer message carries the operation now (the
-    reaper resumed it), which then runs it.
+    reaper resumed it): then, as without ``chain``, the next step is sent out as a new task.
     """
     locked = _lock(operation)
     now = timezone.now()
@@ -465,9 +465,11 @@ def _step_succeeded(operation: Operation, run: StepRun, names: list[str], *, cha
             operation.step, operation.attempt, operation.state = following, 1, OperationState.RUNNING
             return Chained(run=StepRun.objects.create(operation=operation, node=operation.node, name=following,
                                                       attempt=1), context=context)
-        Operation.objects.filter(pk=locked.pk).update(step=following, attempt=0, error="", progress=progress)
-        if chain:
-            return "skipped"  # the newer message goes on from the step set here
+        # A newer message (the reaper's) may be running this very step at once, and then finds the
+        # operation moved on and stops: the next step goes out under a new token either way, so one
+        # message always carries the operation.
+        Operation.objects.filter(pk=locked.pk).update(step=following, attempt=0, error="", progress=progress,
+                                                      updated_at=now)
         _enqueue(locked, following)
         return "done"
     _finish(locked)

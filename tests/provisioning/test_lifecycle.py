@@ -148,12 +148,15 @@ def test_a_chain_hands_the_rest_to_a_new_task_when_its_time_is_up(world, fleet, 
     assert len(runs) == len(set(runs)) == 6  # every step once
 
 
-def test_a_chain_stops_when_a_newer_message_takes_the_operation_and_that_one_goes_on(
+def test_a_chain_hands_on_as_a_new_task_when_a_newer_message_took_the_operation(
     world, fleet, steps, settings, monkeypatch
 ):
     """
     The reaper resumes an operation while its chain is inside a step (it looked stuck): the chain
-    closes that step and stops; the reaper's message runs the rest. Every step runs once.
+    closes that step and sends the next out as a new task, as an unchained step does; the reaper's
+    message, older now, is skipped. Every step runs once, and a message always carries the
+    operation (the reaper's copy may be running the same step at once, and stops when it finds
+    the operation moved on).
     """
     from provisioning import lifecycle
     from provisioning.steps import PIPELINES, Step
@@ -172,8 +175,9 @@ def test_a_chain_stops_when_a_newer_message_takes_the_operation_and_that_one_goe
     steps.run()
     assert reservation(pk).state == "active"
     assert [(step, outcome) for _, step, outcome in steps.ran] == [
-        ("power_on_deploy", "skipped"),  # the chain: power_on_deploy, then write_image, then it stopped
-        ("write_image", "done"),  # the reaper's message: on from boot_from_disk to the end
+        ("power_on_deploy", "done"),  # the chain: power_on_deploy, then write_image, then a new task
+        ("write_image", "skipped"),  # the reaper's message
+        ("boot_from_disk", "done"),  # the new task: on to the end
     ]
     runs = StepRun.objects.filter(operation__reservation_id=pk).order_by("pk").values_list("name", "state")
     assert list(runs) == [(step.name, "succeeded") for step in pipeline]
