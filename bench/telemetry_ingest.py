@@ -11,9 +11,10 @@ What runs, on a scratch PostgreSQL database:
     the AgentState row: what the node API does for a heartbeat but the request, its signature
     and the policy answer;
   - http: the same heartbeats as agents send them, signed, through the node API in this process
-    as a WSGI server hands them to Django (the request through every middleware, the key read
-    with what is stored of its node and the node's desired state in one statement, the signature
-    check, the nonce spent, the above's writes, the policy answer): the path the fleet really
+    as a WSGI server hands them to the project's WSGI application (``cloud.wsgi``: the node API's
+    own handler and its short middleware chain, the key read with what is stored of its node and
+    the node's desired state in one statement, the signature check, the nonce spent with the
+    liveness, the telemetry written, the policy answer): the path the fleet really
     takes. First one heartbeat per node with no policy version (agents starting: the whole
     policy comes back; not measured), then BENCH_HTTP_ROUNDS (3) rounds of BENCH_HTTP_REQUESTS
     (1280) more (the median round is reported), each carrying the version of the policy its
@@ -178,19 +179,19 @@ def service(nodes, bodies, start) -> tuple[dict, int]:
 
 def http(nodes, bodies) -> dict:
     """
-    Signed heartbeats through the node API in this process, as a WSGI server hands them to Django
-    (``WSGIHandler``: every middleware, the view, the response closed): one per node with no policy
+    Signed heartbeats through the node API in this process, as a WSGI server hands them to the
+    project's WSGI application (``cloud.wsgi.application``: the node API's handler, its middleware,
+    the view, the response closed): one per node with no policy
     version (agents starting: the whole policy comes back; not measured), then HTTP_REQUESTS with
     the version each agent holds (the steady state: the policy only when it changed), then as
     many with none (older agents: the whole policy every time). The requests are signed
     and encoded before the clock starts (that is the agents' work) and the answers read after it.
-    The steady state is also sent through Django's test client, as this benchmark did before: it
-    adds the test client's own work (request building, signal hooks) on top.
+    The steady state is also sent through Django's test client, as this benchmark did before: the
+    full middleware chain of every other request, and the test client's own work on top.
     """
     import io
     import sys
 
-    from django.core.handlers.wsgi import WSGIHandler
     from django.test import Client
 
     from provisioning.agent.signing import signed_headers
@@ -198,7 +199,7 @@ def http(nodes, bodies) -> dict:
 
     API = "/api/agent/v1/heartbeat/"
     keys = [(node, *credential_issue(actor=None, node=node)) for node in nodes]
-    handler = WSGIHandler()
+    from cloud.wsgi import application as handler
     held: dict = {}
 
     def signed(count: int, versions: bool) -> list[tuple]:

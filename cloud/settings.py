@@ -101,6 +101,15 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
+# The node API's own chain (cloud.handlers): what an agent's signed JSON request needs, in MIDDLEWARE's order.
+MERIDIAN_NODE_API_MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "cloud.middleware.RequestIdMiddleware",
+    "cloud.middleware.BodySizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
 ROOT_URLCONF = "cloud.urls"
 WSGI_APPLICATION = "cloud.wsgi.application"
 AUTH_USER_MODEL = "tenants.User"

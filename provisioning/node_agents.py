@@ -57,6 +57,9 @@ class TurnRead(NamedTuple):
 
     known: object  # cloud.telemetry.Known
     desired: tuple  # _desired's
+    # The request's nonce, not spent yet: agent_turn spends it in the statement that stores the
+    # liveness, its first write (set by authenticate, only for a request it has verified).
+    nonce: str | None = None
 
 
 def authenticate(
@@ -68,7 +71,9 @@ def authenticate(
     With ``turn`` (a heartbeat) the first also reads what ``agent_turn`` needs (on PostgreSQL; None
     elsewhere). That read comes before the signature is checked (a stale or malformed time is
     refused before any read): a forged request with a live key costs one read of that node's rows,
-    and writes nothing.
+    and writes nothing. A heartbeat's nonce is then left in the read, unspent: ``agent_turn``
+    spends it in its first write (the liveness), or refuses the heartbeat as a replay -- one
+    statement instead of two, and nothing of a replay is stored either way.
     """
     now = now or timezone.now()
     key_id, timestamp, nonce, given = (
@@ -94,6 +99,8 @@ def authenticate(
     secret, node, read = found
     if len(nonce) > 64 or not valid(secret, method, path, timestamp, nonce, body, given):
         raise AgentAuthFailed("The signature does not match the request.", code="signature_invalid")
+    if read is not None:
+        return node, read._replace(nonce=nonce)  # verified: agent_turn spends it with the liveness
     if not _nonce_spend(node=node, nonce=nonce, now=now):
         raise Replayed()
     return node, read
@@ -202,12 +209,13 @@ def agent_turn(
     """
     An agent's heartbeat and the answer it gets (``heartbeat_answer``). ``read`` is what
     ``authenticate(turn=True)`` read of the node with its key -- what is stored of it (for
-    ``heartbeat``'s checks) and its desired state (for the answer) -- or None to read them here. The
-    desired state is read again when failure detection acted on the heartbeat.
+    ``heartbeat``'s checks) and its desired state (for the answer) -- or None to read them here --
+    with the request's nonce when it is still to be spent (``heartbeat`` spends it with the
+    liveness). The desired state is read again when failure detection acted on the heartbeat.
     """
-    known, desired = read or (None, None)
+    known, desired, nonce = read or (None, None, None)
     heard = heartbeat(node=node, agent_version=agent_version, gpus=gpus, samples=samples, ports=ports, now=now,
-                      known=known)
+                      known=known, nonce=nonce)
     # Failure detection acted on this heartbeat (a GPU reset enqueued, GPUs or the node failed and
     # their instances ended): the desired state read before is not the truth any more.
     return heartbeat_answer(node=node, held=held, desired=None if heard.acted else desired)
@@ -222,6 +230,7 @@ def heartbeat(
     ports: list | None = None,
     now=None,
     known=None,
+    nonce: str | None = None,
 ) -> Heard:
     """
     Record what the agent sees: its inventory, and its GPU samples and port states through
@@ -236,7 +245,9 @@ def heartbeat(
     own -- the read, the liveness, the telemetry, each write atomic by itself and committed as it
     runs, so failure detection acts on samples already stored (in its own transaction, only when
     it found something). ``known`` is ``telemetry.node_known(node)`` when the caller read it already
-    (then the read is not made here). Returns the AgentState and whether detection acted.
+    (then the read is not made here). ``nonce``: the request's nonce, spent here in the statement
+    that stores the liveness (PostgreSQL); a spent one is a replay (409), and nothing is stored.
+    Returns the AgentState and whether detection acted.
     """
     from cloud import telemetry
     from cloud.detection import judge_samples
@@ -254,7 +265,7 @@ def heartbeat(
     if len(gpus) > len(known):
         raise DomainError(f"{len(gpus)} GPUs listed, but {node.hostname} has {len(known)}.", code="too_many")
     state = AgentState(node=node, last_seen_at=now, agent_version=agent_version[:32], gpus=gpus)
-    _agent_state_save(state)  # liveness first: kept even when the telemetry below is refused
+    _agent_state_save(state, nonce=nonce)  # liveness first: kept even when the telemetry below is refused
     if samples or ports:
         # ingest returns each GPU's new sample with the one before it, and each port's link with its
         # recent flaps: failure detection judges that (no query unless something is wrong). ingest
@@ -278,16 +289,41 @@ _AGENT_STATE_SQL = (
     "agent_version = EXCLUDED.agent_version, gpus = EXCLUDED.gpus"
 )
 _OWN = {sql: _own_transaction(sql) for sql in (_NONCE_SQL, _AGENT_STATE_SQL)}
+# The nonce spent and the liveness stored in one statement: the liveness only when the nonce was
+# not spent before. In its own transaction, committed without waiting for the WAL flush.
+_SPENT_AND_ALIVE = (
+    f"WITH spent AS ({_NONCE_SQL} RETURNING 1), alive AS ("  # noqa: S608 -- our own statements
+    f"INSERT INTO {AgentState._meta.db_table} (node_id, last_seen_at, agent_version, gpus) "
+    "SELECT %s, %s, %s, %s::jsonb WHERE EXISTS (SELECT FROM spent) ON CONFLICT (node_id) DO UPDATE SET "
+    "last_seen_at = EXCLUDED.last_seen_at, agent_version = EXCLUDED.agent_version, gpus = EXCLUDED.gpus RETURNING 1) "
+)
+_SPEND_AND_KEEP_ALIVE = {  # by whether a caller's transaction is open
+    True: _SPENT_AND_ALIVE + "SELECT EXISTS (SELECT FROM spent)",  # noqa: S608
+    False: _SPENT_AND_ALIVE + "SELECT set_config('synchronous_commit', 'off', true), EXISTS (SELECT FROM spent)",  # noqa: S608
+}
 
 
-def _agent_state_save(state: AgentState) -> None:
+def _agent_state_save(state: AgentState, *, nonce: str | None = None) -> None:
     """
     One upsert: a prepared statement on PostgreSQL (every node, every heartbeat), the ORM elsewhere.
     Committed without waiting for the WAL flush, as the telemetry is (cloud.telemetry.ingestion):
     a crash may lose the last fraction of a second of liveness, which the next heartbeat brings back.
+    With ``nonce`` (PostgreSQL) the same statement spends the request's nonce first (Replayed, and
+    nothing stored, when it was spent before): ``_nonce_spend``'s reasoning holds, the nonce's row
+    committing with the liveness, before the telemetry.
     """
     if connection.vendor == "postgresql":
-        _write(_AGENT_STATE_SQL, [state.node_id, state.last_seen_at, state.agent_version, json.dumps(state.gpus)])
+        row = [state.node_id, state.last_seen_at, state.agent_version, json.dumps(state.gpus)]
+        if nonce is None:
+            _write(_AGENT_STATE_SQL, row)
+            return
+        from cloud.telemetry import fast_cursor
+
+        spend = [state.node_id, nonce, timezone.now()]
+        with fast_cursor() as cursor:
+            cursor.execute(_SPEND_AND_KEEP_ALIVE[connection.in_atomic_block], [*spend, *row])
+            if not cursor.fetchone()[-1]:
+                raise Replayed()
         return
     AgentState.objects.bulk_create(
         [state], update_conflicts=True, unique_fields=["node"], update_fields=["last_seen_at", "agent_version", "gpus"]

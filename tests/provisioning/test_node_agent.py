@@ -520,10 +520,10 @@ def test_a_policy_the_agent_holds_is_not_sent_again_until_it_changes(world, flee
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the heartbeat's one read is PostgreSQL's")
-def test_a_signed_heartbeat_is_four_statements_and_its_one_read_is_the_separate_reads(world, fleet, steps):
+def test_a_signed_heartbeat_is_three_statements_and_its_one_read_is_the_separate_reads(world, fleet, steps):
     """
-    The key, its node, what is stored of the node and its desired state are one read; then the
-    nonce, the liveness and the telemetry are one write each: four statements whatever the GPUs.
+    The key, its node, what is stored of the node and its desired state are one read; the nonce
+    spent with the liveness is one write, the telemetry another: three statements whatever the GPUs.
     """
     from django.test.utils import CaptureQueriesContext
 
@@ -540,7 +540,7 @@ def test_a_signed_heartbeat_is_four_statements_and_its_one_read_is_the_separate_
     assert read.known.gpus[0][3] is not None  # the sample just stored is in it
     with CaptureQueriesContext(connection) as queries:
         assert agent.run_once() == 0
-    assert len(queries) == 4, [q["sql"][:120] for q in queries]
+    assert len(queries) == 3, [q["sql"][:120] for q in queries]
     assert agent.policy[instance.devices[0]["index"]]["owners"] == {instance.name: None}
 
 
@@ -652,6 +652,28 @@ def test_a_replayed_request_is_refused_even_when_its_telemetry_was(world, fleet)
     assert send(client, None, None, "POST", "/heartbeat/", body, headers=headers).status_code == 400
     replayed = send(client, None, None, "POST", "/heartbeat/", body, headers=headers)
     assert replayed.status_code == 409 and replayed.json()["errors"][0]["code"] == "replayed"
+
+
+def test_a_replayed_heartbeat_stores_nothing(world, fleet):
+    """The nonce is spent in the statement that stores the liveness: a replay writes no liveness, no sample."""
+    from cloud.models import GPUSample
+
+    client, node = Client(), shared_host()
+    agent, _ = telemetry_agent(node)
+    body = agent.heartbeat()
+    encoded = json.dumps(body).encode()
+    headers = signed_headers(
+        agent.control_plane.key_id, agent.control_plane.secret, "POST", f"{API}/heartbeat/", encoded
+    )
+    assert send(client, None, None, "POST", "/heartbeat/", body, headers=headers).status_code == 200
+    seen = AgentState.objects.get(node=node).last_seen_at
+    samples = GPUSample.objects.filter(gpu__node=node).count()
+    assert samples == node.gpus.count()
+    replayed = send(client, None, None, "POST", "/heartbeat/", body, headers=headers)
+    assert replayed.status_code == 409 and replayed.json()["errors"][0]["code"] == "replayed"
+    assert AgentState.objects.get(node=node).last_seen_at == seen
+    assert GPUSample.objects.filter(gpu__node=node).count() == samples
+    assert AgentNonce.objects.filter(node=node).count() == 1
 
 
 def test_a_stale_request_is_refused_before_its_nonce_is_spent(world, fleet):

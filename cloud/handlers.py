@@ -1,0 +1,55 @@
+"""
+The node API's own WSGI handler. Agents' heartbeats are most of the requests a fleet sends (1,280
+nodes: 128 a second), and the browser middleware -- sessions, CSRF, CSP, messages, htmx, login
+lockouts, static files -- has nothing to do for them but cost about a tenth of each. Requests
+under NODE_API_PREFIX go through MERIDIAN_NODE_API_MIDDLEWARE (metrics, request id, body limit,
+security) and a URLconf holding the node API only (``cloud.node_api_urls``), so this handler
+can serve nothing else; every other request takes the full chain (``cloud.wsgi``).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import MiddlewareNotUsed
+from django.core.handlers.exception import convert_exception_to_response
+from django.core.handlers.wsgi import WSGIHandler
+from django.utils.module_loading import import_string
+
+NODE_API_PREFIX = "/api/agent/"
+
+
+class NodeAPIHandler(WSGIHandler):
+    urlconf = "cloud.node_api_urls"
+
+    def load_middleware(self, is_async=False):
+        """As BaseHandler.load_middleware builds a synchronous chain, from MERIDIAN_NODE_API_MIDDLEWARE."""
+        self._view_middleware, self._template_response_middleware, self._exception_middleware = [], [], []
+        handler = convert_exception_to_response(self._get_response)
+        for path in reversed(settings.MERIDIAN_NODE_API_MIDDLEWARE):
+            try:
+                middleware = import_string(path)(handler)
+            except MiddlewareNotUsed:
+                continue
+            if hasattr(middleware, "process_view"):
+                self._view_middleware.insert(0, middleware.process_view)
+            if hasattr(middleware, "process_template_response"):
+                self._template_response_middleware.append(middleware.process_template_response)
+            if hasattr(middleware, "process_exception"):
+                self._exception_middleware.append(middleware.process_exception)
+            handler = convert_exception_to_response(middleware)
+        self._middleware_chain = handler
+
+    def get_response(self, request):
+        request.urlconf = self.urlconf  # resolved against the node API's URLs only
+        return super().get_response(request)
+
+
+def split_node_api(application, node_api):
+    """One WSGI application: the node API's paths to ``node_api``, everything else to ``application``."""
+
+    def dispatch(environ, start_response):
+        if environ.get("PATH_INFO", "").startswith(NODE_API_PREFIX):
+            return node_api(environ, start_response)
+        return application(environ, start_response)
+
+    return dispatch
