@@ -107,6 +107,7 @@ MERIDIAN_NODE_API_MIDDLEWARE = [
     "cloud.middleware.RequestIdMiddleware",
     "cloud.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",  # ALLOWED_HOSTS: the signature does not cover Host
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 

@@ -319,12 +319,14 @@ def _agent_state_save(state: AgentState, *, nonce: str | None = None) -> None:
             return
         from cloud.telemetry import fast_cursor
 
-        spend = [state.node_id, nonce, timezone.now()]
+        spend = [state.node_id, nonce, state.last_seen_at]
         with fast_cursor() as cursor:
             cursor.execute(_SPEND_AND_KEEP_ALIVE[connection.in_atomic_block], [*spend, *row])
             if not cursor.fetchone()[-1]:
                 raise Replayed()
         return
+    if nonce is not None and not _nonce_spend(node=state.node, nonce=nonce, now=state.last_seen_at):
+        raise Replayed()  # (authenticate spends it itself here; never left unspent)
     AgentState.objects.bulk_create(
         [state], update_conflicts=True, unique_fields=["node"], update_fields=["last_seen_at", "agent_version", "gpus"]
     )

@@ -82,3 +82,38 @@ def test_every_other_path_takes_the_full_chain(world, application):
     status, sent, _ = call(application, "/login/")
     assert status == 200 and "Content-Security-Policy" in sent  # the browser middleware ran
     assert NodeAPIHandler.urlconf == "cloud.node_api_urls"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_detection_that_tells_a_tenant_works_through_the_node_api_handler(world, application, steps):
+    """
+    XID 48 on a GPU a tenant's VM holds: failure detection, inside the heartbeat, asks the agent
+    for a reset and tells the tenant with a link to the reservation -- reversed against the
+    project's URLs, not the node API's own URLconf.
+    """
+    from provisioning.agent.agent import Agent
+    from provisioning.models import AgentCommand
+    from tenants.models import Notification
+    from tests.provisioning.test_node_agent import live_vm, nvml_of
+
+    small_fleet(4)
+    instance = live_vm(world, steps)
+    node, index = instance.node, instance.devices[0]["index"]
+    credential, secret = node_agents.credential_issue(actor=None, node=node)
+    nvml = nvml_of(node)
+    nvml.inject_xid(index, 48)
+    body = json.dumps(Agent(None, nvml, hostname=node.hostname).heartbeat()).encode()
+    before = set(Notification.objects.values_list("pk", flat=True))
+    status, _, content = call(application, HEARTBEAT, body, "POST",
+                              signed_headers(credential.key_id, secret, "POST", HEARTBEAT, body))
+    assert status == 200, content[:300]
+    assert json.loads(content)["commands_waiting"] is True
+    assert AgentCommand.objects.filter(node=node, kind="reset_gpu").count() == 1
+    [told] = Notification.objects.exclude(pk__in=before)  # the one this heartbeat's detection sent
+    assert told.tenant_id == instance.tenant_id and told.link == f"/reservations/{instance.reservation_id}/"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_host_not_allowed_is_refused_by_the_node_api_handler(world, application):
+    status, _, _ = call(application, HEARTBEAT, b"{}", "POST", {"Host": "attacker.example"})
+    assert status == 400
