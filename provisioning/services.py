@@ -45,15 +45,18 @@ def weights() -> Weights:
     return Weights.from_mapping(settings.MERIDIAN_PRIORITY_WEIGHTS)
 
 
-def _move(reservation: Reservation, target: str, *, only_from=None, reason: str = "", **also) -> str:
-    """Compare-and-set the reservation's state; returns the state it left. 409 names the current state."""
-    previous = compare_and_set(
+def _move(reservation: Reservation, target: str, *, only_from=None, reason: str = "", **also) -> None:
+    """
+    Compare-and-set the reservation's state in one UPDATE (409 names the current state), and the
+    same values on ``reservation`` (plain values: nothing to read back).
+    """
+    changes = {"state_reason": reason[:500], "state_changed_at": timezone.now(), **also}
+    compare_and_set(
         Reservation.objects.all(), reservation.pk, table=RESERVATION_TRANSITIONS, target=target,
-        only_from=frozenset(only_from) if only_from else None, state_reason=reason[:500],
-        state_changed_at=timezone.now(), **also,
+        only_from=frozenset(only_from) if only_from else None, previous=False, **changes,
     )
-    reservation.refresh_from_db(fields=["state", "state_reason", "state_changed_at", *also])
-    return previous
+    for name, value in {"state": target, **changes}.items():
+        setattr(reservation, name, value)
 
 
 def _snap(reservation: Reservation) -> dict:
