@@ -14,7 +14,7 @@ What runs, on a scratch PostgreSQL database:
     as a WSGI server hands them to the project's WSGI application (``cloud.wsgi``: the node API's
     own handler and its short middleware chain, the key read with what is stored of its node and
     the node's desired state in one statement, the signature check, the nonce spent with the
-    liveness, the telemetry written, the policy answer): the path the fleet really
+    liveness and the telemetry in another, the policy answer): the path the fleet really
     takes. First one heartbeat per node with no policy version (agents starting: the whole
     policy comes back; not measured), then BENCH_HTTP_ROUNDS (3) rounds of BENCH_HTTP_REQUESTS
     (1280) more (the median round is reported), each carrying the version of the policy its

@@ -20,7 +20,7 @@ from rest_framework.exceptions import NotFound
 from cloud.choices import GPUState, IsolationMode
 from cloud.errors import Conflict, DomainError, Forbidden
 from cloud.models import GPU, Node, Offering
-from cloud.telemetry import NODE_KNOWN_COLUMNS
+from cloud.telemetry import NODE_KNOWN_COLUMNS, write_sql
 from security.audit import audit_record
 from security.crypto import decrypt
 
@@ -265,15 +265,25 @@ def heartbeat(
     if len(gpus) > len(known):
         raise DomainError(f"{len(gpus)} GPUs listed, but {node.hostname} has {len(known)}.", code="too_many")
     state = AgentState(node=node, last_seen_at=now, agent_version=agent_version[:32], gpus=gpus)
-    _agent_state_save(state, nonce=nonce)  # liveness first: kept even when the telemetry below is refused
-    if samples or ports:
-        # ingest returns each GPU's new sample with the one before it, and each port's link with its
-        # recent flaps: failure detection judges that (no query unless something is wrong). ingest
-        # refuses before its one write: then nothing of the telemetry is stored, the liveness above
-        # stays, and the API answers the refusal.
-        ingested = telemetry.ingest(node=node, samples=samples or [], ports=ports or [], now=now, known=stored)
-        return Heard(state=state, acted=bool(judge_samples(node=node, ingested=ingested, now=now)))
-    return Heard(state=state, acted=False)
+    if not (samples or ports):
+        _agent_state_save(state, nonce=nonce)
+        return Heard(state=state, acted=False)
+    # The telemetry is checked before anything is written; a refusal keeps the liveness (stored,
+    # the nonce spent) and the API answers it. Checked, it is written with the liveness: in the
+    # same statement when the nonce is still to be spent (PostgreSQL), after it otherwise.
+    # ingest returns each GPU's new sample with the one before it, and each port's link with its
+    # recent flaps: failure detection judges that (no query unless something is wrong).
+    try:
+        checked = telemetry.ingest_check(node=node, samples=samples or [], ports=ports or [], now=now, known=stored)
+    except Exception:
+        _agent_state_save(state, nonce=nonce)
+        raise
+    if nonce is not None and connection.vendor == "postgresql":
+        _alive_with_telemetry(state, nonce, checked)
+    else:
+        _agent_state_save(state, nonce=nonce)
+        telemetry.ingest_write(checked)
+    return Heard(state=state, acted=bool(judge_samples(node=node, ingested=checked.ingested, now=now)))
 
 
 class Heard(NamedTuple):
@@ -301,6 +311,36 @@ _SPEND_AND_KEEP_ALIVE = {  # by whether a caller's transaction is open
     True: _SPENT_AND_ALIVE + "SELECT EXISTS (SELECT FROM spent)",  # noqa: S608
     False: _SPENT_AND_ALIVE + "SELECT set_config('synchronous_commit', 'off', true), EXISTS (SELECT FROM spent)",  # noqa: S608
 }
+
+
+# The nonce spent, the liveness and the telemetry stored in one statement (telemetry.write_sql with
+# these CTEs before it): nothing of it unless the nonce was not spent before.
+_SPENT_AND_ALIVE_NAMED = (
+    f"spent AS (INSERT INTO {AgentNonce._meta.db_table} (node_id, nonce, seen_at) "  # noqa: S608
+    "VALUES (%(node)s, %(nonce)s, %(at)s) ON CONFLICT (node_id, nonce) DO NOTHING RETURNING 1), "
+    f"alive AS (INSERT INTO {AgentState._meta.db_table} (node_id, last_seen_at, agent_version, gpus) "
+    "SELECT %(node)s, %(at)s, %(version)s, %(gpus)s::jsonb WHERE EXISTS (SELECT FROM spent) "
+    "ON CONFLICT (node_id) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at, "
+    "agent_version = EXCLUDED.agent_version, gpus = EXCLUDED.gpus RETURNING 1),"
+)
+_ALIVE_WITH_TELEMETRY = write_sql(
+    before=_SPENT_AND_ALIVE_NAMED, guard="EXISTS (SELECT FROM spent)", result=", EXISTS (SELECT FROM spent)"
+)
+
+
+def _alive_with_telemetry(state: AgentState, nonce: str, checked) -> None:
+    """
+    The heartbeat's nonce spent, its liveness and its checked telemetry (``telemetry.Checked``)
+    stored: one statement, committed without waiting for the WAL flush as each of them was alone.
+    A spent nonce: Replayed, and nothing stored.
+    """
+    from cloud.telemetry import fast_cursor, write_params
+
+    params = {**write_params(checked), "nonce": nonce, "version": state.agent_version, "gpus": json.dumps(state.gpus)}
+    with fast_cursor() as cursor:
+        cursor.execute(_ALIVE_WITH_TELEMETRY, params)
+        if not cursor.fetchone()[-1]:
+            raise Replayed()
 
 
 def _agent_state_save(state: AgentState, *, nonce: str | None = None) -> None:

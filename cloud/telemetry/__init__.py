@@ -20,6 +20,7 @@ from .ingestion import (
     MAX_PORTS_PER_NODE,
     NODE_KNOWN_COLUMNS,
     BadTelemetry,
+    Checked,
     GPUReading,
     Ingested,
     Known,
@@ -27,8 +28,12 @@ from .ingestion import (
     changes_in_window,
     fast_cursor,
     ingest,
+    ingest_check,
+    ingest_write,
     known_from_columns,
     node_known,
+    write_params,
+    write_sql,
 )
 from .reads import PERIODS, gpu_series, latest_dict, reservation_telemetry, rollup_point
 from .rollups import RAW, ROLLUP_GRACE, prune, rollup
@@ -42,6 +47,7 @@ __all__ = [
     "RAW",
     "ROLLUP_GRACE",
     "BadTelemetry",
+    "Checked",
     "GPUReading",
     "Ingested",
     "Known",
@@ -51,6 +57,8 @@ __all__ = [
     "fast_cursor",
     "gpu_series",
     "ingest",
+    "ingest_check",
+    "ingest_write",
     "known_from_columns",
     "latest_dict",
     "node_known",
@@ -58,4 +66,6 @@ __all__ = [
     "reservation_telemetry",
     "rollup",
     "rollup_point",
+    "write_params",
+    "write_sql",
 ]

@@ -146,6 +146,49 @@ def ingest(
     new and previous sample and each port's link and recent flaps: what failure detection
     (cloud.health) evaluates, with no further query.
     """
+    checked = ingest_check(node=node, samples=samples, ports=ports, now=now, source=source, known=known)
+    ingest_write(checked)
+    return checked.ingested
+
+
+def ingest_write(checked: Checked) -> None:
+    """Write what ``ingest_check`` passed: one statement on PostgreSQL, atomic on its own."""
+    if not (checked.readings or checked.due):
+        return
+    if connection.vendor == "postgresql":
+        with fast_cursor() as cursor:
+            cursor.execute(_WRITE_SQL, write_params(checked))
+        return
+    with transaction.atomic(savepoint=False):
+        _write_portable(checked.node, checked.readings, checked.due)
+
+
+@dataclass
+class Checked:
+    """A heartbeat's telemetry checked and matched to the node's GPUs and ports, not yet written."""
+
+    node: Node
+    readings: list[GPUReading]
+    due: list[tuple]  # port status rows to write (port_updates')
+    now: datetime
+    source: str
+    ingested: Ingested
+
+
+def ingest_check(
+    *,
+    node: Node,
+    samples: list,
+    ports: list,
+    now: datetime | None = None,
+    source: str = TelemetrySource.AGENT,
+    known: Known | None = None,
+) -> Checked:
+    """
+    ``ingest`` up to its write: every refusal raised, nothing written. The samples are taken over
+    (matched to their GPUs, changed in place): write them with ``ingest_write``, or with
+    ``write_params`` in a caller's statement, never check them again.
+    """
     now = now or timezone.now()
     if not isinstance(samples, list) or not isinstance(ports, list):
         raise BadTelemetry("samples and ports must be lists.")
@@ -158,14 +201,8 @@ def ingest(
     known = known or node_known(node)
     readings = _match(node, checked, known.gpus, now, source) if checked else []
     port_rows = port_updates(node, links, now, source, known.ports) if links else []
-    due = [write for write, _ in port_rows if write]
-    if readings or due:
-        if connection.vendor == "postgresql":
-            _write_postgresql(node, readings, due, now, source)  # one statement: atomic on its own
-        else:
-            with transaction.atomic(savepoint=False):
-                _write_portable(node, readings, due)
-    return Ingested(gpus=readings, ports=[reading for _, reading in port_rows])
+    return Checked(node=node, readings=readings, due=[write for write, _ in port_rows if write], now=now,
+                   source=source, ingested=Ingested(gpus=readings, ports=[reading for _, reading in port_rows]))
 
 
 #
@@ -440,12 +477,19 @@ _SAMPLE_SELECT = ", ".join(f"(e->>{i})::{kind} AS {name}" for i, (name, kind) in
 # send and to parse): the samples, inserted as raw samples and upserted as the latest; the port
 # states that are due, upserted. Nothing per GPU, no row written twice. The statement's own
 # result sets ``synchronous_commit`` off for its transaction alone (see the module's docstring).
-_WRITE_SQL = f"""
-WITH s AS (
+def write_sql(*, before: str = "", guard: str = "", result: str = "") -> str:
+    """
+    The write (PostgreSQL). A caller writing more in the same statement gives CTEs to run
+    ``before`` (ending in a comma), a ``guard`` (a condition on them: no telemetry row is written
+    unless it holds) and more of the final ``result`` (after the synchronous_commit setting).
+    """
+    where = f" WHERE {guard}" if guard else ""
+    return f"""
+WITH {before} s AS (
     SELECT (e->>0)::uuid AS gpu_id,
            {_SAMPLE_SELECT},
            (e->9)::jsonb AS xids
-    FROM json_array_elements(%(samples)s::json) AS e
+    FROM json_array_elements(%(samples)s::json) AS e{where}
 ), raw AS (
     INSERT INTO {GPUSample._meta.db_table} (gpu_id, sampled_at, {", ".join(SAMPLE_FIELDS)}, xid_count, xids)
     SELECT gpu_id, %(at)s, {", ".join(SAMPLE_FIELDS)}, jsonb_array_length(xids), xids FROM s
@@ -458,19 +502,23 @@ WITH s AS (
                                                 seen_at, source)
     SELECT (e->>0)::bigint, e->>1, to_timestamp((e->>2)::float8), (e->>3)::int4, to_timestamp((e->>4)::float8),
            to_timestamp((e->>5)::float8), e->>6
-    FROM json_array_elements(%(ports)s::json) AS e
+    FROM json_array_elements(%(ports)s::json) AS e{where}
     ON CONFLICT (port_id) DO UPDATE SET {_PORT_SET}
 )
-SELECT set_config('synchronous_commit', 'off', true)
+SELECT set_config('synchronous_commit', 'off', true){result}
 """  # noqa: S608
 
 
-def _write_postgresql(node: Node, readings: list[GPUReading], ports: list[tuple], now: datetime, source: str) -> None:
-    samples = json.dumps([[str(r.gpu_id), *(r.sample[c] for c in _SAMPLE_COLUMNS), r.sample["xids"]] for r in readings])
-    with fast_cursor() as cursor:
-        cursor.execute(
-            _WRITE_SQL, {"samples": samples, "ports": json.dumps(ports), "at": now, "node": node.pk, "source": source}
-        )
+_WRITE_SQL = write_sql()
+
+
+def write_params(checked: Checked) -> dict:
+    """The write's parameters (``samples``, ``ports``, ``at``, ``node``, ``source``)."""
+    samples = json.dumps(
+        [[str(r.gpu_id), *(r.sample[c] for c in _SAMPLE_COLUMNS), r.sample["xids"]] for r in checked.readings]
+    )
+    return {"samples": samples, "ports": json.dumps(checked.due), "at": checked.now, "node": checked.node.pk,
+            "source": checked.source}
 
 
 def _write_portable(node: Node, readings: list[GPUReading], ports: list[tuple]) -> None:

@@ -520,10 +520,10 @@ def test_a_policy_the_agent_holds_is_not_sent_again_until_it_changes(world, flee
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the heartbeat's one read is PostgreSQL's")
-def test_a_signed_heartbeat_is_three_statements_and_its_one_read_is_the_separate_reads(world, fleet, steps):
+def test_a_signed_heartbeat_is_two_statements_and_its_one_read_is_the_separate_reads(world, fleet, steps):
     """
     The key, its node, what is stored of the node and its desired state are one read; the nonce
-    spent with the liveness is one write, the telemetry another: three statements whatever the GPUs.
+    spent, the liveness and the telemetry are one write: two statements whatever the GPUs.
     """
     from django.test.utils import CaptureQueriesContext
 
@@ -540,7 +540,7 @@ def test_a_signed_heartbeat_is_three_statements_and_its_one_read_is_the_separate
     assert read.known.gpus[0][3] is not None  # the sample just stored is in it
     with CaptureQueriesContext(connection) as queries:
         assert agent.run_once() == 0
-    assert len(queries) == 3, [q["sql"][:120] for q in queries]
+    assert len(queries) == 2, [q["sql"][:120] for q in queries]
     assert agent.policy[instance.devices[0]["index"]]["owners"] == {instance.name: None}
 
 
