@@ -20,7 +20,7 @@ from rest_framework.exceptions import NotFound
 from cloud.choices import GPUState, IsolationMode
 from cloud.errors import Conflict, DomainError, Forbidden
 from cloud.models import GPU, Node, Offering
-from cloud.telemetry import NODE_KNOWN_COLUMNS, write_sql
+from cloud.telemetry import NODE_KNOWN_COLUMNS, Checked, write_sql
 from security.audit import audit_record
 from security.crypto import decrypt
 
@@ -241,13 +241,14 @@ def heartbeat(
     raised for the API to answer: a node whose telemetry is bad is still alive, and the watchdog
     must not fail it (and move its tenants) for that. A port GUID the node has no HCAPort for is
     skipped by ``ingest``. A fixed number of statements whatever the GPU count (every node sends
-    one every MERIDIAN_AGENT_INTERVAL seconds): on PostgreSQL three, and no transaction of their
-    own -- the read, the liveness, the telemetry, each write atomic by itself and committed as it
-    runs, so failure detection acts on samples already stored (in its own transaction, only when
-    it found something). ``known`` is ``telemetry.node_known(node)`` when the caller read it already
-    (then the read is not made here). ``nonce``: the request's nonce, spent here in the statement
-    that stores the liveness (PostgreSQL); a spent one is a replay (409), and nothing is stored.
-    Returns the AgentState and whether detection acted.
+    one every MERIDIAN_AGENT_INTERVAL seconds), and no transaction of their own: on PostgreSQL the
+    read (none when ``known`` is given), then the liveness and the telemetry -- one write with
+    ``nonce``, two without -- each atomic by itself and committed as it runs, so failure detection
+    acts on samples already stored (in its own transaction, only when it found something).
+    ``known`` is ``telemetry.node_known(node)`` when the caller read it already. ``nonce``: the
+    request's nonce, spent here in the statement that stores the liveness (and the telemetry,
+    PostgreSQL); a spent one is a replay (409), and nothing is stored. Returns the AgentState and
+    whether detection acted.
     """
     from cloud import telemetry
     from cloud.detection import judge_samples
@@ -279,7 +280,15 @@ def heartbeat(
         _agent_state_save(state, nonce=nonce)
         raise
     if nonce is not None and connection.vendor == "postgresql":
-        _alive_with_telemetry(state, nonce, checked)
+        try:
+            _alive_with_telemetry(state, nonce, checked)
+        except IntegrityError:
+            # The telemetry no longer fits what is stored (a GPU or port removed since the read):
+            # the node is alive all the same -- its liveness alone, then the error as before.
+            if connection.in_atomic_block:
+                raise
+            _agent_state_save(state, nonce=nonce)
+            raise
     else:
         _agent_state_save(state, nonce=nonce)
         telemetry.ingest_write(checked)
@@ -323,12 +332,14 @@ _SPENT_AND_ALIVE_NAMED = (
     "ON CONFLICT (node_id) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at, "
     "agent_version = EXCLUDED.agent_version, gpus = EXCLUDED.gpus RETURNING 1),"
 )
-_ALIVE_WITH_TELEMETRY = write_sql(
-    before=_SPENT_AND_ALIVE_NAMED, guard="EXISTS (SELECT FROM spent)", result=", EXISTS (SELECT FROM spent)"
-)
+_ALIVE_WITH_TELEMETRY = {  # by whether a caller's transaction is open (its durability left alone)
+    in_atomic: write_sql(before=_SPENT_AND_ALIVE_NAMED, guard="EXISTS (SELECT FROM spent)",
+                         result="EXISTS (SELECT FROM spent)", commit_async=not in_atomic)
+    for in_atomic in (True, False)
+}
 
 
-def _alive_with_telemetry(state: AgentState, nonce: str, checked) -> None:
+def _alive_with_telemetry(state: AgentState, nonce: str, checked: Checked) -> None:
     """
     The heartbeat's nonce spent, its liveness and its checked telemetry (``telemetry.Checked``)
     stored: one statement, committed without waiting for the WAL flush as each of them was alone.
@@ -338,7 +349,7 @@ def _alive_with_telemetry(state: AgentState, nonce: str, checked) -> None:
 
     params = {**write_params(checked), "nonce": nonce, "version": state.agent_version, "gpus": json.dumps(state.gpus)}
     with fast_cursor() as cursor:
-        cursor.execute(_ALIVE_WITH_TELEMETRY, params)
+        cursor.execute(_ALIVE_WITH_TELEMETRY[connection.in_atomic_block], params)
         if not cursor.fetchone()[-1]:
             raise Replayed()
 

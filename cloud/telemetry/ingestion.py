@@ -185,9 +185,8 @@ def ingest_check(
     known: Known | None = None,
 ) -> Checked:
     """
-    ``ingest`` up to its write: every refusal raised, nothing written. The samples are taken over
-    (matched to their GPUs, changed in place): write them with ``ingest_write``, or with
-    ``write_params`` in a caller's statement, never check them again.
+    ``ingest`` up to its write: every refusal raised, nothing written; write what it returns with
+    ``ingest_write``, or with ``write_params`` in a caller's own statement (``write_sql``).
     """
     now = now or timezone.now()
     if not isinstance(samples, list) or not isinstance(ports, list):
@@ -477,13 +476,18 @@ _SAMPLE_SELECT = ", ".join(f"(e->>{i})::{kind} AS {name}" for i, (name, kind) in
 # send and to parse): the samples, inserted as raw samples and upserted as the latest; the port
 # states that are due, upserted. Nothing per GPU, no row written twice. The statement's own
 # result sets ``synchronous_commit`` off for its transaction alone (see the module's docstring).
-def write_sql(*, before: str = "", guard: str = "", result: str = "") -> str:
+def write_sql(*, before: str = "", guard: str = "", result: str = "", commit_async: bool = True) -> str:
     """
     The write (PostgreSQL). A caller writing more in the same statement gives CTEs to run
     ``before`` (ending in a comma), a ``guard`` (a condition on them: no telemetry row is written
-    unless it holds) and more of the final ``result`` (after the synchronous_commit setting).
+    unless it holds) and the ``result`` it reads back. ``commit_async``: the statement's transaction
+    commits without waiting for the WAL flush (False inside a caller's transaction, to leave its
+    durability alone).
     """
     where = f" WHERE {guard}" if guard else ""
+    returned = ", ".join(
+        part for part in ("set_config('synchronous_commit', 'off', true)" if commit_async else "", result) if part
+    ) or "TRUE"
     return f"""
 WITH {before} s AS (
     SELECT (e->>0)::uuid AS gpu_id,
@@ -505,7 +509,7 @@ WITH {before} s AS (
     FROM json_array_elements(%(ports)s::json) AS e{where}
     ON CONFLICT (port_id) DO UPDATE SET {_PORT_SET}
 )
-SELECT set_config('synchronous_commit', 'off', true){result}
+SELECT {returned}
 """  # noqa: S608
 
 

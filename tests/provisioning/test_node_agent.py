@@ -676,6 +676,33 @@ def test_a_replayed_heartbeat_stores_nothing(world, fleet):
     assert AgentNonce.objects.filter(node=node).count() == 1
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one write of a heartbeat is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_a_heartbeat_whose_gpu_went_away_since_its_read_still_keeps_the_node_alive(world, fleet):
+    """
+    The liveness, the nonce and the telemetry are one write: when the telemetry no longer fits (a
+    GPU removed between the read and the write), the node's liveness is stored alone and the
+    error raised, as when the liveness was written first.
+    """
+    from django.db import IntegrityError
+
+    from cloud.models import GPU
+
+    node = shared_host()
+    agent, _ = telemetry_agent(node)
+    body = agent.heartbeat()
+    encoded = json.dumps(body).encode()
+    path = f"{API}/heartbeat/"
+    headers = signed_headers(agent.control_plane.key_id, agent.control_plane.secret, "POST", path, encoded)
+    signed, read = node_agents.authenticate(method="POST", path=path, headers=headers, body=encoded, turn=True)
+    GPU.objects.filter(node=node, index=0).delete()
+    with pytest.raises(IntegrityError):
+        node_agents.agent_turn(node=signed, agent_version="2", gpus=body["gpus"], samples=body["samples"],
+                               ports=body["ports"], read=read)
+    assert AgentState.objects.get(node=node).agent_version == "2"
+    assert AgentNonce.objects.filter(node=node).count() == 1  # spent: the same request again is a replay
+
+
 def test_a_stale_request_is_refused_before_its_nonce_is_spent(world, fleet):
     client, node = Client(), shared_host()
     credential, secret = node_agents.credential_issue(actor=None, node=node)
