@@ -56,18 +56,25 @@ def descendants(root: int) -> set[int]:
     return found
 
 
-def alive(pid: int) -> bool:
+def alive(pid: int, marker: bytes = b"") -> bool:
+    """
+    The process runs (not a zombie) and, with ``marker``, has it in its environment: still one of
+    this test's, not another process that got a pid it saw (pids are reused, and a busy suite wraps
+    a pid_max of 32768 within minutes; a parallel test's worker must not be killed here).
+    """
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        environ = Path(f"/proc/{pid}/environ").read_bytes() if marker else b""
     except OSError:
         return False
-    return state != "Z"
+    return state != "Z" and marker in environ
 
 
 def test_run_command_serves_console_and_api_and_stops_cleanly(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
     env["MERIDIAN_DATA_DIR"] = str(tmp_path / "data")
+    ours = f"MERIDIAN_DATA_DIR={env['MERIDIAN_DATA_DIR']}".encode()  # in every process make run starts
     log_path = tmp_path / "run.log"
     with open(log_path, "w") as log:
         run = subprocess.Popen(["make", "run", f"PORT={port}"], cwd=REPO, env=env, stdout=log,
@@ -155,14 +162,18 @@ def test_run_command_serves_console_and_api_and_stops_cleanly(tmp_path):
             assert time.monotonic() < deadline, "the release did not finish (is the node agent answering?)"
             time.sleep(0.5)
     except Exception:
-        print("make run's output, last lines:\n" + log_path.read_text()[-8000:])  # shown with the failure
+        # Shown with the failure: the last lines but the web server's access log (the agents' requests
+        # flood it), then whether the supervisor saw a process end.
+        lines = [line for line in log_path.read_text().splitlines() if '"GET /' not in line and '"POST /' not in line]
+        print("make run's output, last lines but the access log:\n" + "\n".join(lines[-120:]))
+        print("processes running:", {pid: alive(pid, ours) for pid in started})
         raise
     finally:
         os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
         try:
             run.wait(timeout=90)
         finally:
-            left = [pid for pid in started | descendants(run.pid) if alive(pid)]
+            left = [pid for pid in started | descendants(run.pid) if alive(pid, ours)]
             for pid in left:
                 os.kill(pid, signal.SIGKILL)
     assert not left, f"processes still running after Ctrl-C: {left}\n" + log_path.read_text()[-3000:]

@@ -98,6 +98,11 @@ class Worker:
 
     def __init__(self, name: str, queue: str, log_dir: Path, simulation: dict):
         self.name = name
+        # In the command line of the worker and of its pool children (forked from it): a process
+        # without it is not this worker's, whatever its pid -- pids are reused (pid_max is often
+        # 32768, and a busy suite wraps it), and a pid this test saw may be another process's
+        # by the time it cleans up (make run's web server in a parallel test was killed so).
+        self.marker = f"{queue}-{name}@".encode()
         self.log = log_dir / f"worker-{name}.log"
         env = {**os.environ, "DATABASE_URL": database_url_of_tests(), "CELERY_BROKER_URL": BROKER,
                "MERIDIAN_CELERY_QUEUE": queue, "MERIDIAN_SIMULATION": json.dumps(simulation),
@@ -107,7 +112,7 @@ class Worker:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "cloud", "worker", "--queues", queue, "--concurrency", "1",
                  "--pool", "prefork", "--without-mingle", "--without-gossip", "--without-heartbeat",
-                 "--loglevel", "INFO", "--hostname", f"{queue}-{name}@%h"],
+                 "--loglevel", "INFO", "--hostname", f"{self.marker.decode()}%h"],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
             )
         self.pid = self.process.pid
@@ -115,6 +120,14 @@ class Worker:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def ours(self, pid: int) -> bool:
+        """``pid`` is still this worker or one of its pool children, and running."""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        return self.marker in cmdline and running(pid)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -124,7 +137,7 @@ class Worker:
         return [(m["name"], m["id"]) for m in RECEIVED.finditer(self.output())]
 
     def pool_children(self) -> list[int]:
-        children = children_of().get(self.pid, [])
+        children = [pid for pid in children_of().get(self.pid, []) if self.ours(pid)]
         self.pids_seen.update(children)
         return children
 
@@ -133,20 +146,21 @@ class Worker:
         SIGKILL the main process, then every process it had started; returns those still running
         after 10 s (none: nothing of the worker survives).
         """
-        family = descendants(self.pid)
+        family = [pid for pid in descendants(self.pid) if self.ours(pid)]
         self.pids_seen.update(family)
         kill(self.pid)
         self.process.wait(timeout=10)
         for pid in family:
-            kill(pid)
+            if self.ours(pid):
+                kill(pid)
         deadline = time.monotonic() + 10
-        while (left := [pid for pid in self.pids_seen if running(pid)]) and time.monotonic() < deadline:
+        while (left := [pid for pid in self.pids_seen if self.ours(pid)]) and time.monotonic() < deadline:
             time.sleep(0.05)
         return left
 
     def stop(self) -> None:
         """Warm shutdown (SIGTERM), then SIGKILL whatever is left of it."""
-        family = descendants(self.pid) if self.alive() else []
+        family = [pid for pid in descendants(self.pid) if self.ours(pid)] if self.alive() else []
         self.pids_seen.update(family)
         if self.alive():
             self.process.terminate()
@@ -156,7 +170,7 @@ class Worker:
                 self.process.kill()
                 self.process.wait(timeout=10)
         for pid in self.pids_seen - {self.pid}:
-            if running(pid):
+            if self.ours(pid):
                 kill(pid)
 
     def __str__(self) -> str:
@@ -291,7 +305,7 @@ def test_a_worker_killed_while_writing_the_image_is_redelivered_and_provisions_o
         wait_for(lambda: first.received().count(in_flight) == 2, "redelivery to the surviving worker",
                  workers=workers, timeout=30, must_live=survivors)
         assert "WorkerLostError" in first.output(), str(workers)
-        assert children[0] not in first.pool_children() and not running(children[0]), str(workers)
+        assert children[0] not in first.pool_children() and not first.ours(children[0]), str(workers)
     else:
         assert len(first.pool_children()) == 1, str(workers)
         survived = first.kill()
