@@ -8,17 +8,17 @@ import os
 
 from kombu import Connection
 
+import cloud.celery  # noqa: F401 -- the Celery app puts AtomicChannel in place, as in every process
 from cloud.broker import PARTIAL, AtomicChannel
 
 
 def connection(folder) -> Connection:
-    options = {"data_folder_in": str(folder), "data_folder_out": str(folder), "polling_interval": 0.01}
+    options = {"data_folder_in": str(folder), "data_folder_out": str(folder), "polling_interval": 0.01,
+               "control_folder": str(folder / "control")}  # kombu's default is ./control, in the checkout
     return Connection("filesystem://", transport_options=options)
 
 
 def test_the_embedded_broker_uses_the_atomic_channel(tmp_path):
-    import cloud.celery  # noqa: F401 -- the Celery app sets it up
-
     with connection(tmp_path) as conn:
         assert isinstance(conn.default_channel, AtomicChannel)
 
