@@ -310,18 +310,6 @@ _AGENT_STATE_SQL = (
 _OWN = {sql: _own_transaction(sql) for sql in (_NONCE_SQL, _AGENT_STATE_SQL)}
 # The nonce spent and the liveness stored in one statement: the liveness only when the nonce was
 # not spent before. In its own transaction, committed without waiting for the WAL flush.
-_SPENT_AND_ALIVE = (
-    f"WITH spent AS ({_NONCE_SQL} RETURNING 1), alive AS ("  # noqa: S608 -- our own statements
-    f"INSERT INTO {AgentState._meta.db_table} (node_id, last_seen_at, agent_version, gpus) "
-    "SELECT %s, %s, %s, %s::jsonb WHERE EXISTS (SELECT FROM spent) ON CONFLICT (node_id) DO UPDATE SET "
-    "last_seen_at = EXCLUDED.last_seen_at, agent_version = EXCLUDED.agent_version, gpus = EXCLUDED.gpus RETURNING 1) "
-)
-_SPEND_AND_KEEP_ALIVE = {  # by whether a caller's transaction is open
-    True: _SPENT_AND_ALIVE + "SELECT EXISTS (SELECT FROM spent)",  # noqa: S608
-    False: _SPENT_AND_ALIVE + "SELECT set_config('synchronous_commit', 'off', true), EXISTS (SELECT FROM spent)",  # noqa: S608
-}
-
-
 # The nonce spent, the liveness and the telemetry stored in one statement (telemetry.write_sql with
 # these CTEs before it): nothing of it unless the nonce was not spent before.
 _SPENT_AND_ALIVE_NAMED = (
@@ -332,6 +320,12 @@ _SPENT_AND_ALIVE_NAMED = (
     "ON CONFLICT (node_id) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at, "
     "agent_version = EXCLUDED.agent_version, gpus = EXCLUDED.gpus RETURNING 1),"
 )
+# Without telemetry (a heartbeat that carries none, or whose telemetry was refused): the CTEs alone.
+_SPEND_AND_KEEP_ALIVE = {  # by whether a caller's transaction is open
+    True: f"WITH {_SPENT_AND_ALIVE_NAMED.rstrip(',')} SELECT EXISTS (SELECT FROM spent)",  # noqa: S608
+    False: f"WITH {_SPENT_AND_ALIVE_NAMED.rstrip(',')} "  # noqa: S608
+           "SELECT set_config('synchronous_commit', 'off', true), EXISTS (SELECT FROM spent)",
+}
 _ALIVE_WITH_TELEMETRY = {  # by whether a caller's transaction is open (its durability left alone)
     in_atomic: write_sql(before=_SPENT_AND_ALIVE_NAMED, guard="EXISTS (SELECT FROM spent)",
                          result="EXISTS (SELECT FROM spent)", commit_async=not in_atomic)
@@ -370,9 +364,10 @@ def _agent_state_save(state: AgentState, *, nonce: str | None = None) -> None:
             return
         from cloud.telemetry import fast_cursor
 
-        spend = [state.node_id, nonce, state.last_seen_at]
+        params = {"node": state.node_id, "nonce": nonce, "at": state.last_seen_at, "version": state.agent_version,
+                  "gpus": row[3]}
         with fast_cursor() as cursor:
-            cursor.execute(_SPEND_AND_KEEP_ALIVE[connection.in_atomic_block], [*spend, *row])
+            cursor.execute(_SPEND_AND_KEEP_ALIVE[connection.in_atomic_block], params)
             if not cursor.fetchone()[-1]:
                 raise Replayed()
         return
