@@ -441,6 +441,10 @@ MERIDIAN_SCHEDULER_MAX_PLACEMENTS = env.int("MERIDIAN_SCHEDULER_MAX_PLACEMENTS",
 # How long the scheduler loop reuses the teams' records (fulfilment, load, usage) between
 # cycles, like Slurm's PriorityCalcPeriod; the age term and urgency are fresh every cycle.
 MERIDIAN_SCHEDULER_RECORD_REFRESH = env.float("MERIDIAN_SCHEDULER_RECORD_REFRESH_SECONDS", default=5.0)
+# How long it reuses the teams' decayed usage (fair share): summing every allocation of the last
+# weeks is the costliest part of a record and, with a half-life of days, moves least. Slurm
+# recalculates its decayed usage every PriorityCalcPeriod, 5 minutes by default.
+MERIDIAN_SCHEDULER_USAGE_REFRESH = env.float("MERIDIAN_SCHEDULER_USAGE_REFRESH_SECONDS", default=300.0)
 # How long the loop reuses the fleet's shape (which GPU sits on which node, leaf, fabric; read
 # again at once when nodes or GPUs are added or removed). What may take work is read every cycle.
 MERIDIAN_SCHEDULER_SHAPE_REFRESH = env.float("MERIDIAN_SCHEDULER_SHAPE_REFRESH_SECONDS", default=30.0)

@@ -35,7 +35,7 @@ from .planner import plan
 from .priority import Weights, rank
 from .services import reservation_schedule, reservation_schedule_many, weights
 from .snapshot import request_for
-from .team_record import team_inputs_many
+from .team_record import decayed_usage_many, team_inputs_many
 
 log = logging.getLogger(__name__)
 MAX_QUEUE = 20_000
@@ -68,20 +68,28 @@ class CycleReport:
 class TeamRecords:
     """
     The scheduler loop's teams' records, reread every ``refresh_s`` (they move slowly: 30-day
-    rates, load, usage decaying over hours); owners new to the queue are read at once.
+    rates, load); owners new to the queue are read at once. Decayed usage, the costliest part
+    (every allocation of the last weeks), is reread every ``usage_refresh_s``: with a half-life
+    of days it moves by a fraction of a percent in minutes (Slurm's PriorityCalcPeriod, 5 min).
     """
 
-    def __init__(self, refresh_s: float):
+    def __init__(self, refresh_s: float, usage_refresh_s: float | None = None):
         self.refresh_s = refresh_s
+        self.usage_refresh_s = refresh_s if usage_refresh_s is None else usage_refresh_s
         self.records: dict[tuple, object] = {}
-        self.read_at = float("-inf")
+        self.usage: dict[tuple, float] = {}
+        self.read_at = self.usage_read_at = float("-inf")
 
     def get(self, owners: set[tuple], now: datetime, w: Weights) -> dict:
+        if time.monotonic() - self.usage_read_at >= self.usage_refresh_s:
+            self.usage, self.usage_read_at, self.read_at = {}, time.monotonic(), float("-inf")
         if time.monotonic() - self.read_at >= self.refresh_s:
             self.records, self.read_at = {}, time.monotonic()
         missing = owners - self.records.keys()
         if missing:
-            self.records.update(team_inputs_many(missing, now=now, weights=w))
+            if unread := {(tenant, team) for tenant, team, _ in missing} - self.usage.keys():
+                self.usage.update(decayed_usage_many(unread, now=now, weights=w))
+            self.records.update(team_inputs_many(missing, now=now, weights=w, usage=self.usage))
         return self.records
 
 
@@ -138,14 +146,16 @@ class QueueMirror:
 class LoopMemory:
     """What the scheduler loop keeps between cycles; a fresh one reads everything."""
 
-    def __init__(self, *, record_refresh_s: float = 0.0, shape_refresh_s: float = 0.0):
-        self.records = TeamRecords(refresh_s=record_refresh_s)
+    def __init__(self, *, record_refresh_s: float = 0.0, usage_refresh_s: float | None = None,
+                 shape_refresh_s: float = 0.0):
+        self.records = TeamRecords(refresh_s=record_refresh_s, usage_refresh_s=usage_refresh_s)
         self.shape = FleetShape(refresh_s=shape_refresh_s)
         self.queue = QueueMirror()
 
     @classmethod
     def for_loop(cls) -> LoopMemory:
         return cls(record_refresh_s=settings.MERIDIAN_SCHEDULER_RECORD_REFRESH,
+                   usage_refresh_s=settings.MERIDIAN_SCHEDULER_USAGE_REFRESH,
                    shape_refresh_s=settings.MERIDIAN_SCHEDULER_SHAPE_REFRESH)
 
 

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from functools import reduce
 
 from django.core.cache import cache
+from django.db import connection
 from django.db.models import Count, F, FloatField, Q, Sum
 from django.db.models.functions import Cast
 
@@ -64,12 +65,14 @@ def team_inputs_recent(*, tenant, team, gpu_model_id, now: datetime, weights: We
     return record
 
 
-def team_inputs_many(keys, *, now: datetime, weights: Weights) -> dict[tuple, TeamInputs]:
+def team_inputs_many(keys, *, now: datetime, weights: Weights, usage: dict | None = None) -> dict[tuple, TeamInputs]:
     """
     The records of many owners at once, keyed ``(tenant_id, team_id or None, gpu_model_id)``:
     four grouped queries, and one for the teams' high-priority status, however many owners (the
     scheduler ranks every queued owner each cycle). ``high_priority``: the team's approved status
-    lasts past ``now``.
+    lasts past ``now``. ``usage``: decayed usage per ``(tenant_id, team_id)`` as
+    ``decayed_usage_many`` gave it a while ago (the scheduler loop rereads it less often than the
+    rest); an owner it lacks is read.
     """
     keys = set(keys)
     tenant_ids = {tenant for tenant, _, _ in keys}
@@ -89,16 +92,10 @@ def team_inputs_many(keys, *, now: datetime, weights: Weights) -> dict[tuple, Te
         .annotate(gpus=Sum("gpus"))
     }
     limits_of = quota_limits_many(tenant_ids=tenant_ids, resource=QuotaResource.GPUS)
-    horizon = now - timedelta(seconds=4 * weights.usage_half_life_s)
-    samples = defaultdict(list)
-    # One row per reservation and time range (its GPUs' shares summed in SQL), not per GPU.
-    for tenant, team, start, end, gpus in Allocation.objects.filter(
-        reservation__in=Reservation.objects.filter(owners), ends_at__gt=horizon, starts_at__lt=now,
-    ).values("reservation__tenant_id", "reservation__team_id", "reservation_id", "starts_at", "ends_at").annotate(
-        gpus=Sum(Cast(F("mem_hi") - F("mem_lo"), FloatField()) / F("gpu__memory_mib")),
-    ).values_list("reservation__tenant_id", "reservation__team_id", "starts_at", "ends_at", "gpus").order_by():
-        age_s = (now - min(end, now)).total_seconds()
-        samples[(tenant, team)].append((gpu_hours(start, end, 0, 1, 1, now) * gpus, age_s))
+    pairs = {(tenant, team) for tenant, team, _ in keys}
+    usage = dict(usage or {})
+    if unread := pairs - usage.keys():
+        usage.update(decayed_usage_many(unread, now=now, weights=weights))
 
     # Approved high-priority status, read live (not from the applications) so expiry needs no task.
     team_ids = {team for _, team, _ in keys if team}
@@ -111,13 +108,62 @@ def team_inputs_many(keys, *, now: datetime, weights: Weights) -> dict[tuple, Te
         rate = fulfilment_rate(used, total, weights.neutral_fulfilment) if total else None
         limit = min((q.limit for q in limits_of(tenant, team, gpu_model_id)), default=0)
         in_use = held.get((tenant, team, gpu_model_id)) or 0
-        usage = decayed_usage(samples.get((tenant, team), []), weights.usage_half_life_s)
         # Fair share: what the team would accrue using its whole quota for one half-life.
         fair = max(limit, 1) * weights.usage_half_life_s / 3600
         records[(tenant, team, gpu_model_id)] = TeamInputs(
-            fulfilment_rate=rate, current_load=in_use / limit if limit else 1.0, usage_share=usage / fair,
-            high_priority=team in high_priority)
+            fulfilment_rate=rate, current_load=in_use / limit if limit else 1.0,
+            usage_share=usage[(tenant, team)] / fair, high_priority=team in high_priority)
     return records
+
+
+def decayed_usage_many(owners, *, now: datetime, weights: Weights) -> dict[tuple, float]:
+    """
+    Recent usage of each ``(tenant_id, team_id or None)`` in GPU-hours, each allocation's
+    decayed by its age (``priority.decayed_usage``; a slot counts as its share of the GPU's
+    memory). PostgreSQL sums it in one grouped query; elsewhere one row per reservation and
+    time range is summed here. Allocations that ended four half-lives ago count no more.
+    """
+    owners = set(owners)
+    usage = dict.fromkeys(owners, 0.0)
+    if not owners:
+        return usage
+    horizon = now - timedelta(seconds=4 * weights.usage_half_life_s)
+    held = Allocation.objects.filter(reservation__in=Reservation.objects.filter(_owners_filter(owners)),
+                                     ends_at__gt=horizon, starts_at__lt=now)
+    summed = _decayed_usage_postgresql if connection.vendor == "postgresql" else _decayed_usage_python
+    for owner, total in summed(held, now, weights.usage_half_life_s):
+        if owner in usage:  # a tenant-wide read also finds the tenant's other teams
+            usage[owner] = total
+    return usage
+
+
+def _usage_rows(held):
+    """One row per reservation and time range (its GPUs' shares summed in SQL), not per GPU."""
+    return held.values(
+        "reservation__tenant_id", "reservation__team_id", "reservation_id", "starts_at", "ends_at",
+    ).annotate(gpus=Sum(Cast(F("mem_hi") - F("mem_lo"), FloatField()) / F("gpu__memory_mib"))).values_list(
+        "reservation__tenant_id", "reservation__team_id", "starts_at", "ends_at", "gpus",
+    ).order_by()
+
+
+def _decayed_usage_python(held, now: datetime, half_life_s: float) -> list[tuple[tuple, float]]:
+    samples = defaultdict(list)
+    for tenant, team, start, end, gpus in _usage_rows(held):
+        age_s = (now - min(end, now)).total_seconds()
+        samples[(tenant, team)].append((gpu_hours(start, end, 0, 1, 1, now) * gpus, age_s))
+    return [(owner, decayed_usage(values, half_life_s)) for owner, values in samples.items()]
+
+
+def _decayed_usage_postgresql(held, now: datetime, half_life_s: float) -> list[tuple[tuple, float]]:
+    """The same sums over the same rows, decayed and added up per owner in the database."""
+    rows, params = _usage_rows(held).query.sql_with_params()
+    # Only the ORM's own SQL is formatted in; every value is a parameter.
+    sql = ("SELECT tenant, team, SUM(GREATEST(0, EXTRACT(EPOCH FROM LEAST(ends, %s) - starts)) / 3600.0 * gpus"  # noqa: S608
+           " * POWER(0.5, EXTRACT(EPOCH FROM %s - LEAST(ends, %s)) / %s)) "
+           f"FROM ({rows}) AS used (tenant, team, starts, ends, gpus) GROUP BY tenant, team")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [now, now, now, float(half_life_s), *params])
+        return [((tenant, team), float(total)) for tenant, team, total in cursor.fetchall()]
 
 
 def _owners_filter(owners: set[tuple]) -> Q:

@@ -157,7 +157,9 @@ def test_quota_suspects_are_only_owners_whose_whole_commitment_passes_a_limit(wo
 def test_the_loop_rereads_team_records_only_after_the_refresh(world):
     now = timezone.now()
     a, b = ("tenant-a", None, "model"), ("tenant-b", None, "model")
-    with mock.patch.object(scheduler, "team_inputs_many", side_effect=lambda keys, **_: {k: k for k in keys}) as read:
+    no_usage = mock.patch.object(scheduler, "decayed_usage_many", side_effect=lambda owners, **_: {})
+    with mock.patch.object(scheduler, "team_inputs_many", side_effect=lambda keys, **_: {k: k for k in keys}) as read, \
+            no_usage:
         records = TeamRecords(refresh_s=3600)
         records.get({a}, now, None)
         records.get({a}, now, None)
