@@ -429,7 +429,7 @@ def load_and_rank_split() -> dict:
     mirror.queued()
     warm_ms = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
-    rank_queue(queued, timezone.now(), weights())
+    rank_queue(queued, mirror.owners, timezone.now(), weights())
     return {"queue_load_ms": round(cold_ms, 1), "queue_load_warm_ms": round(warm_ms, 1),
             "rank_queue_ms": round((time.perf_counter() - started) * 1000, 1)}
 

@@ -19,7 +19,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from cloud.db import update_rows
@@ -104,24 +104,39 @@ class QueueMirror:
     """
 
     def __init__(self):
-        self.ranking: dict = {}  # id -> row of RANKING_COLUMNS
+        # str(id) -> (id, owner number, submitted_at as a timestamp, urgency): strings, not UUIDs,
+        # as keys (a UUID hashes in Python code; 10,000 of them several times a cycle added up).
+        self.ranking: dict[str, tuple] = {}
+        self.owners: list[tuple] = []  # owner number -> (tenant_id, team_id, gpu_model_id)
+        self._numbers: dict[tuple, int] = {}
         self.rows: dict = {}  # id -> Reservation (QUEUE_COLUMNS), for the last cycle's top
 
     def queued(self) -> list[tuple]:
-        """Rows of RANKING_COLUMNS of every queued reservation, oldest first (at most MAX_QUEUE)."""
-        ids = list(Reservation.objects.filter(state=R.QUEUED).order_by("submitted_at")
-                   .values_list("id", flat=True)[:MAX_QUEUE])
+        """
+        ``(id, owner number, submitted_at timestamp, urgency)`` of every queued reservation,
+        oldest first (at most MAX_QUEUE); ``owners`` names the owner numbers.
+        """
+        ids = _queued_ids()
         present = set(ids)
-        self.ranking = {pk: row for pk, row in self.ranking.items() if pk in present}
+        if len(self.ranking) != len(present) or not present.issuperset(self.ranking):
+            self.ranking = {pk: row for pk, row in self.ranking.items() if pk in present}
         missing = [pk for pk in ids if pk not in self.ranking]
         if len(missing) > MIRROR_BY_IDS:  # cold (a new leader) or a burst: one scan beats a long id list
             rows = Reservation.objects.filter(state=R.QUEUED).values_list(*RANKING_COLUMNS)
         else:
             rows = Reservation.objects.filter(pk__in=missing).values_list(*RANKING_COLUMNS) if missing else ()
-        for row in rows:
-            if row[0] in present:
-                self.ranking[row[0]] = row
-        return [self.ranking[pk] for pk in ids if pk in self.ranking]
+        for pk, tenant, team, model, submitted_at, urgency in rows:
+            if (key := str(pk)) in present:
+                self.ranking[key] = (pk, self._number((tenant, team, model)), submitted_at.timestamp(), urgency)
+        ranking = self.ranking
+        return [ranking[pk] for pk in ids if pk in ranking]
+
+    def _number(self, owner: tuple) -> int:
+        number = self._numbers.get(owner)
+        if number is None:
+            number = self._numbers[owner] = len(self.owners)
+            self.owners.append(owner)
+        return number
 
     def whole(self, ids: list) -> dict:
         """
@@ -143,35 +158,83 @@ class QueueMirror:
             self.rows.pop(pk, None)
 
 
+class CycleBudget:
+    """
+    How many placements a cycle may plan so that it ends within ``budget_ms`` (0: no budget),
+    like Slurm's max_sched_time: the time already spent, the planning time and the commit time
+    per placement of the cycles before tell how many more fit. At most ``ceiling``, at least
+    ``floor`` (a slow cycle still moves the queue). The estimates start pessimistic and follow
+    the last cycles (a moving average), so a burst on a slow database shortens cycles at once.
+    """
+
+    FOLLOW = 0.3  # weight of the newest cycle in the estimates
+    LEARN_FROM = 10  # placements a cycle needs before its commit time per placement is learnt
+
+    def __init__(self, budget_ms: float, ceiling: int, floor: int = 25):
+        self.budget_ms, self.ceiling, self.floor = budget_ms, ceiling, min(floor, ceiling)
+        self.plan_ms = 0.0
+        self.commit_ms_each = 1.0
+
+    def placements(self, spent_ms: float) -> int:
+        if self.budget_ms <= 0:
+            return self.ceiling
+        room = self.budget_ms - spent_ms - self.plan_ms
+        return max(self.floor, min(self.ceiling, int(room / self.commit_ms_each)))
+
+    def learn(self, *, plan_ms: float, apply_ms: float, placed: int) -> None:
+        self.plan_ms += self.FOLLOW * (plan_ms - self.plan_ms)
+        if placed >= self.LEARN_FROM:
+            self.commit_ms_each += self.FOLLOW * (apply_ms / placed - self.commit_ms_each)
+
+
 class LoopMemory:
     """What the scheduler loop keeps between cycles; a fresh one reads everything."""
 
     def __init__(self, *, record_refresh_s: float = 0.0, usage_refresh_s: float | None = None,
-                 shape_refresh_s: float = 0.0):
+                 shape_refresh_s: float = 0.0, budget_ms: float = 0.0):
         self.records = TeamRecords(refresh_s=record_refresh_s, usage_refresh_s=usage_refresh_s)
         self.shape = FleetShape(refresh_s=shape_refresh_s)
         self.queue = QueueMirror()
+        self.budget = CycleBudget(budget_ms, settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS)
 
     @classmethod
     def for_loop(cls) -> LoopMemory:
         return cls(record_refresh_s=settings.MERIDIAN_SCHEDULER_RECORD_REFRESH,
                    usage_refresh_s=settings.MERIDIAN_SCHEDULER_USAGE_REFRESH,
-                   shape_refresh_s=settings.MERIDIAN_SCHEDULER_SHAPE_REFRESH)
+                   shape_refresh_s=settings.MERIDIAN_SCHEDULER_SHAPE_REFRESH,
+                   budget_ms=settings.MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS)
 
 
-def rank_queue(queued: list[tuple], now: datetime, w: Weights, records: TeamRecords | None = None) -> list[tuple]:
+def _queued_ids() -> list[str]:
+    """The ids of the queued reservations as strings, oldest first (at most MAX_QUEUE)."""
+    oldest = Reservation.objects.filter(state=R.QUEUED).order_by("submitted_at")[:MAX_QUEUE]
+    if connection.vendor != "postgresql":
+        return [str(pk) for pk in oldest.values_list("id", flat=True)]
+    # One text of 36-character ids: 10,000 UUID objects made and hashed each cycle cost more
+    # than the query. Only the ORM's own SQL is formatted in; every value is a parameter.
+    subquery, params = oldest.values("id", "submitted_at").query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT string_agg(id::text, '' ORDER BY submitted_at) FROM ({subquery}) AS q",  # noqa: S608
+                       params)
+        joined = cursor.fetchone()[0] or ""
+    return [joined[i:i + 36] for i in range(0, len(joined), 36)]
+
+
+def rank_queue(queued: list[tuple], owners: list[tuple], now: datetime, w: Weights,
+               records: TeamRecords | None = None) -> list[tuple]:
     """
-    Score every queued reservation -- rows of RANKING_COLUMNS -- from its owner's record (read
-    for all owners at once, or kept by ``records``) and order them best first:
-    ``[(reservation_id, score), ...]``.
+    Score every queued reservation -- ``QueueMirror.queued`` rows, whose owner numbers index
+    ``owners`` -- from its owner's record (read for all owners at once, or kept by ``records``)
+    and order them best first: ``[(reservation_id, score), ...]``.
     """
-    owners = {(tenant, team, model) for _, tenant, team, model, _, _ in queued}
-    records = (records or TeamRecords(refresh_s=0)).get(owners, now, w)
-    entries = []
-    for reservation_id, tenant, team, model, submitted_at, urgency in queued:
-        t = records[(tenant, team, model)]
-        entries.append((reservation_id, submitted_at.timestamp(), urgency, t.fulfilment_rate, t.current_load,
-                        t.high_priority, t.usage_share))
+    numbers = {number for _, number, _, _ in queued}
+    kept = (records or TeamRecords(refresh_s=0)).get({owners[n] for n in numbers}, now, w)
+    inputs = {}
+    for n in numbers:
+        t = kept[owners[n]]
+        inputs[n] = (t.fulfilment_rate, t.current_load, t.high_priority, t.usage_share)
+    entries = [(reservation_id, submitted, urgency, *inputs[number])
+               for reservation_id, number, submitted, urgency in queued]
     return rank(entries, w, now.timestamp())
 
 
@@ -209,7 +272,7 @@ def last_cycle() -> dict | None:
 
 def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     report = CycleReport()
-    clock = time.perf_counter()
+    began = clock = time.perf_counter()
 
     def lap(name):
         nonlocal clock
@@ -221,7 +284,8 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     report.queued = len(queued)
     if not queued:
         return report
-    ranked = rank_queue(queued, now, weights(), memory.records)[:settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH]
+    ranked = rank_queue(queued, memory.queue.owners, now, weights(),
+                        memory.records)[:settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH]
     by_id = memory.queue.whole([reservation_id for reservation_id, _ in ranked])
     lap("rank")
     requests = []
@@ -238,7 +302,7 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
                                      gpu_model_ids={m for r in requests for m in r.gpu_model_ids})
     lap("snapshot")
     result = plan(snapshot, requests, headroom=settings.MERIDIAN_HEADROOM,
-                  max_placements=settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS)
+                  max_placements=memory.budget.placements((time.perf_counter() - began) * 1000))
     lap("plan")
     over_quota = _owners_over_quota([by_id[p.reservation_id] for p in result.placements], now)
     # Checked once for the cycle: placements on a node held back since the snapshot are refused.
@@ -254,6 +318,8 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     memory.queue.forget(p.reservation_id for p in result.placements)
     report.waiting = len(queued) - report.placed
     lap("apply")
+    memory.budget.learn(plan_ms=report.timings_ms["plan"], apply_ms=report.timings_ms["apply"],
+                        placed=len(result.placements))
     return report
 
 

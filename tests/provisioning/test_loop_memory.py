@@ -148,4 +148,4 @@ def test_the_kept_queue_reads_a_burst_by_one_scan(world, fleet, monkeypatch):
     make_reservation(world, state="cancelled", offering=chosen)
     mirror = QueueMirror()
     assert [row[0] for row in mirror.queued()] == [r.pk for r in sorted(made, key=lambda r: r.submitted_at)]
-    assert set(mirror.ranking) == {r.pk for r in made}
+    assert set(mirror.ranking) == {str(r.pk) for r in made}

@@ -1,0 +1,60 @@
+"""
+The scheduler loop's cycle budget (MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS, like Slurm's
+max_sched_time): a cycle plans only as many placements as the time left can commit, learnt
+from the cycles before; what it does not plan waits for the next cycle, queued as it was.
+"""
+
+import pytest
+
+from provisioning.models import Reservation
+from provisioning.scheduler import CycleBudget, LoopMemory, run_cycle
+from tests.provisioning.factories import make_reservation, offering
+from tests.world import small_fleet
+
+
+def test_no_budget_plans_up_to_the_ceiling():
+    assert CycleBudget(0, ceiling=400).placements(spent_ms=10_000) == 400
+
+
+def test_the_time_left_over_the_commit_time_per_placement_sets_how_many():
+    budget = CycleBudget(300, ceiling=400, floor=5)
+    budget.plan_ms, budget.commit_ms_each = 50.0, 0.5
+    assert budget.placements(spent_ms=150) == 200  # (300 - 150 - 50) / 0.5
+    assert budget.placements(spent_ms=0) == 400  # room for 500: the ceiling holds
+    assert budget.placements(spent_ms=290) == 5  # over already: the floor still moves the queue
+
+
+def test_the_estimates_follow_the_cycles_measured():
+    budget = CycleBudget(300, ceiling=400)
+    first = budget.placements(spent_ms=100)
+    for _ in range(20):  # commits turn out to cost 0.25 ms each and planning 20 ms
+        budget.learn(plan_ms=20.0, apply_ms=0.25 * 200, placed=200)
+    assert budget.commit_ms_each == pytest.approx(0.25, rel=0.01)
+    assert budget.plan_ms == pytest.approx(20.0, rel=0.01)
+    assert budget.placements(spent_ms=100) > first
+    budget.learn(plan_ms=20.0, apply_ms=500.0, placed=5)  # too few to learn a per-placement cost from
+    assert budget.commit_ms_each == pytest.approx(0.25, rel=0.01)
+    for _ in range(10):  # a slow database: cycles shorten
+        budget.learn(plan_ms=20.0, apply_ms=2.0 * 100, placed=100)
+    assert budget.placements(spent_ms=100) < 100
+
+
+@pytest.fixture
+def fleet(world):
+    Reservation.objects.all().delete()
+    return small_fleet(8)
+
+
+def test_a_cycle_over_budget_places_its_floor_and_leaves_the_rest_queued(world, fleet):
+    chosen = offering("vm", 1)
+    waiting = [make_reservation(world, state="queued", offering=chosen) for _ in range(6)]
+    memory = LoopMemory(record_refresh_s=3600, shape_refresh_s=3600, budget_ms=0.001)
+    memory.budget.floor = 2
+
+    report = run_cycle(memory=memory)
+
+    assert report.placed == 2 and report.waiting == 4
+    states = list(Reservation.objects.filter(pk__in=[r.pk for r in waiting]).values_list("state", flat=True))
+    assert sorted(states) == ["queued"] * 4 + ["scheduled"] * 2
+    memory.budget.budget_ms = 0  # no budget: the rest in one cycle
+    assert run_cycle(memory=memory).placed == 4
