@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from cloud.choices import NodeState
+from cloud.db import copy_rows
 from cloud.errors import Conflict
 from cloud.models import GPU, Node
 
@@ -133,18 +134,8 @@ INSERTED_COLUMNS = ("reservation_id", "gpu_id", "node_id", "mem_lo", "mem_hi", "
 
 
 def _insert(rows: list[tuple]) -> None:
-    """
-    Rows of INSERTED_COLUMNS into the allocation table: PostgreSQL takes them by COPY (no model
-    instance per row: a cycle binds thousands of GPUs), with every constraint checked as usual.
-    """
-    if connection.vendor != "postgresql":
-        Allocation.objects.bulk_create([Allocation(**dict(zip(INSERTED_COLUMNS, row, strict=True))) for row in rows])
-        return
-    table = connection.ops.quote_name(Allocation._meta.db_table)
-    statement = f"COPY {table} ({', '.join(INSERTED_COLUMNS)}) FROM STDIN"
-    with connection.cursor() as cursor, connection.wrap_database_errors, cursor.cursor.copy(statement) as copy:
-        for row in rows:
-            copy.write_row(row)
+    """Rows of INSERTED_COLUMNS into the allocation table, by COPY on PostgreSQL (cloud.db.copy_rows)."""
+    copy_rows(Allocation, INSERTED_COLUMNS, rows)
 
 
 def _check_disjoint(bindings: list[Binding]) -> None:
