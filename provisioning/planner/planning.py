@@ -329,4 +329,5 @@ def plan(snapshot: Snapshot, queue: Sequence[Request], *, headroom: float = 0.10
             result.unplaced[request.reservation_id] = planner.last_reason
         else:
             result.placements.append(placement)
+    planner.capacity.dispose()
     return result

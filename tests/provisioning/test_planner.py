@@ -590,3 +590,22 @@ def test_no_gpu_memory_is_ever_booked_twice_and_every_placement_is_whole(scenari
         for i, (s1, e1, lo1, hi1) in enumerate(booked):
             for s2, e2, lo2, hi2 in booked[i + 1:]:
                 assert not (s1 < e2 and s2 < e1 and lo1 < hi2 and lo2 < hi1)
+
+
+def test_a_plan_leaves_its_index_to_be_freed_without_the_cyclic_collector():
+    """The scheduler pauses the collector in a cycle: the planner's index must not need it afterwards."""
+    import gc
+
+    fleet = snapshot(leaf(4), shared(4))
+    occupy(fleet.nodes[0], spot=True)
+    occupy(fleet.nodes[5].gpus[0], hi=MEM // 2)
+    requests = [ask(), ask(kind=VM, per_unit=2), ask(kind=CONTAINER, per_unit=1, slots_per_gpu=2),
+                ask(units=2, priority=0.9, may_preempt=True)]
+    gc.collect()
+    gc.disable()
+    try:
+        result = plan(fleet, requests)
+        unreachable = gc.collect()
+    finally:
+        gc.enable()
+    assert result.placements and unreachable == 0
