@@ -438,11 +438,12 @@ MERIDIAN_SCHEDULER_QUEUE_DEPTH = env.int("MERIDIAN_SCHEDULER_QUEUE_DEPTH", defau
 # How many placements one cycle commits at most: a cycle on an empty fleet would otherwise
 # commit a thousand at once and not see a cancellation or an urgent arrival for seconds.
 MERIDIAN_SCHEDULER_MAX_PLACEMENTS = env.int("MERIDIAN_SCHEDULER_MAX_PLACEMENTS", default=400)
-# How long one cycle of the scheduler loop should take at most, in milliseconds (0: no limit
-# but the one above), like Slurm's max_sched_time: the loop plans only as many placements as it
-# can commit in the time left, from what the last cycles took. A short cycle sees a
-# cancellation or an urgent arrival sooner; a long one spreads its fixed costs over more work.
-MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS = env.float("MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS", default=0.0)
+# How long one cycle of the scheduler loop should take, in milliseconds (0: no limit but the
+# one above), like Slurm's max_sched_time: the loop plans only as many placements as it can
+# commit in the time left, from what the last cycles took. A short cycle sees a cancellation or
+# an urgent arrival sooner; a long one spreads its fixed costs (ranking the whole queue, the
+# snapshot) over more placements.
+MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS = env.float("MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS", default=250.0)
 # How long the scheduler loop reuses the teams' records (fulfilment, load, usage) between
 # cycles, like Slurm's PriorityCalcPeriod; the age term and urgency are fresh every cycle.
 MERIDIAN_SCHEDULER_RECORD_REFRESH = env.float("MERIDIAN_SCHEDULER_RECORD_REFRESH_SECONDS", default=5.0)

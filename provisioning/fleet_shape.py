@@ -57,7 +57,7 @@ class FleetShape:
 
     def snapshot(self, *, now: datetime, until: datetime, regions=None, gpu_model_ids=None) -> Snapshot:
         """The sellable fleet (optionally narrowed) with every allocation overlapping [now, until)."""
-        self._refresh()
+        self.refresh()
         blocked_nodes, blocked_gpus = _blocked()
         busy = window_allocations(now, until)
         regions = set(regions) if regions is not None else None
@@ -76,7 +76,8 @@ class FleetShape:
                                           gpu_model_id=usable[-1].model_id, gpus=gpus))
         return Snapshot(now=now, nodes=nodes)
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
+        """Read the shape again if it is older than ``refresh_s`` or hardware was added or removed."""
         # Hardware added or removed changes one of these (removing one and adding another too).
         counts = (*Node.objects.aggregate(n=Count("pk"), newest=Max("created_at")).values(), GPU.objects.count())
         if counts == self.counts and time.monotonic() - self.read_at < self.refresh_s:

@@ -125,7 +125,12 @@ class Allocation(models.Model):
 
     class Meta:
         ordering = ["reservation", "gpu"]
-        indexes = [models.Index(fields=["gpu", "ends_at"], name="allocation_gpu_end_idx")]
+        indexes = [
+            models.Index(fields=["gpu", "ends_at"], name="allocation_gpu_end_idx"),
+            # What holds capacity now or later (the scheduler's window, usage, no-shows): ended
+            # allocations stay as history and would otherwise be scanned every cycle.
+            models.Index(fields=["ends_at"], name="allocation_end_idx"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(mem_hi__gt=F("mem_lo")), name="allocation_memory_range_ordered"),
             models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="allocation_time_range_ordered"),

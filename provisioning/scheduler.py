@@ -197,6 +197,21 @@ class LoopMemory:
         self.queue = QueueMirror()
         self.budget = CycleBudget(budget_ms, settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS)
 
+    def prime(self, now: datetime | None = None) -> None:
+        """
+        Read what a first cycle would read cold -- every queued reservation's ranking columns,
+        its owners' records, the best-ranked rows, the fleet's shape -- before that cycle, as a
+        new leader does (like kube-scheduler waiting for its caches to sync): the cycles then
+        read only what changed. Nothing is planned or written.
+        """
+        now = now or timezone.now()
+        with collector_paused():
+            queued = self.queue.queued()
+            if queued:
+                ranked = rank_queue(queued, self.queue.owners, now, weights(), self.records)
+                self.queue.whole([pk for pk, _ in ranked[:settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH]])
+            self.shape.refresh()
+
     @classmethod
     def for_loop(cls) -> LoopMemory:
         return cls(record_refresh_s=settings.MERIDIAN_SCHEDULER_RECORD_REFRESH,

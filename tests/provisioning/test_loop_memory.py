@@ -5,6 +5,7 @@ snapshot, and the kept queue follows reservations that leave, join and come back
 """
 
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.db import transaction
@@ -149,3 +150,35 @@ def test_the_kept_queue_reads_a_burst_by_one_scan(world, fleet, monkeypatch):
     mirror = QueueMirror()
     assert [row[0] for row in mirror.queued()] == [r.pk for r in sorted(made, key=lambda r: r.submitted_at)]
     assert set(mirror.ranking) == {str(r.pk) for r in made}
+
+
+def test_a_primed_memory_holds_the_queue_and_writes_nothing(world, fleet, django_assert_max_num_queries):
+    chosen = offering("vm", 1)
+    waiting = [make_reservation(world, state="queued", offering=chosen) for _ in range(4)]
+    memory = LoopMemory(record_refresh_s=3600, shape_refresh_s=3600)
+
+    memory.prime()
+
+    assert set(memory.queue.ranking) == {str(r.pk) for r in waiting}
+    assert set(memory.queue.rows) == {r.pk for r in waiting}
+    assert memory.shape.nodes
+    assert set(Reservation.objects.filter(pk__in=[r.pk for r in waiting]).values_list("state", flat=True)) == {
+        "queued"}
+    assert not Operation.objects.filter(reservation__in=waiting).exists()
+    # The first cycle then reads only what changed: the queue's ids, not its rows again.
+    with django_assert_max_num_queries(1):
+        assert len(memory.queue.queued()) == 4
+    with django_assert_max_num_queries(1):  # the offerings, which staff may edit
+        memory.queue.whole([r.pk for r in waiting])
+    assert run_cycle(memory=memory).placed == 4
+
+
+def test_the_scheduler_command_primes_its_memory_and_places_the_queue(world, fleet):
+    from django.core.management import call_command
+
+    waiting = [make_reservation(world, state="queued", offering=offering("vm", 1)) for _ in range(3)]
+    with mock.patch.object(LoopMemory, "prime", autospec=True, side_effect=LoopMemory.prime) as prime:
+        call_command("run_scheduler", "--once")
+    assert prime.call_count == 1
+    assert set(Reservation.objects.filter(pk__in=[r.pk for r in waiting]).values_list("state", flat=True)) == {
+        "scheduled"}

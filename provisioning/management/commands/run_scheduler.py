@@ -41,6 +41,7 @@ class Command(BaseCommand):
                         if not leading:
                             log.info("Leading the scheduler.")
                             leading, memory = True, LoopMemory.for_loop()  # another leader moved things
+                            memory.prime()
                         report = run_cycle(memory=memory)
                         if report.placed or report.conflicts:
                             log.info("cycle: %s", report.as_dict())
