@@ -13,7 +13,7 @@ import os
 import socket
 from datetime import timedelta
 
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from .models import LeaderLease
@@ -105,12 +105,13 @@ def copy_rows(model, columns: tuple[str, ...], rows: list[tuple]) -> None:
     if connection.vendor != "postgresql":
         model.objects.bulk_create([model(**dict(zip(columns, row, strict=True))) for row in rows])
         return
-    from django.db.models import JSONField
     from psycopg.types.json import Jsonb
 
     qn = connection.ops.quote_name
     fields = {f.attname: f for f in model._meta.concrete_fields}
-    json_at = [i for i, name in enumerate(columns) if isinstance(fields[name], JSONField)]
+    for name in columns:
+        _check_copyable(fields[name])
+    json_at = [i for i, name in enumerate(columns) if isinstance(fields[name], models.JSONField)]
     statement = f"COPY {qn(model._meta.db_table)} ({', '.join(qn(fields[c].column) for c in columns)}) FROM STDIN"
     with connection.cursor() as cursor, connection.wrap_database_errors, cursor.cursor.copy(statement) as copy:
         for row in rows:
@@ -120,3 +121,17 @@ def copy_rows(model, columns: tuple[str, ...], rows: list[tuple]) -> None:
                     if row[i] is not None:
                         row[i] = Jsonb(row[i])
             copy.write_row(row)
+
+
+# Fields whose values psycopg writes as Django would: no preparation of their own is skipped.
+COPYABLE = (models.AutoField, models.BigAutoField, models.BigIntegerField, models.BooleanField, models.CharField,
+            models.DateTimeField, models.FloatField, models.ForeignKey, models.IntegerField,
+            models.PositiveIntegerField, models.PositiveSmallIntegerField, models.SmallIntegerField,
+            models.TextField, models.UUIDField)
+
+
+def _check_copyable(field) -> None:
+    plain_json = type(field) is models.JSONField and field.encoder is None
+    if not plain_json and type(field) not in COPYABLE:
+        raise TypeError(f"copy_rows cannot write {field.model.__name__}.{field.name} ({type(field).__name__}): "
+                        "its values need the field's own preparation; use bulk_create.")

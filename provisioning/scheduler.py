@@ -196,6 +196,19 @@ class LoopMemory:
         self.shape = FleetShape(refresh_s=shape_refresh_s)
         self.queue = QueueMirror()
         self.budget = CycleBudget(budget_ms, settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS)
+        # Owners found over quota at placement -> until when their work is left out of planning
+        # (as long as their records are kept): refused again and again, it would take the
+        # places of a budgeted cycle that others could use.
+        self.over_quota: dict[tuple, float] = {}
+
+    def note_over_quota(self, owners) -> None:
+        until = time.monotonic() + self.records.refresh_s
+        self.over_quota = {owner: t for owner, t in self.over_quota.items() if t > time.monotonic()}
+        self.over_quota.update(dict.fromkeys(owners, until))
+
+    def left_out(self, reservation: Reservation) -> bool:
+        until = self.over_quota.get(_owner(reservation))
+        return until is not None and until > time.monotonic()
 
     def prime(self, now: datetime | None = None) -> None:
         """
@@ -308,6 +321,8 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
         reservation = by_id.get(reservation_id)
         if reservation is None or reservation.state != R.QUEUED:
             continue  # moved on between reading the ids and loading the row
+        if memory.over_quota and memory.left_out(reservation):
+            continue  # its owner was over quota a moment ago: it keeps its place and its reason
         reservation.score = total
         requests.append(request_for(reservation, now))
     if not requests:
@@ -320,6 +335,7 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
                   max_placements=memory.budget.placements((time.perf_counter() - began) * 1000))
     lap("plan")
     over_quota = _owners_over_quota([by_id[p.reservation_id] for p in result.placements], now)
+    memory.note_over_quota(over_quota)
     # Checked once for the cycle: placements on a node held back since the snapshot are refused.
     refused = nodes_held_back({a.node_id for p in result.placements for a in p.assignments})
     regions = {r.slug: r for r in Region.objects.filter(slug__in={p.region for p in result.placements})}

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from cloud.db import update_rows
+from cloud.db import copy_rows, update_rows
 from cloud.models import GPU, Node, Region
 from provisioning import scheduler
 from provisioning.admission import quota_suspects
@@ -142,6 +142,30 @@ def test_update_rows_writes_each_rows_own_values(world, fleet, vendor):
     fresh = Reservation.objects.filter(pk__in=[r.pk for r in rows])
     stored = {r.pk: (round(r.score, 3), r.state_reason) for r in fresh}
     assert stored == {row.pk: (round(0.1 * (i + 1), 3), f"reason {i}") for i, row in enumerate(rows)}
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="COPY is PostgreSQL's")
+def test_copy_rows_refuses_a_field_that_prepares_its_own_values(world, fleet):
+    """An encrypted field written by COPY would land in clear text: refused before anything is sent."""
+    node = fleet[0]
+    with pytest.raises(TypeError, match="bmc_password"), transaction.atomic():
+        copy_rows(Node, ("id", "hostname", "bmc_password"), [(node.pk, "copy", "secret")])
+
+
+def test_audit_events_of_a_batch_carry_what_one_at_a_time_would(world, fleet):
+    from security.audit import audit_record, audit_record_many
+
+    first, second = make_reservation(world), make_reservation(world)
+    after = {"state": "scheduled", "nested": {"gpus": [1, 2]}, "when": "2026-01-01T00:00:00+00:00"}
+    with transaction.atomic():
+        one = audit_record(actor=world.principal("t1_owner"), action="test.batch", target=first, after=after)
+        assert audit_record_many(actor=world.principal("t1_owner"), action="test.batch",
+                                 changes=[(second, after)]) == 1
+    many = AuditEvent.objects.get(action="test.batch", target_id=str(second.pk))
+    for name in ("actor_id", "actor_email", "token_id", "tenant_id", "action", "target_type", "after", "before",
+                 "request_id", "chain_hash", "seal_seq"):
+        assert getattr(many, name) == getattr(one, name), name
+    assert many.public_id != one.public_id and many.occurred_at and many.pk > one.pk
 
 
 def test_quota_suspects_are_only_owners_whose_whole_commitment_passes_a_limit(world, fleet):

@@ -147,6 +147,32 @@ def test_a_quota_lowered_after_admission_keeps_the_reservation_queued(world, fle
     assert waiting.state == "queued" and "quota" in waiting.state_reason
 
 
+def test_an_owner_over_quota_is_left_out_of_planning_while_its_record_is_kept(world, fleet):
+    """Refused at placement, its work would take a budgeted cycle's places again and again."""
+    from provisioning.scheduler import LoopMemory
+
+    team_quota(world, 4)
+    admin, member = world.client("t1_admin"), world.client("t2_member")
+    later = (timezone.now() + timedelta(hours=2)).isoformat()
+    held = admin.post(URL, body(offering=vm_offering(2).slug, gpus=2, team=str(world.t1.team.pk), start=later,
+                                urgency=1.0), format="json").json()
+    team_quota(world, 1)
+    memory = LoopMemory(record_refresh_s=3600, shape_refresh_s=3600)
+    assert run_cycle(memory=memory).over_quota == 1
+    other = member.post(URL, body(start=later), format="json").json()
+    with mock.patch.object(scheduler, "_owners_over_quota", wraps=scheduler._owners_over_quota) as checked:
+        report = run_cycle(memory=memory)
+    assert (report.placed, report.over_quota) == (1, 0)  # the other tenant's work only
+    assert held["id"] not in {str(r.pk) for r in checked.call_args.args[0]}
+    assert Reservation.objects.get(pk=other["id"]).state == "scheduled"
+    waiting = Reservation.objects.get(pk=held["id"])
+    assert waiting.state == "queued" and "quota" in waiting.state_reason
+    memory.over_quota = {owner: 0.0 for owner in memory.over_quota}  # the record is read again: tried again
+    team_quota(world, 4)
+    assert run_cycle(memory=memory).placed == 1
+    assert Reservation.objects.get(pk=held["id"]).state == "scheduled"
+
+
 def test_a_node_held_back_after_the_snapshot_is_not_allocated(world, fleet):
     """The cycle checks its planned GPUs once before applying: a node put in maintenance meanwhile is skipped."""
     from cloud.models import Node

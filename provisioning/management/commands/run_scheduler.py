@@ -25,8 +25,8 @@ class Command(BaseCommand):
     def handle(self, *args, interval, once, **options):
         interval = interval if interval is not None else settings.MERIDIAN_SCHEDULER_INTERVAL
         stopping = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stopping.append(True))
+        handlers = {sig: signal.signal(sig, lambda *_: stopping.append(True))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
         lock = LeaderLock("scheduler")
         memory = LoopMemory.for_loop()
         leading = False
@@ -40,8 +40,9 @@ class Command(BaseCommand):
                     if lock.acquire():
                         if not leading:
                             log.info("Leading the scheduler.")
-                            leading, memory = True, LoopMemory.for_loop()  # another leader moved things
+                            memory = LoopMemory.for_loop()  # another leader moved things
                             memory.prime()
+                            leading = True  # only once primed: a failed priming is tried again
                         report = run_cycle(memory=memory)
                         if report.placed or report.conflicts:
                             log.info("cycle: %s", report.as_dict())
@@ -53,10 +54,13 @@ class Command(BaseCommand):
                     # connection -- the lock is re-checked on the next one -- and go on.
                     log.exception("Scheduler cycle failed; retrying after a pause.")
                     connection.close()
-                    memory = LoopMemory.for_loop()
+                    leading = False  # the next turn starts from a fresh memory, primed again
                     time.sleep(min(5.0, interval * 4))
                 if once:
                     break
                 time.sleep(max(0.0, interval - (time.monotonic() - started)))
         finally:
             lock.release()
+            gc.unfreeze()
+            for sig, handler in handlers.items():  # called in-process (tests), leave the caller's as they were
+                signal.signal(sig, handler)
