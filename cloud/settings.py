@@ -444,6 +444,11 @@ MERIDIAN_SCHEDULER_MAX_PLACEMENTS = env.int("MERIDIAN_SCHEDULER_MAX_PLACEMENTS",
 # an urgent arrival sooner; a long one spreads its fixed costs (ranking the whole queue, the
 # snapshot) over more placements.
 MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS = env.float("MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS", default=250.0)
+# Allocations that ended longer ago than this leave the no-overlap constraint (the lifecycle tick
+# archives them; their rows stay as history). Far longer than any clock skew between the
+# processes that allocate: a new allocation never starts before the moment it is made.
+MERIDIAN_ALLOCATION_ARCHIVE_AFTER = timedelta(
+    minutes=env.float("MERIDIAN_ALLOCATION_ARCHIVE_AFTER_MINUTES", default=60.0))
 # How long the scheduler loop reuses the teams' records (fulfilment, load, usage) between
 # cycles, like Slurm's PriorityCalcPeriod; the age term and urgency are fresh every cycle.
 MERIDIAN_SCHEDULER_RECORD_REFRESH = env.float("MERIDIAN_SCHEDULER_RECORD_REFRESH_SECONDS", default=5.0)

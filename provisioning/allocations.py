@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -159,6 +160,16 @@ def allocation_end(*, reservation: Reservation, at: datetime) -> int:
     never_started = Allocation.objects.filter(reservation=reservation, starts_at__gte=at).delete()[0]
     shortened = Allocation.objects.filter(reservation=reservation, starts_at__lt=at, ends_at__gt=at).update(ends_at=at)
     return never_started + shortened
+
+
+def allocations_archive(*, now: datetime | None = None) -> int:
+    """
+    Archive the allocations that ended more than MERIDIAN_ALLOCATION_ARCHIVE_AFTER ago: they
+    leave the no-overlap constraint (their history stays). A new allocation never starts before
+    the moment it is made, so one that ended that long ago can clash with none. Returns how many.
+    """
+    horizon = (now or timezone.now()) - settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER
+    return Allocation.objects.filter(ends_at__lt=horizon, archived=False).update(archived=True)
 
 
 def allocation_extend(*, reservation: Reservation, new_end: datetime) -> None:

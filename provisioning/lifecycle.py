@@ -35,7 +35,7 @@ from cloud.services import node_transition
 from cloud.transitions import GPU_TRANSITIONS
 from security.audit import audit_record
 
-from .allocations import allocation_end
+from .allocations import allocation_end, allocations_archive
 from .choices import InstanceState, OperationKind, OperationState, StepState
 from .choices import ReservationState as R
 from .drivers import NotYet, drivers_for
@@ -744,6 +744,7 @@ def tick(*, now=None, limit: int = 200) -> dict:
     stuck_before = now - settings.MERIDIAN_STUCK_AFTER
     each(Operation.objects.filter(state__in=UNFINISHED, updated_at__lt=stuck_before)[:limit],
          lambda operation: "resumed" if _resume(operation) else "failed_stuck", "resumed")
+    report["archived"] = allocations_archive()  # by the clock, whatever ``now`` the tick was given
     return report
 
 

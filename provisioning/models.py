@@ -104,7 +104,9 @@ class Allocation(models.Model):
     """
     A reservation's hold on (part of) one GPU for ``[starts_at, ends_at)``. A whole GPU covers its
     memory ``[0, memory)``; a fractional slot covers its stretch of it. Ending an allocation early
-    (release, eviction) shortens ``ends_at``; rows are kept as history.
+    (release, eviction) shortens ``ends_at``; rows are kept as history. One that ended longer ago
+    than MERIDIAN_ALLOCATION_ARCHIVE_AFTER is ``archived`` (provisioning.allocations): the
+    no-overlap constraint covers only the others, so its index does not grow with the history.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -118,6 +120,7 @@ class Allocation(models.Model):
     ends_at = models.DateTimeField()
     # The signed attestation receipt (a JWT) of the node this GPU was handed over on.
     attestation_receipt = models.TextField(blank=True, db_default="")  # COPY (allocations.py) leaves it out
+    archived = models.BooleanField(default=False, db_default=False)  # COPY leaves it out too
 
     objects = TenantScopedQuerySet.as_manager()
     tenant_path = "reservation__tenant"
