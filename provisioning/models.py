@@ -130,9 +130,9 @@ class Allocation(models.Model):
         ordering = ["reservation", "gpu"]
         indexes = [
             models.Index(fields=["gpu", "ends_at"], name="allocation_gpu_end_idx"),
-            # What holds capacity now or later (the scheduler's window, usage, no-shows): ended
-            # allocations stay as history and would otherwise be scanned every cycle.
-            models.Index(fields=["ends_at"], name="allocation_end_idx"),
+            # What holds capacity now or later (the scheduler's window) and what the archiver
+            # looks for: the history (archived) stays out of it, as out of the constraint's.
+            models.Index(fields=["ends_at"], name="allocation_live_end_idx", condition=Q(archived=False)),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(mem_hi__gt=F("mem_lo")), name="allocation_memory_range_ordered"),

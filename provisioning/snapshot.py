@@ -145,7 +145,7 @@ def window_allocations(now: datetime, until: datetime, gpus=None) -> dict[UUID, 
     if connection.vendor == "postgresql":
         rows = _window_rows_postgresql(now, until, gpus)
     else:
-        in_window = Allocation.objects.filter(ends_at__gt=now, starts_at__lt=until)
+        in_window = Allocation.objects.filter(ends_at__gt=now, starts_at__lt=until, archived=False)
         if gpus is not None:
             in_window = in_window.filter(gpu__in=gpus)
         rows = in_window.order_by("starts_at").values_list(
@@ -170,7 +170,8 @@ def _window_rows_postgresql(now: datetime, until: datetime, gpus):
     # Only the models' table names and the ORM's own SQL are formatted in; every value is a parameter.
     sql = (f"SELECT a.gpu_id, a.reservation_id, (EXTRACT(EPOCH FROM a.starts_at) * 1000000)::bigint, "  # noqa: S608
            f"(EXTRACT(EPOCH FROM a.ends_at) * 1000000)::bigint, a.mem_lo, a.mem_hi, r.billing_term = %s, r.score "
-           f"FROM {a} a JOIN {r} r ON r.id = a.reservation_id WHERE a.ends_at > %s AND a.starts_at < %s {on_gpus}"
+           f"FROM {a} a JOIN {r} r ON r.id = a.reservation_id WHERE a.ends_at > %s AND a.starts_at < %s "
+           f"AND NOT a.archived {on_gpus}"
            f"ORDER BY a.starts_at")
     with connection.cursor() as cursor:
         cursor.execute(sql, [BillingTerm.SPOT, now, until, *params])
