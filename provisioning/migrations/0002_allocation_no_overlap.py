@@ -11,17 +11,9 @@ write transaction, which serialises every writer.
 
 from django.db import migrations
 
+from provisioning.migrations._operations import PostgreSQLOnly
+
 CONSTRAINT = "allocation_no_overlap"
-
-
-class PostgreSQLOnly(migrations.RunSQL):
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
 
 
 class Migration(migrations.Migration):
