@@ -217,13 +217,21 @@ class LoopMemory:
         new leader does (like kube-scheduler waiting for its caches to sync): the cycles then
         read only what changed. Nothing is planned or written.
         """
-        now = now or timezone.now()
         with collector_paused():
-            queued = self.queue.queued()
-            if queued:
-                ranked = rank_queue(queued, self.queue.owners, now, weights(), self.records)
-                self.queue.whole([pk for pk, _ in ranked[:settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH]])
+            self.ranked_queue(now or timezone.now())
             self.shape.refresh()
+
+    def ranked_queue(self, now: datetime) -> tuple[int, list[tuple], dict]:
+        """
+        How many wait, the best-ranked MERIDIAN_SCHEDULER_QUEUE_DEPTH as ``(id, score)`` and their
+        whole rows by id: ranked from a few columns of every queued reservation.
+        """
+        queued = self.queue.queued()
+        if not queued:
+            return 0, [], {}
+        ranked = rank_queue(queued, self.queue.owners, now, weights(),
+                            self.records)[:settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH]
+        return len(queued), ranked, self.queue.whole([reservation_id for reservation_id, _ in ranked])
 
     @classmethod
     def for_loop(cls) -> LoopMemory:
@@ -307,14 +315,9 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
         report.timings_ms[name] = round((time.perf_counter() - clock) * 1000, 2)
         clock = time.perf_counter()
 
-    # Rank from a few columns of every queued reservation; whole rows only for the top.
-    queued = memory.queue.queued()
-    report.queued = len(queued)
-    if not queued:
+    report.queued, ranked, by_id = memory.ranked_queue(now)
+    if not ranked:
         return report
-    ranked = rank_queue(queued, memory.queue.owners, now, weights(),
-                        memory.records)[:settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH]
-    by_id = memory.queue.whole([reservation_id for reservation_id, _ in ranked])
     lap("rank")
     requests = []
     for reservation_id, total in ranked:
@@ -347,7 +350,7 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
                          regions, result, report)
     _note_waiting([(by_id[rid], reason) for rid, reason in result.unplaced.items()])
     memory.queue.forget(p.reservation_id for p in result.placements)
-    report.waiting = len(queued) - report.placed
+    report.waiting = report.queued - report.placed
     lap("apply")
     memory.budget.learn(plan_ms=report.timings_ms["plan"], apply_ms=report.timings_ms["apply"],
                         placed=len(result.placements))
