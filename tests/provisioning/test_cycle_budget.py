@@ -17,11 +17,27 @@ def test_no_budget_plans_up_to_the_ceiling():
 
 
 def test_the_time_left_over_the_commit_time_per_placement_sets_how_many():
-    budget = CycleBudget(300, ceiling=400, floor=5)
+    budget = CycleBudget(300, ceiling=400, floor=5, share=0)
     budget.plan_ms, budget.commit_ms_each = 50.0, 0.5
     assert budget.placements(spent_ms=150) == 200  # (300 - 150 - 50) / 0.5
     assert budget.placements(spent_ms=0) == 400  # room for 500: the ceiling holds
     assert budget.placements(spent_ms=290) == 5  # over already: the floor still moves the queue
+
+
+def test_placing_keeps_its_share_when_the_fixed_part_fills_the_budget():
+    budget = CycleBudget(300, ceiling=400, floor=5, share=0.4)
+    budget.plan_ms, budget.commit_ms_each = 50.0, 0.5
+    # Within the budget the share changes nothing: 150 ms fixed leaves 150 ms, half the cycle.
+    assert budget.placements(spent_ms=100) == 300
+    # 200 ms fixed would leave 100 ms, a third of the cycle: placing gets 133 ms, 40 % of 333.
+    assert budget.placements(spent_ms=150) == 266
+    # Ranking and the snapshot took 250 ms and planning takes 50: 300 ms fixed, so placing gets
+    # 200 ms (40 % of a 500-ms cycle), not the floor.
+    assert budget.placements(spent_ms=250) == 400  # 200 / 0.5, at the ceiling
+    budget.commit_ms_each = 2.0
+    assert budget.placements(spent_ms=250) == 100
+    budget.share = 0.0
+    assert budget.placements(spent_ms=250) == 5
 
 
 def test_the_estimates_follow_the_cycles_measured():
@@ -49,7 +65,7 @@ def test_a_cycle_over_budget_places_its_floor_and_leaves_the_rest_queued(world, 
     chosen = offering("vm", 1)
     waiting = [make_reservation(world, state="queued", offering=chosen) for _ in range(6)]
     memory = LoopMemory(record_refresh_s=3600, shape_refresh_s=3600, budget_ms=0.001)
-    memory.budget.floor = 2
+    memory.budget.floor, memory.budget.share = 2, 0.0
 
     report = run_cycle(memory=memory)
 
