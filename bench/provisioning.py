@@ -7,7 +7,9 @@ chained in one task for up to MERIDIAN_STEP_CHAIN_SECONDS), with 1 and with 2 wo
 Reservations per second from the first start sent to the last one active, and each one's time
 from its start to ``active`` (p50, p99). The chain includes attestation (``verify``: a nonce, the
 simulated GPUs' signed evidence, its verification and receipt), which the issue's target left
-out: about a third of the statements per reservation.
+out: about a third of the statements per reservation. BENCH_ATTESTATION=off measures the chain
+as the target was set, without ``verify`` (the workers start through
+bench/worker_without_attestation.py; a deployment always attests).
 
 Then, in-process and without a broker, the control plane's own cost per reservation: tasks
 (hops), database queries and milliseconds, start to active and release to released.
@@ -39,6 +41,7 @@ BROKER = os.environ.get("BENCH_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//
 RESERVATIONS = int(os.environ.get("BENCH_RESERVATIONS", "300"))
 WORKERS = [int(n) for n in os.environ.get("BENCH_WORKERS", "1,2").split(",")]
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "1"))  # pool processes per worker
+ATTESTATION = os.environ.get("BENCH_ATTESTATION", "on") != "off"
 IN_PROCESS = int(os.environ.get("BENCH_IN_PROCESS", "50"))
 TARGET_PER_S = 50.0
 QUEUE = f"meridian-bench-{uuid.uuid4().hex[:8]}"
@@ -107,8 +110,10 @@ def start_workers(count: int, env: dict) -> list[subprocess.Popen]:
     for i in range(count):
         log = Path(tempfile.mkdtemp(prefix="meridian-bench-worker-")) / "worker.log"
         logs.append(log)
+        celery = [sys.executable, "-m", "celery"] if ATTESTATION else [
+            sys.executable, str(REPO / "bench" / "worker_without_attestation.py")]
         workers.append(subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "cloud", "worker", "--queues", QUEUE,
+            [*celery, "-A", "cloud", "worker", "--queues", QUEUE,
              "--concurrency", str(CONCURRENCY), "--pool", "prefork", "--without-mingle", "--without-gossip",
              "--without-heartbeat",
              "--loglevel", "INFO", "--hostname", f"{QUEUE}-{i}@%h", "--logfile", str(log)],
@@ -222,8 +227,13 @@ def main() -> None:
     setup_django(DB)
     from kombu import Connection
 
+    if not ATTESTATION:
+        from worker_without_attestation import leave_out_attestation
+
+        leave_out_attestation()
     principal, offering = seed()
-    print(f"fleet seeded; {RESERVATIONS} 1-GPU VMs per run, queue {QUEUE} on RabbitMQ")
+    print(f"fleet seeded; {RESERVATIONS} 1-GPU VMs per run, queue {QUEUE} on RabbitMQ; attestation "
+          f"{'in the chain' if ATTESTATION else 'left out (BENCH_ATTESTATION=off)'}")
     runs = []
     try:
         for workers in WORKERS:
@@ -237,7 +247,8 @@ def main() -> None:
             conn.default_channel.queue_delete(QUEUE)
         drop_database(DB)
     best = max((r["per_s"] for r in runs if r["workers"] == 2), default=0.0)
-    result = {"bench": "provisioning", "commit": commit(), "cpus": os.cpu_count(), "runs": runs,
+    result = {"bench": "provisioning", "commit": commit(), "cpus": os.cpu_count(), "attestation_in_chain": ATTESTATION,
+              "runs": runs,
               "per_reservation": overhead, "target_per_s_with_2_workers": TARGET_PER_S,
               "per_s_with_2_workers": best, "target_ok": best >= TARGET_PER_S}
     print("RESULT " + json.dumps(result))
