@@ -9,6 +9,7 @@ and again when the scheduler places the reservation.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -108,8 +109,8 @@ def check_never_fits(ask: Ask, now: datetime) -> None:
         raise invalid("spot_max_price", "Only spot reservations take a max price.")
     if ask.vpc is not None:
         check_vpc(ask)
-    largest = region_capacity(offering, ask.regions)
-    if ask.gpu_equivalent > largest:
+    if region_capacity(offering, ask.regions, enough=math.ceil(ask.gpu_equivalent)) < ask.gpu_equivalent:
+        largest = region_capacity(offering, ask.regions)
         raise invalid("units", f"Asked for {ask.gpu_equivalent:g} GPUs of {offering.gpu_model.name}; the largest of "
                                f"the chosen regions has {largest}.", code="never_fits")
 
@@ -126,14 +127,23 @@ def check_vpc(ask: Ask) -> None:
                              "asked.", code="vpc_region")
 
 
-def region_capacity(offering: Offering, regions) -> int:
-    """Sellable GPUs of the offering's model and pool in the largest of ``regions``."""
-    rows = (
-        GPU.objects.filter(model=offering.gpu_model, node__pool=pool_of(offering.kind), node__is_spare=False,
-                           node__region__in=list(regions), health__in=SELLABLE_HEALTH)
-        .values("node__region").annotate(n=Count("id"))
-    )
-    return max((row["n"] for row in rows), default=0)
+def region_capacity(offering: Offering, regions, *, enough: int | None = None) -> int:
+    """
+    Sellable GPUs of the offering's model and pool in the largest of ``regions``. With ``enough``,
+    counting stops there: the answer is at most ``enough``, and a region that has that many
+    answers at once (a 1-GPU ask reads a row or two, not the region's ten thousand).
+    """
+    sellable = GPU.objects.filter(model=offering.gpu_model, node__pool=pool_of(offering.kind), node__is_spare=False,
+                                  health__in=SELLABLE_HEALTH)
+    if enough is None:
+        rows = sellable.filter(node__region__in=list(regions)).values("node__region").annotate(n=Count("id"))
+        return max((row["n"] for row in rows), default=0)
+    largest = 0
+    for region in regions:
+        largest = max(largest, sellable.filter(node__region=region)[:enough].count())
+        if largest >= enough:
+            break
+    return largest
 
 
 def check_quota(*, tenant, team, ask: Ask, window_start: datetime, counted_already: bool = False) -> None:
