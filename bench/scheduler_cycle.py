@@ -9,7 +9,9 @@ Cycles run as the loop runs them (``manage.py run_scheduler``): the collector pa
 ``LoopMemory`` kept between cycles (the teams' records for MERIDIAN_SCHEDULER_RECORD_REFRESH_SECONDS,
 their decayed usage for MERIDIAN_SCHEDULER_USAGE_REFRESH_SECONDS, the fleet's shape, the queue's
 rows) and the cycle budget MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS (250 by default: a cycle plans only
-what the time left can commit; 0 turns it off). Set the MERIDIAN_ variables to try other values.
+what the time left can commit; 0 turns it off), with MERIDIAN_SCHEDULER_PLACING_SHARE (0.4) of a
+cycle kept for placing when its fixed part fills the budget. Set the MERIDIAN_ variables to try
+other values.
 
   1. At 0 %, 50 % and 90 % full (allocations inserted in bulk for scheduled reservations) with
      10,000 queued reservations of mixed sizes (1/2/4/8-GPU VMs, 1-2 GPU and MIG-slot containers,
@@ -636,7 +638,8 @@ def main() -> None:
 
     print(f"queue {QUEUE}, {CYCLES} cycles per fill level; steady run {SECONDS:.0f} s; cycle budget "
           f"{settings.MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS:.0f} ms, at most "
-          f"{settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS} placements a cycle")
+          f"{settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS} placements a cycle, placing share "
+          f"{settings.MERIDIAN_SCHEDULER_PLACING_SHARE}")
     fills = {}
     for fill in FILLS:
         fills[f"{fill}%"] = at_fill(world, fill, rng)
@@ -646,6 +649,7 @@ def main() -> None:
         "bench": "scheduler_cycle", "commit": commit(), "nodes": 1280, "gpus": 10240, "queue": QUEUE,
         "queue_depth": settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH, "cycles_per_fill": CYCLES,
         "cycle_budget_ms": settings.MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS,
+        "placing_share": settings.MERIDIAN_SCHEDULER_PLACING_SHARE,
         "max_placements": settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS,
         "cpus": os.cpu_count(), "fills": {k: {key: v[key] for key in v if key != "profile_top"} for k, v in
                                           fills.items()},
