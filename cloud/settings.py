@@ -446,7 +446,8 @@ MERIDIAN_SCHEDULER_MAX_PLACEMENTS = env.int("MERIDIAN_SCHEDULER_MAX_PLACEMENTS",
 MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS = env.float("MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS", default=250.0)
 # The least share of a cycle spent placing (committing) when ranking, the snapshot and planning
 # alone fill the budget (a slow host, a large fleet): the cycle then runs over the budget rather
-# than placing a handful. 0: the budget holds and the floor of 25 placements is all that moves.
+# than placing a handful. 0: the budget holds and the floor of 25 placements is all that moves
+# (at most 0.9: placing cannot be the whole cycle).
 MERIDIAN_SCHEDULER_PLACING_SHARE = env.float("MERIDIAN_SCHEDULER_PLACING_SHARE", default=0.4)
 # Allocations that ended longer ago than this leave the no-overlap constraint (the lifecycle tick
 # archives them; their rows stay as history). Far longer than any clock skew between the
