@@ -22,7 +22,7 @@ def availability(offerings: list[Offering]) -> dict:
     from provisioning.models import Allocation  # provisioning builds on the inventory, not the reverse
 
     now = timezone.now()
-    held_now = Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now)
+    held_now = Allocation.objects.holding(now)
     model_ids = {o.gpu_model_id for o in offerings}
     # Whole available bare-metal nodes per (region, GPU model).
     nodes = defaultdict(int)

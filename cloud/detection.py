@@ -643,7 +643,7 @@ def _live(node: Node, now: datetime, gpu_ids=None):
     from provisioning.models import Allocation, Reservation
     from provisioning.replacement import LIVE
 
-    held = Allocation.objects.filter(node=node, starts_at__lte=now, ends_at__gt=now, reservation__state__in=LIVE)
+    held = Allocation.objects.holding(now).filter(node=node, reservation__state__in=LIVE)
     if gpu_ids is not None:
         held = held.filter(gpu_id__in=gpu_ids)
     gpus: dict = {}

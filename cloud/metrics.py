@@ -119,7 +119,7 @@ class FleetCollector:
         allocated = GaugeMetricFamily("meridian_gpus_allocated",
                                       "GPUs held by an allocation now (whole or in slots), by GPU model.",
                                       labels=["model"])
-        for model, n in (Allocation.objects.filter(starts_at__lte=self.now, ends_at__gt=self.now).order_by()
+        for model, n in (Allocation.objects.holding(self.now).order_by()
                          .values_list("gpu__model__slug").annotate(n=Count("gpu", distinct=True))):
             allocated.add_metric([model], n)
         yield allocated

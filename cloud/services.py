@@ -129,7 +129,7 @@ def node_maintenance_start(*, actor, node: Node, reason: str) -> Node:
     from provisioning.models import Allocation
 
     now = timezone.now()
-    if Allocation.objects.filter(node=node, starts_at__lte=now, ends_at__gt=now).exists():
+    if Allocation.objects.holding(now).filter(node=node).exists():
         raise Conflict(f"Node {node.hostname} carries tenants' work now; drain it before maintenance.",
                        code="node_in_use")
     return node_transition(actor=actor, node=node, target=NodeState.MAINTENANCE, reason=reason)

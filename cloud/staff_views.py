@@ -200,7 +200,7 @@ def node_detail(request, pk):
     now = timezone.now()
     gpus = list(node.gpus.select_related("model").order_by("index"))
     held = defaultdict(list)
-    for allocation in (scoped(request, Allocation).filter(node=node, starts_at__lte=now, ends_at__gt=now)
+    for allocation in (scoped(request, Allocation).holding(now).filter(node=node)
                        .select_related("reservation__tenant", "reservation__team")):
         held[allocation.gpu_id].append(allocation)
     for gpu in gpus:

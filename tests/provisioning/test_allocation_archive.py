@@ -74,3 +74,28 @@ def test_the_lifecycle_tick_archives_by_the_clock(world, gpus, settings):
     report = tick(now=now + 3 * HOUR)  # a tick told a later time archives by the clock all the same
     assert report["archived"] == 1
     assert not Allocation.objects.get(pk=running.pk).archived
+
+
+def test_what_holds_capacity_now_leaves_the_history_out(world, gpus, settings):
+    settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER = HOUR
+    now = timezone.now()
+    hold(world, gpus[0], now - 5 * HOUR, now - 2 * HOUR)
+    running = hold(world, gpus[1], now - HOUR, now + HOUR)
+    hold(world, gpus[2], now + HOUR, now + 2 * HOUR)
+    allocations_archive(now=now)
+    assert list(Allocation.objects.holding(now)) == [running]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the partial index is read by PostgreSQL's planner")
+def test_what_holds_capacity_now_is_read_from_the_index_of_live_allocations(world, gpus):
+    """
+    Capacity, metrics and node checks ask what holds GPUs now: without ``NOT archived`` in the
+    query PostgreSQL cannot use the partial index and reads every allocation ever made.
+    """
+    hold(world, gpus[0], timezone.now() - HOUR, timezone.now() + HOUR)
+    sql, params = Allocation.objects.holding(timezone.now()).query.sql_with_params()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a tiny table would be scanned whatever the indexes
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "allocation_live_end_idx" in plan, plan
