@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Case, Count, DateTimeField, ExpressionWrapper, F, FloatField, Q, Sum, Value, When
+from django.db.models import Case, DateTimeField, ExpressionWrapper, F, FloatField, Q, Sum, Value, When
 from django.db.models.functions import Cast
 
 from cloud.capacity import SELLABLE_HEALTH
@@ -135,13 +135,10 @@ def region_capacity(offering: Offering, regions, *, enough: int | None = None) -
     """
     sellable = GPU.objects.filter(model=offering.gpu_model, node__pool=pool_of(offering.kind), node__is_spare=False,
                                   health__in=SELLABLE_HEALTH)
-    if enough is None:
-        rows = sellable.filter(node__region__in=list(regions)).values("node__region").annotate(n=Count("id"))
-        return max((row["n"] for row in rows), default=0)
     largest = 0
     for region in regions:
         largest = max(largest, sellable.filter(node__region=region)[:enough].count())
-        if largest >= enough:
+        if enough is not None and largest >= enough:
             break
     return largest
 
