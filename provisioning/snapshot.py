@@ -17,7 +17,7 @@ from django.db.models import Count, Exists, OuterRef, Q
 
 from cloud.capacity import SELLABLE_HEALTH
 from cloud.choices import GPUState, NodePool, OfferingKind
-from cloud.models import GPU, Node
+from cloud.models import GPU, Node, Region, Switch
 
 from .allocations import ALLOCATABLE_NODE_STATES
 from .choices import BillingTerm, OperationKind, OperationState
@@ -112,6 +112,84 @@ def free_candidates(request: Request, *, now: datetime, spare: int = 4) -> list 
     return [node for _, _, free in holding[:2] for node in free] or None
 
 
+def free_snapshot(request: Request, *, now: datetime, spare: int = 4) -> Snapshot | None:
+    """
+    ``load_snapshot(free_only=True, node_ids=free_candidates(...))`` for an on-demand whole-GPU
+    request: the candidate nodes with their free GPUs, or None when the candidates do not settle
+    it. The fast path asks it on every create; on PostgreSQL it is one prepared statement, where
+    the ORM's three queries cost a third of a create (most of it building and planning them).
+    """
+    if connection.vendor != "postgresql":
+        candidates = free_candidates(request, now=now, spare=spare)
+        if not candidates:
+            return None
+        return load_snapshot(now=now, until=request.end, regions=request.regions,
+                             gpu_model_ids=request.gpu_model_ids, pool=pool_of(request.kind), free_only=True,
+                             node_ids=candidates)
+    from cloud.telemetry import fast_cursor
+
+    g = request.gpus_per_unit
+    bare_metal = request.kind == OfferingKind.BARE_METAL
+    params = {
+        "gpu_health": list(SELLABLE_HEALTH), "unusable": list(UNUSABLE_GPU_STATES),
+        "models": list(request.gpu_model_ids), "node_states": sorted(ALLOCATABLE_NODE_STATES),
+        "node_health": list(SELLABLE_HEALTH), "regions": list(request.regions), "pool": pool_of(request.kind),
+        "fabric": request.fabric_id, "attest": OperationKind.ATTEST,
+        "attesting": [OperationState.PENDING, OperationState.RUNNING], "now": now, "until": request.end, "g": g,
+        "units": request.units, "take": request.units + spare,
+    }
+    with fast_cursor() as cursor:
+        cursor.execute(_FREE_BARE_METAL_SQL if bare_metal else _FREE_BEST_FIT_SQL, params)
+        rows = cursor.fetchall()
+    if not rows or (not bare_metal and sum(len(ids) // g for *_, ids, _, _ in rows) < request.units):
+        return None
+    return Snapshot(now=now, nodes=[
+        NodeCapacity(node_id=node_id, region=region, fabric_id=fabric_id, leaf_id=leaf_id, pod=pod, pool=pool,
+                     gpu_model_id=model_id,
+                     gpus=[GPUCapacity(gpu_id=gpu_id, index=index, memory_mib=memory)
+                           for gpu_id, index, memory in zip(ids, indexes, memories, strict=True)])
+        for node_id, region, fabric_id, leaf_id, pod, pool, model_id, ids, indexes, memories in rows
+    ])
+
+
+def _free_sql(chosen: str) -> str:
+    """
+    The free-GPU statement of ``free_snapshot``: ``sellable_nodes`` and ``SELLABLE_GPU`` with no
+    allocation in the window (``_sellable``, free_only), per node; ``chosen`` picks the nodes as
+    ``free_candidates`` does. Only table names are formatted in; every value is a parameter.
+    """
+    gpu, node, region, switch = (m._meta.db_table for m in (GPU, Node, Region, Switch))
+    operation, allocation = Operation._meta.db_table, Allocation._meta.db_table
+    # The window's busy GPUs are read once and hashed: probing the allocations' index once per
+    # GPU cost half the statement on a pool of 7,000 GPUs.
+    return f"""
+        WITH busy AS MATERIALIZED (
+            SELECT a.gpu_id FROM {allocation} a
+            WHERE a.ends_at > %(now)s AND a.starts_at < %(until)s AND NOT a.archived
+        ),
+        free AS (
+            SELECT g.id, g.node_id, g.index, g.memory_mib, g.model_id, n.leaf_id
+            FROM {gpu} g JOIN {node} n ON n.id = g.node_id JOIN {region} r ON r.id = n.region_id
+            WHERE g.health = ANY(%(gpu_health)s) AND NOT (g.state = ANY(%(unusable)s))
+              AND g.model_id = ANY(%(models)s) AND NOT n.is_spare AND n.state = ANY(%(node_states)s)
+              AND n.health = ANY(%(node_health)s) AND r.slug = ANY(%(regions)s) AND n.pool = %(pool)s
+              AND (%(fabric)s::uuid IS NULL OR n.fabric_id = %(fabric)s::uuid)
+              AND NOT EXISTS (SELECT 1 FROM {operation} o WHERE o.node_id = n.id AND o.kind = %(attest)s
+                              AND o.state = ANY(%(attesting)s))
+              AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.gpu_id = g.id)
+        ),
+        per_node AS (SELECT node_id, leaf_id, count(*) AS free FROM free GROUP BY node_id, leaf_id),
+        chosen AS ({chosen})
+        SELECT n.id, r.slug, n.fabric_id, n.leaf_id, s.pod, n.pool,
+               (array_agg(f.model_id ORDER BY f.index DESC))[1],
+               array_agg(f.id ORDER BY f.index), array_agg(f.index ORDER BY f.index),
+               array_agg(f.memory_mib ORDER BY f.index)
+        FROM chosen c JOIN free f ON f.node_id = c.node_id JOIN {node} n ON n.id = c.node_id
+        JOIN {region} r ON r.id = n.region_id JOIN {switch} s ON s.id = n.leaf_id
+        GROUP BY n.id, r.slug, s.pod ORDER BY n.hostname
+    """  # noqa: S608
+
+
 def pool_of(kind: str) -> str:
     return NodePool.BARE_METAL if kind == OfferingKind.BARE_METAL else NodePool.SHARED
 
@@ -179,3 +257,12 @@ def _window_rows_postgresql(now: datetime, until: datetime, gpus):
     micro = timedelta(microseconds=1)
     return ((g, rid, EPOCH + s * micro, EPOCH + e * micro, lo, hi, spot, score)
             for g, rid, s, e, lo, hi, spot, score in rows)
+
+
+# VMs and containers: the best-fitting hosts (fewest free GPUs that still hold a unit) and a few more.
+_FREE_BEST_FIT_SQL = _free_sql("SELECT node_id FROM per_node WHERE free >= %(g)s ORDER BY free, node_id LIMIT %(take)s")
+# Bare metal: the whole-free nodes of the two leaves with the fewest of them that hold the gang.
+_FREE_BARE_METAL_SQL = _free_sql(
+    "SELECT node_id FROM per_node WHERE free = %(g)s AND leaf_id IN ("
+    "SELECT leaf_id FROM per_node WHERE free = %(g)s GROUP BY leaf_id HAVING count(*) >= %(units)s "
+    "ORDER BY count(*), leaf_id::text LIMIT 2)")

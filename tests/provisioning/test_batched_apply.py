@@ -215,18 +215,12 @@ def test_the_fast_path_reads_only_free_gpus_when_they_are_enough(world, fleet):
     """On-demand whole-GPU work is placed from the free GPUs alone; the pool with its holders is not read."""
     from provisioning import services
 
-    calls = []
-    real = services.load_snapshot
-
-    def spy(**kwargs):
-        calls.append(kwargs.get("free_only", False))
-        return real(**kwargs)
-
-    with mock.patch.object(services, "load_snapshot", spy):
+    with (mock.patch.object(services, "free_snapshot", wraps=services.free_snapshot) as free,
+          mock.patch.object(services, "load_snapshot", wraps=services.load_snapshot) as pool):
         response = world.client("t1_member").post(URL, {"name": "now", "offering": vm_offering(1).slug, "gpus": 1,
                                                         "regions": ["us-east-1"], "duration_hours": 1}, format="json")
     assert response.json()["state"] == "scheduled"
-    assert calls == [True]
+    assert free.call_count == 1 and pool.call_count == 0
 
 
 def test_free_candidates_are_the_best_fitting_hosts_and_a_whole_free_leaf(world, fleet):
