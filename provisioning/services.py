@@ -74,6 +74,15 @@ def reservation_rescore(reservation: Reservation, *, now: datetime | None = None
     ``recent``: the team's record may be a few seconds old (MERIDIAN_SCHEDULER_RECORD_REFRESH).
     """
     now = now or timezone.now()
+    breakdown = _score(reservation, now=now, recent=recent,
+                       waited_s=max(0.0, (now - reservation.submitted_at).total_seconds()))
+    Reservation.objects.filter(pk=reservation.pk).update(score=breakdown.total, score_breakdown=breakdown.as_dict())
+    reservation.score, reservation.score_breakdown = breakdown.total, breakdown.as_dict()
+    return breakdown.total
+
+
+def _score(reservation: Reservation, *, now: datetime, recent: bool, waited_s: float):
+    """The reservation's score breakdown now, from its owner's record (``recent``: a few seconds old will do)."""
     w = weights()
     if recent:
         record = team_inputs_recent(tenant=reservation.tenant_id, team=reservation.team_id,
@@ -82,14 +91,10 @@ def reservation_rescore(reservation: Reservation, *, now: datetime | None = None
     else:
         record = team_inputs(tenant=reservation.tenant_id, team=reservation.team_id,
                              gpu_model_id=reservation.gpu_model_id, now=now, weights=w)
-    breakdown = score(ScoreInputs(
+    return score(ScoreInputs(
         urgency=reservation.urgency, fulfilment_rate=record.fulfilment_rate, current_load=record.current_load,
-        waited_s=max(0.0, (now - reservation.submitted_at).total_seconds()), high_priority=record.high_priority,
-        usage_share=record.usage_share,
+        waited_s=waited_s, high_priority=record.high_priority, usage_share=record.usage_share,
     ), w)
-    Reservation.objects.filter(pk=reservation.pk).update(score=breakdown.total, score_breakdown=breakdown.as_dict())
-    reservation.score, reservation.score_breakdown = breakdown.total, breakdown.as_dict()
-    return breakdown.total
 
 
 #
@@ -116,15 +121,18 @@ def reservation_create(*, actor, ask: admission.Ask, team=None) -> Reservation:
     # One create at a time per tenant, so two racing requests cannot both pass the quota check.
     tenant = Tenant.objects.select_for_update().get(pk=actor.tenant.pk)
     admission.check_quota(tenant=tenant, team=team, ask=ask, window_start=max(ask.requested_start or now, now))
-    reservation = Reservation.objects.create(
+    reservation = Reservation(
         tenant=tenant, team=team, name=ask.name, created_by=actor.user, offering=ask.offering,
         gpu_model=ask.offering.gpu_model, spec=ask.spec, units=ask.units, gpus=ask.gpus,
         regions=[region.slug for region in ask.regions], requested_start=ask.requested_start, duration=ask.duration,
         billing_term=ask.billing_term, spot_max_price=ask.spot_max_price, eviction_policy=ask.eviction_policy,
         urgency=ask.urgency, ssh_public_key=ask.ssh_public_key, vpc=ask.vpc,
     )
-    reservation_rescore(reservation, now=now, recent=True)
-    placed = _fast_path(reservation, now)
+    # Scored before it is stored (one INSERT, no UPDATE after): it has waited nothing yet.
+    breakdown = _score(reservation, now=now, recent=True, waited_s=0.0)
+    reservation.score, reservation.score_breakdown = breakdown.total, breakdown.as_dict()
+    reservation.save(force_insert=True)
+    placed = _fast_path(reservation, now, regions={region.slug: region for region in ask.regions})
     if not placed:
         _move(reservation, R.QUEUED, reason="Waiting for the scheduler.")
     Operation.objects.create(
@@ -149,7 +157,7 @@ def team_for(actor, team):
     return team
 
 
-def _fast_path(reservation: Reservation, now: datetime) -> bool:
+def _fast_path(reservation: Reservation, now: datetime, *, regions: dict[str, Region]) -> bool:
     """Place a start-now reservation inside the request when nothing queued outranks it."""
     starts_now = reservation.requested_start is None or reservation.requested_start <= now + timedelta(seconds=1)
     if not starts_now:
@@ -178,7 +186,9 @@ def _fast_path(reservation: Reservation, now: datetime) -> bool:
     if placement is None:
         return False
     try:
-        reservation_schedule(reservation=reservation, placement=placement, actor=None, audit=False)
+        # The snapshot has just read the GPUs allocatable, in this transaction (``checked``).
+        reservation_schedule(reservation=reservation, placement=placement, actor=None, creating=True,
+                             region=regions[placement.region], checked=True)
     except CapacityTaken:
         return False  # lost the race for this capacity: the scheduler re-plans it next cycle
     return True
@@ -191,13 +201,15 @@ def _fast_path(reservation: Reservation, now: datetime) -> bool:
 
 @transaction.atomic
 def reservation_schedule(
-    *, reservation: Reservation, placement: Placement, actor=None, audit: bool = True, region: Region | None = None,
-    checked: bool = False,
+    *, reservation: Reservation, placement: Placement, actor=None, creating: bool = False,
+    region: Region | None = None, checked: bool = False,
 ) -> None:
     """
     Bind the placement's GPUs and move the reservation to ``scheduled``; evict the spot work the
     placement displaces. All or nothing: CapacityTaken when the database finds a clash. The
     scheduler passes the region and ``checked`` (GPUs verified allocatable for the whole cycle).
+    ``creating``: the fast path, inside the create, which audits the reservation and opens its
+    place operation (already succeeded) afterwards.
     """
     region = region or Region.objects.get(slug=placement.region)
     for eviction in placement.evictions:
@@ -206,9 +218,9 @@ def reservation_schedule(
                     ends_at=placement.end, checked=checked)
     _move(reservation, R.SCHEDULED, only_from={R.PENDING, R.QUEUED}, reason="", scheduled_at=timezone.now(),
           starts_at=placement.start, ends_at=placement.end, region=region, score=reservation.score)
-    Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE).exclude(
-        state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
-    if audit:
+    if not creating:
+        Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE).exclude(
+            state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
         audit_record(actor=actor, action="reservation.schedule", target=reservation, after=_snap(reservation))
     lifecycle.provision_when_due([reservation])
 

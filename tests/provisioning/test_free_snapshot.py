@@ -100,3 +100,29 @@ def test_one_statement_reads_what_the_orm_reads(world, fleet, django_assert_num_
     # and what is kept out is never read
     read = {n.node_id for r in requests if (s := free_snapshot(r, now=now)) for n in s.nodes}
     assert not read & {shared[0].pk, shared[1].pk, metal[0].pk, metal[1].pk, metal[2].pk}
+
+
+def test_a_create_placed_at_once_writes_each_row_once(world, fleet):
+    """Scored before the INSERT, its operation opened already succeeded: no UPDATE comes back to them."""
+    from django.test.utils import CaptureQueriesContext
+
+    from provisioning.services import reservation_rescore
+    from tests.world import vm_offering
+
+    body = {"name": "now", "offering": vm_offering(1).slug, "gpus": 1, "regions": ["us-east-1"], "duration_hours": 1}
+    client = world.client("t1_member")
+    with CaptureQueriesContext(connection) as queries:
+        response = client.post("/api/v1/reservations/", body, format="json")
+    assert response.json()["state"] == "scheduled", response.json()
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert not [s for s in statements if s.startswith('UPDATE "provisioning_operation"')]
+    assert len([s for s in statements if s.startswith('UPDATE "provisioning_reservation"')]) == 1  # -> scheduled
+    assert len([s for s in statements if s.startswith('SELECT "cloud_region"')]) <= 1  # the ask's, not again
+    reservation = Reservation.objects.get(pk=response.json()["id"])
+    stored = reservation.score
+    assert stored > 0 and reservation.score_breakdown["total"] == stored
+    age = next(f for f in reservation.score_breakdown["factors"] if f["name"] == "age")
+    assert age["contribution"] == 0  # scored as it was stored: it had waited nothing
+    assert reservation_rescore(reservation) > 0  # and a later rescore still works on the stored row
+    operation = Operation.objects.get(reservation=reservation, kind="place")
+    assert (operation.state, operation.progress) == ("succeeded", 100)
