@@ -71,8 +71,9 @@ class UrgencyField(serializers.Field):
 
 class ReservationCreateSerializer(StrictSerializer):
     name = serializers.CharField(max_length=100)
-    offering = serializers.SlugRelatedField(slug_field="slug", queryset=Offering.objects.filter(is_active=True),
-                                            required=False)
+    # With its GPU model: admission and the answer both name it.
+    offering = serializers.SlugRelatedField(slug_field="slug", required=False,
+                                            queryset=Offering.objects.select_related("gpu_model").filter(is_active=True))
     spec = SpecSerializer(required=False)
     gpus = StrictIntegerField(min_value=1, max_value=100_000, required=False,
                                     help_text="Whole GPUs, for VM and container offerings.")
