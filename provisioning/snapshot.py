@@ -131,9 +131,9 @@ def free_snapshot(request: Request, *, now: datetime, spare: int = 4) -> Snapsho
     g = request.gpus_per_unit
     bare_metal = request.kind == OfferingKind.BARE_METAL
     params = {
-        "gpu_health": list(SELLABLE_HEALTH), "unusable": list(UNUSABLE_GPU_STATES),
+        "health": list(SELLABLE_HEALTH), "unusable": list(UNUSABLE_GPU_STATES),
         "models": list(request.gpu_model_ids), "node_states": sorted(ALLOCATABLE_NODE_STATES),
-        "node_health": list(SELLABLE_HEALTH), "regions": list(request.regions), "pool": pool_of(request.kind),
+        "regions": list(request.regions), "pool": pool_of(request.kind),
         "fabric": request.fabric_id, "attest": OperationKind.ATTEST,
         "attesting": [OperationState.PENDING, OperationState.RUNNING], "now": now, "until": request.end, "g": g,
         "units": request.units, "take": request.units + spare,
@@ -170,9 +170,9 @@ def _free_sql(chosen: str) -> str:
         free AS (
             SELECT g.id, g.node_id, g.index, g.memory_mib, g.model_id, n.leaf_id
             FROM {gpu} g JOIN {node} n ON n.id = g.node_id JOIN {region} r ON r.id = n.region_id
-            WHERE g.health = ANY(%(gpu_health)s) AND NOT (g.state = ANY(%(unusable)s))
+            WHERE g.health = ANY(%(health)s) AND NOT (g.state = ANY(%(unusable)s))
               AND g.model_id = ANY(%(models)s) AND NOT n.is_spare AND n.state = ANY(%(node_states)s)
-              AND n.health = ANY(%(node_health)s) AND r.slug = ANY(%(regions)s) AND n.pool = %(pool)s
+              AND n.health = ANY(%(health)s) AND r.slug = ANY(%(regions)s) AND n.pool = %(pool)s
               AND (%(fabric)s::uuid IS NULL OR n.fabric_id = %(fabric)s::uuid)
               AND NOT EXISTS (SELECT 1 FROM {operation} o WHERE o.node_id = n.id AND o.kind = %(attest)s
                               AND o.state = ANY(%(attesting)s))
