@@ -8,7 +8,7 @@ Spares, nodes that are not serving, unhealthy GPUs and GPUs held by a reservatio
 
 from collections import defaultdict
 
-from django.db.models import Count, Exists, OuterRef
+from django.db.models import Count, Exists, OuterRef, Subquery
 from django.utils import timezone
 
 from .choices import GPUState, Health, NodePool, NodeState, OfferingKind
@@ -27,16 +27,21 @@ def availability(offerings: list[Offering]) -> dict:
     # Whole available bare-metal nodes per (region, GPU model).
     nodes = defaultdict(int)
     if any(o.kind == OfferingKind.BARE_METAL for o in offerings):
+        # A node's GPUs are of one model (enrolment checks it): the node is counted under it, one
+        # row per node -- joining its GPUs made eight rows a node to sort and count distinct.
+        of_model = GPU.objects.filter(node=OuterRef("pk"), model_id__in=model_ids)
         rows = (
-            Node.objects.filter(pool=NodePool.BARE_METAL, state=NodeState.AVAILABLE, is_spare=False,
-                                health__in=SELLABLE_HEALTH, gpus__model_id__in=model_ids)
-            .exclude(gpus__health__in=[Health.FAILED, Health.UNKNOWN])  # a whole node sells only whole
+            Node.objects.filter(Exists(of_model), pool=NodePool.BARE_METAL, state=NodeState.AVAILABLE,
+                                is_spare=False, health__in=SELLABLE_HEALTH)
+            # a whole node sells only whole
+            .exclude(Exists(GPU.objects.filter(node=OuterRef("pk"), health__in=[Health.FAILED, Health.UNKNOWN])))
             .exclude(Exists(held_now.filter(node=OuterRef("pk"))))
-            .values("region__slug", "gpus__model_id")
-            .annotate(n=Count("id", distinct=True))
+            .annotate(gpu_model=Subquery(of_model.order_by().values("model_id")[:1]))
+            .values("region__slug", "gpu_model")
+            .annotate(n=Count("id"))
         )
         for row in rows:
-            nodes[(row["region__slug"], row["gpus__model_id"])] += row["n"]
+            nodes[(row["region__slug"], row["gpu_model"])] += row["n"]
     # Available GPUs per shared host, kept per host because a unit cannot span hosts.
     per_host = defaultdict(list)
     if any(o.kind != OfferingKind.BARE_METAL for o in offerings):

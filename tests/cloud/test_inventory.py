@@ -263,6 +263,34 @@ def test_mig_and_fractional_offerings_count_slots():
 
 
 @pytest.mark.django_db
+def test_bare_metal_node_sells_only_whole_and_free_now(world):
+    """A node with one failed or unknown GPU is not sold whole; one held now is not free; a later hold is."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from provisioning.models import Allocation
+    from tests.provisioning.factories import make_reservation
+
+    nodes = [n for n in small_fleet(8) if n.pool == NodePool.BARE_METAL and not n.is_spare]
+    o = offering(OfferingKind.BARE_METAL, gpus_per_unit=8)
+    assert units(o) == {"units": 5, "gpus": 40}
+    GPU.objects.filter(node=nodes[0], index=7).update(health=Health.FAILED)
+    GPU.objects.filter(node=nodes[1], index=0).update(health=Health.UNKNOWN)
+    GPU.objects.filter(node=nodes[2], index=0).update(health=Health.DEGRADED)  # still sold
+    assert units(o) == {"units": 3, "gpus": 24}
+    now = timezone.now()
+    holder = make_reservation(world, state="scheduled")
+    first = nodes[3].gpus.first()
+    Allocation.objects.create(reservation=holder, gpu=first, node=nodes[3], mem_lo=0, mem_hi=first.memory_mib,
+                              starts_at=now - timedelta(minutes=5), ends_at=now + timedelta(hours=1))
+    later = nodes[4].gpus.first()
+    Allocation.objects.create(reservation=holder, gpu=later, node=nodes[4], mem_lo=0, mem_hi=later.memory_mib,
+                              starts_at=now + timedelta(hours=2), ends_at=now + timedelta(hours=3))
+    assert units(o) == {"units": 2, "gpus": 16}
+
+
+@pytest.mark.django_db
 def test_availability_is_per_gpu_model_and_region():
     """An offering counts only its own GPU model: the H200 region does not lend its nodes to H100s."""
     build_fleet(FleetSpec(regions=2, nodes_per_fabric=8, spare_ratio=0.25, shared_ratio=0.25))
