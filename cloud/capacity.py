@@ -8,7 +8,7 @@ Spares, nodes that are not serving, unhealthy GPUs and GPUs held by a reservatio
 
 from collections import defaultdict
 
-from django.db.models import Count, Exists, OuterRef, Subquery
+from django.db.models import Count, Exists, OuterRef, Subquery, UUIDField
 from django.utils import timezone
 
 from .choices import GPUState, Health, NodePool, NodeState, OfferingKind
@@ -36,7 +36,8 @@ def availability(offerings: list[Offering]) -> dict:
             # a whole node sells only whole
             .exclude(Exists(GPU.objects.filter(node=OuterRef("pk"), health__in=[Health.FAILED, Health.UNKNOWN])))
             .exclude(Exists(held_now.filter(node=OuterRef("pk"))))
-            .annotate(gpu_model=Subquery(of_model.order_by().values("model_id")[:1]))
+            # typed, so SQLite's text ids come back as UUIDs like the offerings' model ids
+            .annotate(gpu_model=Subquery(of_model.order_by().values("model_id")[:1], output_field=UUIDField()))
             .values("region__slug", "gpu_model")
             .annotate(n=Count("id"))
         )
