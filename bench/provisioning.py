@@ -3,7 +3,10 @@ Provisioning throughput through real Celery workers on RabbitMQ, with zero-laten
 drivers: BENCH_RESERVATIONS (300) scheduled 1-GPU VMs taken from ``scheduled`` to ``active``
 (a start task, then the steps define_domain, start_domain, join_network, verify, hand_over,
 chained in one task for up to MERIDIAN_STEP_CHAIN_SECONDS), with 1 and with 2 worker processes
-(prefork, BENCH_CONCURRENCY pool processes each, 1 by default; BENCH_WORKERS="1,2").
+(prefork, BENCH_CONCURRENCY pool processes each, 1 by default; BENCH_WORKERS="1,2"). The starts
+are sent as a scheduler cycle sends the reservations it placed: BENCH_STARTS_PER_MESSAGE (the
+lifecycle's STARTS_PER_TASK, 8) a message, whose operations then go through their steps as one
+batch; BENCH_STARTS_PER_MESSAGE=1 sends one a message, as a create placed at once does.
 Reservations per second from the first start sent to the last one active, and each one's time
 from its start to ``active`` (p50, p99). The chain includes attestation (``verify``: a nonce, the
 simulated GPUs' signed evidence, its verification and receipt), which the issue's target left
@@ -42,7 +45,8 @@ RESERVATIONS = int(os.environ.get("BENCH_RESERVATIONS", "300"))
 WORKERS = [int(n) for n in os.environ.get("BENCH_WORKERS", "1,2").split(",")]
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "1"))  # pool processes per worker
 ATTESTATION = os.environ.get("BENCH_ATTESTATION", "on") != "off"
-IN_PROCESS = int(os.environ.get("BENCH_IN_PROCESS", "50"))
+IN_PROCESS = int(os.environ.get("BENCH_IN_PROCESS", "48"))
+STARTS_PER_MESSAGE = int(os.environ.get("BENCH_STARTS_PER_MESSAGE", "0"))  # 0: the lifecycle's STARTS_PER_TASK
 TARGET_PER_S = 50.0
 QUEUE = f"meridian-bench-{uuid.uuid4().hex[:8]}"
 
@@ -127,11 +131,28 @@ def start_workers(count: int, env: dict) -> list[subprocess.Popen]:
     return workers
 
 
+def starts_per_message() -> int:
+    from provisioning import lifecycle
+
+    return STARTS_PER_MESSAGE or lifecycle.STARTS_PER_TASK
+
+
+def send_starts(ids: list[str]) -> None:
+    """The scheduler's own publishing of what it placed (provisioning.lifecycle), at the size chosen."""
+    from provisioning import lifecycle
+
+    held = lifecycle.STARTS_PER_TASK
+    lifecycle.STARTS_PER_TASK = starts_per_message()
+    try:
+        lifecycle._publish_starts(ids)
+    finally:
+        lifecycle.STARTS_PER_TASK = held
+
+
 def through_workers(principal, offering, workers: int) -> dict:
     from django.db.models import F
 
     from provisioning.models import Operation, Reservation
-    from provisioning.tasks import reservation_start
 
     reset()
     ids = schedule(principal, offering, RESERVATIONS)
@@ -140,8 +161,7 @@ def through_workers(principal, offering, workers: int) -> dict:
     try:
         sent = time.time()
         began = time.perf_counter()
-        for pk in ids:
-            reservation_start.delay(pk)
+        send_starts(ids)
         deadline = time.monotonic() + 600
         while (active := Reservation.objects.filter(state="active").count()) < len(ids):
             if time.monotonic() > deadline:
@@ -156,7 +176,8 @@ def through_workers(principal, offering, workers: int) -> dict:
     done = Operation.objects.filter(kind="provision", state="succeeded").annotate(
         took=F("finished_at") - F("created_at")).values_list("finished_at", flat=True)
     to_active = [(finished.timestamp() - sent) * 1000 for finished in done]
-    return {"workers": workers, "pool_per_worker": CONCURRENCY, "reservations": len(ids), "seconds": round(elapsed, 2),
+    return {"workers": workers, "pool_per_worker": CONCURRENCY, "reservations": len(ids),
+            "starts_per_message": starts_per_message(), "seconds": round(elapsed, 2),
             "per_s": round(len(ids) / elapsed, 1), "to_active_ms_p50": round(percentile(to_active, 50), 1),
             "to_active_ms_p99": round(percentile(to_active, 99), 1)}
 
@@ -198,13 +219,14 @@ def in_process(principal, offering) -> dict:
         with connection.execute_wrapper(count):
             yield sent
 
-    figures = {}
+    figures = {"starts_per_message": starts_per_message()}
     with counted() as queries:
         began = time.perf_counter()
         hops = 0
-        for pk in ids:
+        per_message = starts_per_message()
+        for first in range(0, len(ids), per_message):
             hops += 1
-            lifecycle.reservation_provision_start(pk)
+            lifecycle.reservations_start(ids[first:first + per_message])
             hops += drain()
         elapsed = time.perf_counter() - began
     assert Reservation.objects.filter(pk__in=ids, state="active").count() == len(ids)

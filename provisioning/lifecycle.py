@@ -20,12 +20,13 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from cloud.choices import GPUState, Health, NodePool, NodeState, OfferingKind
@@ -55,17 +56,22 @@ def pipeline_of(operation: Operation) -> list:
     return PIPELINES[(operation.kind, kind)]
 
 
-def _enqueue(operation: Operation | str, step: str, countdown: float = 0) -> None:
+def _enqueue(operations: Operation | str | list, step: str, countdown: float = 0) -> None:
     """
-    Send ``step`` of the operation to the workers, after the commit, under a new dispatch token:
-    the operation then answers only this message (an older one, redelivered, is skipped).
+    Send ``step`` of the operation (or of a batch of operations at that step: one message for
+    them all) to the workers, after the commit, under a new dispatch token: the operations then
+    answer only this message (an older one, redelivered, is skipped).
     """
     from .tasks import operation_step
 
-    operation_id = str(getattr(operation, "pk", operation))
+    batch = operations if isinstance(operations, list) else [operations]
+    ids = [str(getattr(operation, "pk", operation)) for operation in batch]
+    if not ids:
+        return
     token = secrets.token_hex(8)
-    Operation.objects.filter(pk=operation_id).update(dispatch=token)
-    transaction.on_commit(lambda: operation_step.apply_async((operation_id, step, token), countdown=countdown))
+    Operation.objects.filter(pk__in=ids).update(dispatch=token)
+    carried = ids if isinstance(operations, list) else ids[0]
+    transaction.on_commit(lambda: operation_step.apply_async((carried, step, token), countdown=countdown))
 
 
 # Reservations started by one task: a scheduler cycle places hundreds at once, and one message
@@ -94,15 +100,22 @@ def _publish_starts(reservation_ids: list[str]) -> None:
 def reservations_start(reservation_ids: list[str]) -> int:
     """
     ``reservation_provision_start`` for each, each in its own transaction: one that fails is
-    logged and left to the tick, the others go on. Returns how many started.
+    logged and left to the tick, the others go on. The operations started go through their steps
+    together: one message for those at the same first step. Returns how many started.
     """
-    started = 0
+    started: dict[str, list[Operation]] = defaultdict(list)
     for reservation_id in reservation_ids:
         try:
-            started += reservation_provision_start(reservation_id) is not None
+            operation = reservation_provision_start(reservation_id, enqueue=False)
         except Exception:
             log.exception("Starting reservation %s failed; the lifecycle tick tries again.", reservation_id)
-    return started
+            continue
+        if operation is not None:
+            started[operation.step].append(operation)
+    # A worker lost before this (autocommitted) dispatch leaves them pending: the reaper resumes them.
+    for step, operations in started.items():
+        _enqueue(operations, step)
+    return sum(len(operations) for operations in started.values())
 
 
 def _move_gpus(gpu_ids, source: str, target: str) -> int:
@@ -127,11 +140,12 @@ def _move_reservation(reservation: Reservation, target: str, *, only_from, reaso
 
 
 @transaction.atomic
-def reservation_provision_start(reservation_id, *, now=None) -> Operation | None:
+def reservation_provision_start(reservation_id, *, now=None, enqueue: bool = True) -> Operation | None:
     """
     Begin provisioning a scheduled reservation whose window has opened: one instance per unit,
-    its nodes (bare metal) or GPUs (whole GPUs on shared hosts) taken, the first step enqueued.
-    None when it is not due, moved on, or its nodes are still being cleaned (the tick retries).
+    its nodes (bare metal) or GPUs (whole GPUs on shared hosts) taken, the first step enqueued
+    (unless ``enqueue`` is off: the caller sends it with others). None when it is not due, moved
+    on, or its nodes are still being cleaned (the tick retries).
     """
     reservation = (Reservation.objects.select_for_update(of=("self",)).select_related("offering", "region")
                    .filter(pk=reservation_id).first())
@@ -172,7 +186,8 @@ def reservation_provision_start(reservation_id, *, now=None) -> Operation | None
     _create_instances(reservation, allocations, operation)
     audit_record(actor=None, action="reservation.provision", target=reservation,
                  after={"state": R.PROVISIONING, "operation": str(operation.pk)})
-    _enqueue(operation, steps[0].name)
+    if enqueue:
+        _enqueue(operation, steps[0].name)
     return operation
 
 
@@ -305,24 +320,32 @@ def idle_nodes_due(now, limit: int):
 #
 
 
-def operation_run_step(operation_id, step: str, dispatch: str | None = None) -> str:
+def operation_run_step(operation_ids, step: str, dispatch: str | None = None) -> str | dict[str, str]:
     """
-    Run ``step`` of the operation if that is where it stands, then -- for a message that carries
-    the operation's dispatch token -- the steps after it in the same task while
-    MERIDIAN_STEP_CHAIN_SECONDS last (a task per step cost more than the steps of a VM); the
-    next step is enqueued when the time is up or a step must wait or retry. A redelivered chain
-    (its worker was lost) carries the token still and goes on where the operation stands; an
-    older message is skipped. Returns what happened last ("done", "skipped", "waiting",
-    "retrying", "failed"). Drivers are called outside any transaction.
+    Run ``step`` of the operations that stand there: one operation id, or a batch sent under one
+    dispatch token (reservations started together go through their steps together, their
+    bookkeeping in one statement per step for them all). Then -- for a message that carries the
+    operations' dispatch token -- the steps after it in the same task while
+    MERIDIAN_STEP_CHAIN_SECONDS last (a task per step cost more than the steps of a VM); the next
+    step is enqueued when the time is up. An operation whose step must wait, retry or fail leaves
+    the batch with a message of its own. A redelivered chain (its worker was lost) carries the
+    token still and goes on where each operation stands; an older message is skipped. Returns what
+    happened last ("done", "skipped", "waiting", "retrying", "failed"): for one id, as a string;
+    for a batch, by operation id. Drivers are called outside any transaction.
     """
+    single = not isinstance(operation_ids, list | tuple)
+    ids = [str(operation_ids)] if single else [str(pk) for pk in operation_ids]
     deadline = time.monotonic() + settings.MERIDIAN_STEP_CHAIN_SECONDS
-    chained = None
+    outcomes: dict[str, str] = {}
+    chained: list[Chained] = []
     while True:
-        outcome = _run_step(operation_id, step, dispatch, chain=dispatch is not None and time.monotonic() < deadline,
-                            chained=chained)
-        if not isinstance(outcome, Chained):
-            return outcome
-        chained = outcome
+        chain = dispatch is not None and time.monotonic() < deadline
+        ran = _run_steps(ids, step, dispatch, chain=chain) if not chained else _run_chained(chained, dispatch,
+                                                                                            chain=chain)
+        chained = [outcome for outcome in ran.values() if isinstance(outcome, Chained)]
+        outcomes.update({pk: outcome for pk, outcome in ran.items() if not isinstance(outcome, Chained)})
+        if not chained:
+            return outcomes.get(ids[0], "skipped") if single else outcomes
 
 
 @dataclass
@@ -338,62 +361,96 @@ class Chained:
     context: Context
 
 
-def _run_step(operation_id, step: str, dispatch: str | None, *, chain: bool, chained: Chained | None = None):
-    if chained is not None:
-        context, run = chained.context, chained.run
-        operation = context.operation
-        return _step_run(operation, run, context, pipeline_of(operation), run.attempt, chain=chain, dispatch=dispatch)
-    operation = (Operation.objects.select_related("reservation__offering", "reservation__region",
-                                                  "reservation__vpc__fabric__region", "node__region")
-                 .filter(pk=operation_id).first())
-    if operation is None or operation.is_finished:
-        return "skipped"  # done already: a redelivery, or a stopped operation
-    if dispatch is not None:
-        if operation.dispatch != dispatch:
-            return "skipped"  # a newer message carries the operation (a retry, a resume, a later step)
-        step = operation.step  # the chain this message carried may have gone past the step it named
-    elif operation.step != step:
-        return "skipped"
-    steps = pipeline_of(operation)
-    attempt = operation.attempt + 1
-    if operation.attempt:
+OPERATION_WITH = ("reservation__offering", "reservation__region", "reservation__vpc__fabric__region", "node__region")
+
+
+def _run_steps(ids: list[str], step: str, dispatch: str | None, *, chain: bool) -> dict:
+    """The first step a message carries: the operations that answer it are marked running at it, then run."""
+    operations = list(Operation.objects.select_related(*OPERATION_WITH).filter(pk__in=ids).order_by("pk"))
+    outcomes: dict = {pk: "skipped" for pk in ids}  # gone: nothing to do
+    ready = []
+    for operation in operations:
+        if operation.is_finished:
+            continue  # done already: a redelivery, or a stopped operation
+        if dispatch is not None and operation.dispatch != dispatch:
+            continue  # a newer message carries the operation (a retry, a resume, a later step)
+        if dispatch is None and operation.step != step:
+            continue
+        # With a token, the chain this message carried may have gone past the step it named.
+        ready.append(operation)
+    lost = [operation for operation in ready if operation.attempt]
+    if lost:
         # A run still "running" here lost its worker (this is its redelivery or the reaper's resume).
-        StepRun.objects.filter(operation=operation, name=step, state=StepState.RUNNING).update(
+        lost_runs = Q()
+        for operation in lost:
+            lost_runs |= Q(operation=operation, name=operation.step)
+        StepRun.objects.filter(lost_runs, state=StepState.RUNNING).update(
             state=StepState.FAILED, error="The worker was lost during this step; it ran again.",
             finished_at=timezone.now())
-    if attempt > _attempt_limit(operation):
+    for operation in [operation for operation in ready if operation.attempt + 1 > _attempt_limit(operation)]:
         # Every delivery so far died with its worker (out of memory, a driver crash): stop here.
-        run = StepRun.objects.create(operation=operation, node=operation.node, name=step, attempt=attempt)
-        node = operation.node or next((i.node for i in _context(operation).instances), None)
+        attempt = operation.attempt + 1
+        run = StepRun.objects.create(operation=operation, node=operation.node, name=operation.step, attempt=attempt)
+        node = operation.node or next((i.node for i in _contexts([operation])[operation.pk].instances), None)
         if node is not None:
-            return _step_failed(operation, run, NodeFault(node, "the step's worker died on every attempt",
-                                                          transient=False), attempt)
-    Operation.objects.filter(pk=operation.pk).update(state=OperationState.RUNNING, attempt=attempt,
-                                                     updated_at=timezone.now())
-    run = StepRun.objects.create(operation=operation, node=operation.node, name=step, attempt=attempt)
-    return _step_run(operation, run, _context(operation), steps, attempt, chain=chain, dispatch=dispatch)
+            ready.remove(operation)
+            outcomes[str(operation.pk)] = _step_failed(
+                operation, run, NodeFault(node, "the step's worker died on every attempt", transient=False), attempt)
+    if not ready:
+        return outcomes
+    Operation.objects.filter(pk__in=[operation.pk for operation in ready]).update(
+        state=OperationState.RUNNING, attempt=F("attempt") + 1, updated_at=timezone.now())
+    for operation in ready:
+        operation.attempt += 1
+        operation.state = OperationState.RUNNING
+    runs = StepRun.objects.bulk_create([StepRun(operation=operation, node=operation.node, name=operation.step,
+                                                attempt=operation.attempt) for operation in ready])
+    contexts = _contexts(ready)
+    return outcomes | _run_batch([(contexts[run.operation.pk], run) for run in runs], dispatch, chain=chain)
 
 
-def _step_run(operation: Operation, run: StepRun, context: Context, steps: list, attempt: int, *,
-              chain: bool, dispatch: str | None):
-    """Run the step ``run`` records (the operation marked running at it), and record how it went."""
-    step, names = run.name, [s.name for s in steps]
-    try:
-        if operation.kind == OperationKind.RELEASE:
-            _wait_for_provisioning(context)
-        steps[names.index(step)].run(context)
-    except NodeFault as fault:
-        return _step_failed(operation, run, fault, attempt)
-    except Exception as exc:
-        # A bug or an unexpected answer: retried like a transient error, then failed for good,
-        # never left running until the reaper finds it.
-        log.exception("Step %s of operation %s raised", step, operation.pk)
-        node = operation.node or next((i.node for i in context.instances), None)
-        if node is None:
-            raise
-        return _step_failed(operation, run, NodeFault(node, f"unexpected error: {type(exc).__name__}: {exc}",
-                                                      transient=True), attempt)
-    return _step_succeeded(operation, run, names, chain=chain, dispatch=dispatch, context=context)
+def _run_chained(chained: list[Chained], dispatch: str | None, *, chain: bool) -> dict:
+    return _run_batch([(link.context, link.run) for link in chained], dispatch, chain=chain)
+
+
+def _run_batch(batch: list[tuple[Context, StepRun]], dispatch: str | None, *, chain: bool) -> dict:
+    """
+    Run each operation's step (its operation marked running at it); the ones that succeeded are
+    recorded together, the others one by one (a wait, a retry or a failure is the operation's own).
+    """
+    outcomes, succeeded, unexpected = {}, [], None
+    for context, run in batch:
+        operation = context.operation
+        try:
+            _step_body(context, run)
+        except NodeFault as fault:
+            outcomes[str(operation.pk)] = _step_failed(operation, run, fault, run.attempt)
+            continue
+        except Exception as exc:
+            # A bug or an unexpected answer: retried like a transient error, then failed for good,
+            # never left running until the reaper finds it.
+            log.exception("Step %s of operation %s raised", run.name, operation.pk)
+            node = operation.node or next((i.node for i in context.instances), None)
+            if node is None:
+                unexpected = unexpected or exc  # raised once the others are recorded
+                continue
+            outcomes[str(operation.pk)] = _step_failed(operation, run, NodeFault(
+                node, f"unexpected error: {type(exc).__name__}: {exc}", transient=True), run.attempt)
+            continue
+        succeeded.append((context, run))
+    if succeeded:
+        outcomes |= _steps_succeeded(succeeded, chain=chain, dispatch=dispatch)
+    if unexpected is not None:
+        raise unexpected
+    return outcomes
+
+
+def _step_body(context: Context, run: StepRun) -> None:
+    operation = context.operation
+    if operation.kind == OperationKind.RELEASE:
+        _wait_for_provisioning(context)
+    steps = pipeline_of(operation)
+    steps[[s.name for s in steps].index(run.name)].run(context)
 
 
 def _wait_for_provisioning(context: Context) -> None:
@@ -411,20 +468,40 @@ def _wait_for_provisioning(context: Context) -> None:
 
 def _instances_of(operation: Operation):
     """The instances this operation works on: its own, still in the state it moves them from."""
-    if operation.kind == OperationKind.RELEASE:
-        return Instance.objects.filter(released_by=operation, state=InstanceState.RELEASING)
-    return Instance.objects.filter(provisioned_by=operation, state=InstanceState.PROVISIONING)
+    return _instances_of_many([operation])
+
+
+def _instances_of_many(operations: list[Operation]):
+    """The instances these operations work on (a provisioning's or a cleaning's, not both)."""
+    if operations[0].kind == OperationKind.RELEASE:
+        return Instance.objects.filter(released_by__in=operations, state=InstanceState.RELEASING)
+    return Instance.objects.filter(provisioned_by__in=operations, state=InstanceState.PROVISIONING)
 
 
 def _context(operation: Operation) -> Context:
-    reservation = operation.reservation
-    instances = list(_instances_of(operation).select_related("node__region", "node__fabric__region")) \
-        if reservation else []
-    # The hardware's region picks the drivers (a re-queued reservation has no region of its own).
-    node = operation.node or (instances[0].node if instances else None)
-    region = node.region.slug if node else reservation.region.slug
-    return Context(operation=operation, drivers=drivers_for(region), reservation=reservation, instances=instances,
-                   node=operation.node)
+    return _contexts([operation])[operation.pk]
+
+
+def _contexts(operations: list[Operation]) -> dict:
+    """Each operation's context, their instances read in one query per kind of operation."""
+    instances: dict = {operation.pk: [] for operation in operations}
+    releasing = [operation for operation in operations if operation.kind == OperationKind.RELEASE]
+    for group in (releasing, [operation for operation in operations if operation.kind != OperationKind.RELEASE]):
+        with_reservation = [operation for operation in group if operation.reservation_id]
+        if not with_reservation:
+            continue
+        owner = "released_by_id" if group is releasing else "provisioned_by_id"
+        for instance in _instances_of_many(with_reservation).select_related("node__region", "node__fabric__region"):
+            instances[getattr(instance, owner)].append(instance)
+    contexts = {}
+    for operation in operations:
+        mine = instances[operation.pk]
+        # The hardware's region picks the drivers (a re-queued reservation has no region of its own).
+        node = operation.node or (mine[0].node if mine else None)
+        region = node.region.slug if node else operation.reservation.region.slug
+        contexts[operation.pk] = Context(operation=operation, drivers=drivers_for(region),
+                                         reservation=operation.reservation, instances=mine, node=operation.node)
+    return contexts
 
 
 def _lock(operation: Operation) -> Operation:
@@ -432,48 +509,88 @@ def _lock(operation: Operation) -> Operation:
     Lock the reservation, then the operation: the order services take them in (a cancel moves the
     reservation, then stops its operations), so the two never wait on each other in a deadlock.
     """
-    if operation.reservation_id:
-        Reservation.objects.select_for_update().filter(pk=operation.reservation_id).values_list("pk").first()
-    return Operation.objects.select_for_update().get(pk=operation.pk)
+    return _lock_many([operation])[operation.pk]
+
+
+def _lock_many(operations: list[Operation]) -> dict:
+    """``_lock`` for a batch: the reservations, then the operations, each in key order (no deadlock between batches)."""
+    reservations = sorted({operation.reservation_id for operation in operations if operation.reservation_id})
+    if reservations:
+        list(Reservation.objects.select_for_update().filter(pk__in=reservations).order_by("pk").values_list("pk"))
+    locked = (Operation.objects.select_for_update(of=("self",)).select_related(*OPERATION_WITH)
+              .filter(pk__in=[operation.pk for operation in operations]).order_by("pk"))
+    return {operation.pk: operation for operation in locked}
 
 
 @transaction.atomic
-def _step_succeeded(operation: Operation, run: StepRun, names: list[str], *, chain: bool = False,
-                    dispatch: str | None = None, context: Context | None = None) -> str | Chained:
+def _steps_succeeded(succeeded: list[tuple[Context, StepRun]], *, chain: bool = False,
+                     dispatch: str | None = None) -> dict:
     """
-    The operation moves to its next step, or finishes. With ``chain`` the next step runs in this
+    Each operation moves to its next step, or finishes. With ``chain`` the next step runs in this
     task: it is marked running and its StepRun recorded here, in the same transaction, and it works
     on the instances still the operation's -- unless a newer message carries the operation now (the
-    reaper resumed it): then, as without ``chain``, the next step is sent out as a new task.
+    reaper resumed it): then, as without ``chain``, the next step is sent out as a new task (one
+    message for the operations that go on together).
     """
-    locked = _lock(operation)
+    locked = _lock_many([context.operation for context, _ in succeeded])
     now = timezone.now()
-    StepRun.objects.filter(pk=run.pk).update(state=StepState.SUCCEEDED, finished_at=now)
-    if locked.is_finished or locked.step != run.name:
-        return "skipped"  # stopped meanwhile (the reservation was released)
-    index = names.index(run.name)
-    if index + 1 < len(names):
-        following, progress = names[index + 1], round(100 * (index + 1) / len(names))
-        if chain and context is not None and locked.dispatch == dispatch:
-            if context.reservation is not None:
-                # What a step reloaded before: instances failed meanwhile (their node or GPUs lost,
-                # provisioning.replacement) are no longer this operation's to work on.
-                live = set(_instances_of(locked).values_list("pk", flat=True))
-                context.instances = [instance for instance in context.instances if instance.pk in live]
-            Operation.objects.filter(pk=locked.pk).update(step=following, attempt=1, error="", progress=progress,
-                                                          state=OperationState.RUNNING, updated_at=now)
-            operation.step, operation.attempt, operation.state = following, 1, OperationState.RUNNING
-            return Chained(run=StepRun.objects.create(operation=operation, node=operation.node, name=following,
-                                                      attempt=1), context=context)
-        # A newer message (the reaper's) may be running this very step at once, and then finds the
-        # operation moved on and stops: the next step goes out under a new token either way, so one
-        # message always carries the operation.
-        Operation.objects.filter(pk=locked.pk).update(step=following, attempt=0, error="", progress=progress,
-                                                      updated_at=now)
-        _enqueue(locked, following)
-        return "done"
-    _finish(locked)
-    return "done"
+    StepRun.objects.filter(pk__in=[run.pk for _, run in succeeded]).update(state=StepState.SUCCEEDED,
+                                                                            finished_at=now)
+    outcomes: dict = {}
+    going_on, sent_out = defaultdict(list), defaultdict(list)  # by (next step, progress)
+    for context, run in succeeded:
+        operation = context.operation
+        current = locked.get(operation.pk)
+        if current is None or current.is_finished or current.step != run.name:
+            outcomes[str(operation.pk)] = "skipped"  # stopped meanwhile (the reservation was released)
+            continue
+        names = [step.name for step in pipeline_of(current)]
+        index = names.index(run.name)
+        if index + 1 == len(names):
+            _finish(current)
+            outcomes[str(operation.pk)] = "done"
+            continue
+        following = (names[index + 1], round(100 * (index + 1) / len(names)))
+        if chain and current.dispatch == dispatch:
+            going_on[following].append(context)
+        else:
+            # A newer message (the reaper's) may be running this very step at once, and then finds the
+            # operation moved on and stops: the next step goes out under a new token either way, so one
+            # message always carries the operation.
+            sent_out[following].append(current)
+    for (step, progress), operations in sent_out.items():
+        Operation.objects.filter(pk__in=[operation.pk for operation in operations]).update(
+            step=step, attempt=0, error="", progress=progress, updated_at=now)
+        _enqueue(operations, step)
+        outcomes |= {str(operation.pk): "done" for operation in operations}
+    contexts = [context for group in going_on.values() for context in group]
+    if contexts:
+        _keep_live_instances(contexts)
+    runs = []
+    for (step, progress), group in going_on.items():
+        Operation.objects.filter(pk__in=[context.operation.pk for context in group]).update(
+            step=step, attempt=1, error="", progress=progress, state=OperationState.RUNNING, updated_at=now)
+        for context in group:
+            operation = context.operation
+            operation.step, operation.attempt, operation.state = step, 1, OperationState.RUNNING
+            runs.append(StepRun(operation=operation, node=operation.node, name=step, attempt=1))
+    by_operation = {context.operation.pk: context for context in contexts}
+    for run in StepRun.objects.bulk_create(runs):
+        outcomes[str(run.operation.pk)] = Chained(run=run, context=by_operation[run.operation.pk])
+    return outcomes
+
+
+def _keep_live_instances(contexts: list[Context]) -> None:
+    """
+    What a step reloaded before: instances failed meanwhile (their node or GPUs lost,
+    provisioning.replacement) are no longer their operation's to work on.
+    """
+    with_reservation = [context for context in contexts if context.reservation is not None]
+    for kind in {context.operation.kind for context in with_reservation}:
+        group = [context for context in with_reservation if context.operation.kind == kind]
+        live = set(_instances_of_many([context.operation for context in group]).values_list("pk", flat=True))
+        for context in group:
+            context.instances = [instance for instance in context.instances if instance.pk in live]
 
 
 @transaction.atomic

@@ -22,8 +22,11 @@ def idempotency_key_prune() -> int:
 
 
 @shared_task(name="provisioning.operation_step")
-def operation_step(operation_id: str, step: str, dispatch: str | None = None) -> str:
-    """Run a step of a provisioning, release or validation operation (and the quick ones after it)."""
+def operation_step(operation_id: str | list[str], step: str, dispatch: str | None = None) -> str | dict[str, str]:
+    """
+    Run a step of a provisioning, release or validation operation -- or of a batch of them, sent
+    together -- and the quick ones after it.
+    """
     from .lifecycle import operation_run_step
 
     return operation_run_step(operation_id, step, dispatch)

@@ -18,6 +18,7 @@ class Steps:
         self.queue: deque = deque()
         self.ran: list[tuple[str, str, str]] = []  # (operation kind, step, outcome)
         self.countdowns: list[float] = []  # of retries
+        self.together = False
 
     def enqueue(self, operation, step, countdown=0):
         """What lifecycle._enqueue does, with the message kept here: a new dispatch token, then the step."""
@@ -25,11 +26,16 @@ class Steps:
 
         if countdown:
             self.countdowns.append(countdown)
-        pk, token = str(getattr(operation, "pk", operation)), uuid.uuid4().hex[:16]
-        Operation.objects.filter(pk=pk).update(dispatch=token)
-        self.queue.append(("step", pk, step, token))
+        batch = operation if isinstance(operation, list) else [operation]
+        ids, token = [str(getattr(one, "pk", one)) for one in batch], uuid.uuid4().hex[:16]
+        Operation.objects.filter(pk__in=ids).update(dispatch=token)
+        self.queue.append(("step", ids if isinstance(operation, list) else ids[0], step, token))
 
     def when_due(self, reservations):
+        """Started one by one, or -- ``together`` set -- in one message, as a scheduler cycle sends them."""
+        if self.together:
+            self.queue.append(("starts", [str(reservation.pk) for reservation in reservations], None, None))
+            return
         for reservation in reservations:
             self.queue.append(("start", str(reservation.pk), None, None))
 
@@ -48,8 +54,14 @@ class Steps:
                 if what == "start":
                     lifecycle.reservation_provision_start(pk)
                     continue
-                kind = Operation.objects.filter(pk=pk).values_list("kind", flat=True).first()
-                self.ran.append((kind, step, lifecycle.operation_run_step(pk, step, token)))
+                if what == "starts":
+                    lifecycle.reservations_start(pk)
+                    continue
+                outcomes = lifecycle.operation_run_step(pk, step, token)
+                if not isinstance(outcomes, dict):
+                    outcomes = {pk: outcomes}
+                kinds = dict(Operation.objects.filter(pk__in=list(outcomes)).values_list("pk", "kind"))
+                self.ran += [(kinds.get(uuid.UUID(key)), step, outcome) for key, outcome in outcomes.items()]
             except BaseException as exc:
                 if redeliver is None or not isinstance(exc, redeliver):
                     raise

@@ -272,11 +272,14 @@ def test_work_due_now_is_started_a_few_reservations_per_message(db, monkeypatch,
 def test_one_start_that_fails_does_not_stop_the_others(monkeypatch, caplog):
     from provisioning import lifecycle
 
-    def start(reservation_id):
+    def start(reservation_id, **_):
         if reservation_id == "bad":
             raise RuntimeError("driver exploded")
-        return object()
+        return mock.Mock(pk=reservation_id, step="define_domain")
 
+    sent = []
     monkeypatch.setattr(lifecycle, "reservation_provision_start", start)
+    monkeypatch.setattr(lifecycle, "_enqueue", lambda operations, step: sent.append(([o.pk for o in operations], step)))
     assert lifecycle.reservations_start(["a", "bad", "c"]) == 2
     assert "Starting reservation bad failed" in caplog.text
+    assert sent == [(["a", "c"], "define_domain")]  # the started go on together, in one message

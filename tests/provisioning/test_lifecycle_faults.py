@@ -66,16 +66,17 @@ def test_a_step_redone_after_a_lost_worker_does_not_repeat_its_side_effects(worl
     step that died, not from the step it named.
     """
     settings.MERIDIAN_STEP_CHAIN_SECONDS = chain_s
-    real = lifecycle._step_succeeded
+    real = lifecycle._steps_succeeded
     crashed = set()
 
-    def crash_once_before_commit(operation, run, names, **kwargs):
-        if (operation.kind, run.name) not in crashed:
-            crashed.add((operation.kind, run.name))
+    def crash_once_before_commit(succeeded, **kwargs):
+        (context, run), = succeeded
+        if (context.operation.kind, run.name) not in crashed:
+            crashed.add((context.operation.kind, run.name))
             raise WorkerLost
-        return real(operation, run, names, **kwargs)
+        return real(succeeded, **kwargs)
 
-    monkeypatch.setattr(lifecycle, "_step_succeeded", crash_once_before_commit)
+    monkeypatch.setattr(lifecycle, "_steps_succeeded", crash_once_before_commit)
     pk = create(world)
     steps.run(redeliver=WorkerLost)
     assert reservation(pk).state == "active"

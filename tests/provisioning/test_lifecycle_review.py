@@ -172,7 +172,7 @@ def test_a_step_locks_the_reservation_before_its_operation_as_services_do(world,
     _, operation_id, step, token = steps.queue.popleft()
     with CaptureQueriesContext(connection) as queries:
         lifecycle.operation_run_step(operation_id, step, token)
-    locks = [q["sql"] for q in queries.captured_queries if q["sql"].endswith("FOR UPDATE")]
+    locks = [q["sql"] for q in queries.captured_queries if " FOR UPDATE" in q["sql"]]
     tables = [sql.split(" FROM ")[1].split()[0].strip('"') for sql in locks]
     assert [t for t in tables if t in ("provisioning_reservation", "provisioning_operation")][:2] == [
         "provisioning_reservation", "provisioning_operation"], tables

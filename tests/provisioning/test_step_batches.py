@@ -1,0 +1,145 @@
+"""
+Reservations started together (a scheduler cycle's message) go through their steps together:
+one message and one bookkeeping transaction per step for the batch, each operation's own
+history kept, and an operation whose step waits, retries, fails or is stopped leaves the batch
+without holding the others back.
+"""
+
+import pytest
+
+from provisioning import lifecycle
+from provisioning.drivers import DriverError
+from provisioning.drivers.simulated import Simulated
+from provisioning.models import Instance, Operation, StepRun
+from provisioning.steps import PIPELINES, Step
+from tests.provisioning.factories import offering
+from tests.provisioning.pipeline import reservation
+from tests.provisioning.test_lifecycle import create, fleet, release  # noqa: F401 -- the fixture
+
+VM_STEPS = [step.name for step in PIPELINES[("provision", "vm")]]
+
+
+class WorkerLost(BaseException):
+    """The worker died (a BaseException, as SystemExit is: nothing in the lifecycle catches it)."""
+
+
+@pytest.fixture
+def started_together(world, fleet, steps, monkeypatch):  # noqa: F811
+    """Three 1-GPU VMs placed, then started by one message as a scheduler cycle sends them."""
+    ids = [create(world, offering("vm", 1), gpus=1) for _ in range(3)]
+    assert [what for what, *_ in steps.queue] == ["start"] * 3
+    steps.queue.clear()
+    steps.queue.append(("starts", ids, None, None))
+    messages = []
+    real = lifecycle.operation_run_step
+
+    def recorded(operation_ids, step, dispatch=None):
+        messages.append((step, operation_ids if isinstance(operation_ids, list) else [operation_ids]))
+        return real(operation_ids, step, dispatch)
+
+    monkeypatch.setattr(lifecycle, "operation_run_step", recorded)
+    return ids, messages
+
+
+def test_a_batch_goes_through_each_step_in_one_message_with_each_operations_history(started_together, steps):
+    ids, messages = started_together
+    steps.run()
+    assert {reservation(pk).state for pk in ids} == {"active"}
+    assert [(step, len(batch)) for step, batch in messages] == [(step, 3) for step in VM_STEPS]
+    for pk in ids:
+        operation = Operation.objects.get(reservation_id=pk, kind="provision")
+        assert (operation.state, operation.progress) == ("succeeded", 100)
+        runs = StepRun.objects.filter(operation=operation).order_by("pk").values_list("name", "attempt", "state")
+        assert list(runs) == [(step, 1, "succeeded") for step in VM_STEPS]
+    instances = Instance.objects.filter(reservation_id__in=ids)
+    assert {instance.state for instance in instances} == {"active"} and all(i.address for i in instances)
+
+
+def test_a_chained_batch_records_each_step_once_for_them_all(started_together, steps, settings):
+    """Closing a step and opening the next: one UPDATE and one INSERT of step rows for the batch."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.MERIDIAN_STEP_CHAIN_SECONDS = 5
+    ids, messages = started_together
+    with CaptureQueriesContext(connection) as queries:
+        steps.run()
+    assert {reservation(pk).state for pk in ids} == {"active"}
+    assert [(step, len(batch)) for step, batch in messages] == [(VM_STEPS[0], 3)]  # one task, start to end
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert sum(s.startswith('INSERT INTO "provisioning_steprun"') for s in sql) == len(VM_STEPS)
+    assert sum(s.startswith('UPDATE "provisioning_steprun"') for s in sql) == len(VM_STEPS)
+    if connection.vendor == "postgresql":
+        # Reservations, then operations, each in key order: a batch never waits on a cancel in a cycle.
+        locks = [s.split(" FROM ")[1].split()[0].strip('"') for s in sql if " FOR UPDATE" in s]
+        step_locks = [t for t in locks if t in ("provisioning_reservation", "provisioning_operation")]
+        assert step_locks[-2:] == ["provisioning_reservation", "provisioning_operation"]
+
+
+def test_a_transient_fault_in_one_operation_retries_it_alone(started_together, steps, monkeypatch):
+    ids, messages = started_together
+    pipeline = PIPELINES[("provision", "vm")]
+    unlucky, failed = str(ids[1]), []
+
+    def start_or_time_out(ctx):
+        if str(ctx.reservation.pk) == unlucky and not failed:
+            failed.append(ctx.operation.pk)
+            raise DriverError("simulated: the hypervisor timed out")
+        pipeline[1].run(ctx)
+
+    monkeypatch.setitem(PIPELINES, ("provision", "vm"),
+                        [pipeline[0], Step("start_domain", start_or_time_out), *pipeline[2:]])
+    steps.run()
+    assert {reservation(pk).state for pk in ids} == {"active"}
+    # The two others went on together; the unlucky one was sent again alone, and went on alone.
+    assert sorted((step, len(batch)) for step, batch in messages) == sorted([
+        ("define_domain", 3), ("start_domain", 3), ("start_domain", 1),
+        ("join_network", 2), ("verify", 2), ("hand_over", 2), ("join_network", 1), ("verify", 1), ("hand_over", 1)])
+    assert all(str(failed[0]) not in map(str, batch) for step, batch in messages if len(batch) == 2)
+    runs = StepRun.objects.filter(operation_id=failed[0], name="start_domain").order_by("pk")
+    assert [(run.attempt, run.state) for run in runs] == [(1, "failed"), (2, "succeeded")]
+    assert "timed out" in runs[0].error
+
+
+def test_a_reservation_released_mid_batch_stops_alone(started_together, world, steps, monkeypatch):
+    ids, _ = started_together
+    pipeline = PIPELINES[("provision", "vm")]
+    leaving = ids[0]
+
+    def start_then_one_released(ctx):
+        pipeline[1].run(ctx)
+        if str(ctx.reservation.pk) == str(leaving) and reservation(leaving).state == "provisioning":
+            release(world, leaving)  # the tenant lets go while the batch is inside the step
+
+    monkeypatch.setitem(PIPELINES, ("provision", "vm"),
+                        [pipeline[0], Step("start_domain", start_then_one_released), *pipeline[2:]])
+    steps.run()
+    assert reservation(leaving).state == "released"
+    assert {reservation(pk).state for pk in ids[1:]} == {"active"}
+    stopped = Operation.objects.get(reservation_id=leaving, kind="provision")
+    assert stopped.state == "failed" and "released" in stopped.error
+    assert not StepRun.objects.filter(operation=stopped, name="join_network").exists()
+
+
+def test_a_batch_redelivered_after_its_worker_died_repeats_no_side_effect(started_together, steps, monkeypatch):
+    """Every step's commit dies once; the redelivered message finds each domain defined and started."""
+    ids, _ = started_together
+    real, crashed = lifecycle._steps_succeeded, set()
+
+    def crash_once_before_commit(succeeded, **kwargs):
+        step = succeeded[0][1].name
+        if step not in crashed:
+            crashed.add(step)
+            raise WorkerLost
+        return real(succeeded, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "_steps_succeeded", crash_once_before_commit)
+    steps.run(redeliver=WorkerLost)
+    assert {reservation(pk).state for pk in ids} == {"active"}
+    assert crashed == set(VM_STEPS)
+    hosts = {instance.node.hostname for instance in Instance.objects.filter(reservation_id__in=ids)}
+    calls = [Simulated.calls("hypervisor", host) for host in hosts]
+    assert sum(c.get("define", 0) for c in calls) == 3 and sum(c.get("start", 0) for c in calls) == 3
+    for pk in ids:  # each step's lost run is on record, then the one that finished it
+        runs = StepRun.objects.filter(operation__reservation_id=pk, name="define_domain").order_by("pk")
+        assert [(run.attempt, run.state) for run in runs] == [(1, "failed"), (2, "succeeded")]
