@@ -26,7 +26,8 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from cloud.choices import GPUState, Health, NodePool, NodeState, OfferingKind
@@ -34,7 +35,7 @@ from cloud.errors import Conflict
 from cloud.models import GPU, Node
 from cloud.services import node_transition
 from cloud.transitions import GPU_TRANSITIONS
-from security.audit import audit_record
+from security.audit import audit_record, audit_record_many
 
 from .allocations import allocation_end, allocations_archive
 from .choices import InstanceState, OperationKind, OperationState, StepState
@@ -419,10 +420,12 @@ def _run_batch(batch: list[tuple[Context, StepRun]], dispatch: str | None, *, ch
     recorded together, the others one by one (a wait, a retry or a failure is the operation's own).
     """
     outcomes, succeeded, unexpected = {}, [], None
+    together = _run_together(batch)
     for context, run in batch:
         operation = context.operation
         try:
-            _step_body(context, run)
+            if not together:
+                _step_body(context, run)
         except NodeFault as fault:
             outcomes[str(operation.pk)] = _step_failed(operation, run, fault, run.attempt)
             continue
@@ -445,12 +448,35 @@ def _run_batch(batch: list[tuple[Context, StepRun]], dispatch: str | None, *, ch
     return outcomes
 
 
+def _run_together(batch: list[tuple[Context, StepRun]]) -> bool:
+    """
+    A step that can act for the whole batch at once (one fabric call for all its ports) does;
+    whatever goes wrong is looked for again one operation at a time (False), where a fault names
+    its operation and node.
+    """
+    steps = {_step_of(context.operation, run.name) for context, run in batch}
+    if len(batch) < 2 or len(steps) != 1:
+        return False
+    step = steps.pop()
+    if step.run_many is None or batch[0][0].operation.kind == OperationKind.RELEASE:
+        return False
+    try:
+        step.run_many([context for context, _ in batch])
+    except Exception as exc:
+        log.info("Step %s for %d operations at once failed (%s); running it for each alone.", step.name,
+                 len(batch), exc)
+        return False
+    return True
+
+
+def _step_of(operation: Operation, name: str):
+    return next(step for step in pipeline_of(operation) if step.name == name)
+
+
 def _step_body(context: Context, run: StepRun) -> None:
-    operation = context.operation
-    if operation.kind == OperationKind.RELEASE:
+    if context.operation.kind == OperationKind.RELEASE:
         _wait_for_provisioning(context)
-    steps = pipeline_of(operation)
-    steps[[s.name for s in steps].index(run.name)].run(context)
+    _step_of(context.operation, run.name).run(context)
 
 
 def _wait_for_provisioning(context: Context) -> None:
@@ -537,7 +563,7 @@ def _steps_succeeded(succeeded: list[tuple[Context, StepRun]], *, chain: bool = 
     StepRun.objects.filter(pk__in=[run.pk for _, run in succeeded]).update(state=StepState.SUCCEEDED,
                                                                             finished_at=now)
     outcomes: dict = {}
-    going_on, sent_out = defaultdict(list), defaultdict(list)  # by (next step, progress)
+    finished, going_on, sent_out = [], defaultdict(list), defaultdict(list)  # by (next step, progress)
     for context, run in succeeded:
         operation = context.operation
         current = locked.get(operation.pk)
@@ -547,7 +573,7 @@ def _steps_succeeded(succeeded: list[tuple[Context, StepRun]], *, chain: bool = 
         names = [step.name for step in pipeline_of(current)]
         index = names.index(run.name)
         if index + 1 == len(names):
-            _finish(current)
+            finished.append(current)
             outcomes[str(operation.pk)] = "done"
             continue
         following = (names[index + 1], round(100 * (index + 1) / len(names)))
@@ -558,6 +584,7 @@ def _steps_succeeded(succeeded: list[tuple[Context, StepRun]], *, chain: bool = 
             # operation moved on and stops: the next step goes out under a new token either way, so one
             # message always carries the operation.
             sent_out[following].append(current)
+    _finish_many(finished)
     for (step, progress), operations in sent_out.items():
         Operation.objects.filter(pk__in=[operation.pk for operation in operations]).update(
             step=step, attempt=0, error="", progress=progress, updated_at=now)
@@ -655,28 +682,66 @@ def _node_failed(node: Node, reason: str, *, reservation_id=None) -> None:
 #
 
 
+def _finish_many(operations: list[Operation]) -> None:
+    """Operations whose last step succeeded: provisionings together, the others one by one."""
+    provisioned = [operation for operation in operations if operation.kind == OperationKind.PROVISION]
+    if provisioned:
+        _provisioned_many(provisioned)
+    for operation in operations:
+        if operation.kind != OperationKind.PROVISION:
+            _finish(operation)
+
+
 def _finish(operation: Operation) -> None:
     {OperationKind.PROVISION: _provisioned, OperationKind.RELEASE: _released,
      OperationKind.VALIDATE: _validated, OperationKind.ATTEST: _attested}[operation.kind](operation)
 
 
 def _provisioned(operation: Operation) -> None:
-    reservation = operation.reservation
-    region = reservation.region.slug
-    for instance in _instances_of(operation).select_related("node"):
-        # A VM's or container's name never says which host it shares with other tenants.
-        Instance.objects.filter(pk=instance.pk).update(
-            state=InstanceState.ACTIVE, address=f"{instance.name}.{region}.gpu", ssh_user="ubuntu")
-    _close(operation, OperationState.SUCCEEDED)
-    from .replacement import open_incidents, reservation_restored, settled
+    _provisioned_many([operation])
 
-    replacing = open_incidents(reservation)
-    if replacing and not settled(reservation):
-        return  # another attempt still provisions, or units still wait for capacity: the last one activates
-    if _move_reservation(reservation, R.ACTIVE, only_from={R.PROVISIONING}, reason=""):
-        audit_record(actor=None, action="reservation.active", target=reservation, after={"state": R.ACTIVE})
-        if replacing:
-            reservation_restored(reservation=reservation, incidents=replacing)
+
+def _provisioned_many(operations: list[Operation]) -> None:
+    """
+    Provisionings whose last step succeeded (their reservations locked by the caller): instances
+    active with their addresses, operations closed, reservations active and audited -- one
+    statement each for them all; a reservation whose hardware is being replaced goes its own way.
+    """
+    from .replacement import open_incidents_of, reservation_restored, settled
+
+    now = timezone.now()
+    by_region = defaultdict(list)
+    for operation in operations:
+        by_region[operation.reservation.region.slug].append(operation)
+    for region, group in by_region.items():
+        # A VM's or container's name never says which host it shares with other tenants.
+        _instances_of_many(group).update(state=InstanceState.ACTIVE, address=Concat("name", Value(f".{region}.gpu")),
+                                         ssh_user="ubuntu")
+    Operation.objects.filter(pk__in=[operation.pk for operation in operations]).update(
+        state=OperationState.SUCCEEDED, error="", finished_at=now, progress=100)
+    replacing = open_incidents_of(operation.reservation_id for operation in operations)
+    for operation in operations:
+        reservation, incidents = operation.reservation, replacing.get(operation.reservation_id)
+        if incidents is None:
+            continue
+        if not settled(reservation):
+            continue  # another attempt still provisions, or units still wait for capacity: the last one activates
+        if _move_reservation(reservation, R.ACTIVE, only_from={R.PROVISIONING}, reason=""):
+            audit_record(actor=None, action="reservation.active", target=reservation, after={"state": R.ACTIVE})
+            reservation_restored(reservation=reservation, incidents=incidents)
+    # Still provisioning (a cancel may have won): read under the caller's locks, moved in one UPDATE.
+    moving = set(Reservation.objects.filter(
+        pk__in=[o.reservation_id for o in operations if o.reservation_id not in replacing],
+        state=R.PROVISIONING).values_list("pk", flat=True))
+    if not moving:
+        return
+    Reservation.objects.filter(pk__in=moving, state=R.PROVISIONING).update(state=R.ACTIVE, state_reason="",
+                                                                          state_changed_at=now)
+    activated = [operation.reservation for operation in operations if operation.reservation_id in moving]
+    for reservation in activated:
+        reservation.state, reservation.state_reason, reservation.state_changed_at = R.ACTIVE, "", now
+    audit_record_many(actor=None, action="reservation.active",
+                      changes=[(reservation, {"state": R.ACTIVE}) for reservation in activated])
 
 
 def _released(operation: Operation, *, outcome: str = OperationState.SUCCEEDED, error: str = "") -> None:

@@ -107,52 +107,95 @@ def _assign_vf(instance: Instance) -> VirtualFunction:
 
 def ports_join(instance: Instance, vpc: VPC) -> list[PortMembership]:
     """Put the instance's ports into ``vpc``'s partition as full members (idempotent) and read it back."""
-    guids = instance_ports(instance)
-    if not guids:
-        raise DriverError(f"{instance.node.hostname} has no InfiniBand ports recorded; enrol its port GUIDs.",
-                          transient=False)
+    return ports_join_many([(instance, vpc)])[instance.pk]
+
+
+def ports_join_many(joins: list[tuple[Instance, VPC]]) -> dict:
+    """
+    ``ports_join`` for instances that join together (reservations started together): their rows
+    written under one lock per VPC, then one fabric call per partition and one read-back per
+    fabric -- where a fabric manager's API takes the ports of a partition in one call anyway.
+    A DriverError here names no instance: the caller joins them one by one to find whose it is.
+    Returns each instance's membership rows, by instance key.
+    """
+    ports = []
+    for instance, vpc in joins:
+        guids = instance_ports(instance)
+        if not guids:
+            raise DriverError(f"{instance.node.hostname} has no InfiniBand ports recorded; enrol its port GUIDs.",
+                              transient=False)
+        ports.append((instance, vpc, guids))
+    vpcs = {vpc.pk: vpc for _, vpc, _ in ports}
+    for vpc in vpcs.values():
+        _ready_for_members(vpc)
+    rows, by_vpc = {}, defaultdict(list)
+    for instance, vpc, guids in ports:
+        by_vpc[vpc.pk].append((instance, guids))
+    for vpc_pk, members in by_vpc.items():
+        rows |= _memberships(vpcs[vpc_pk], members)
+    by_fabric = defaultdict(list)
+    for vpc in vpcs.values():
+        by_fabric[vpc.fabric_id].append(vpc)
+    for on_fabric in by_fabric.values():
+        driver = fabric_driver_for(on_fabric[0].fabric)
+        joined = {vpc.pk: [guid for _, guids in by_vpc[vpc.pk] for guid in guids] for vpc in on_fabric}
+        for vpc in on_fabric:
+            driver.set_members(vpc.pkey, {guid: FULL for guid in joined[vpc.pk]})
+        driver.set_members(DEFAULT_PKEY, {guid: LIMITED for guids in joined.values() for guid in guids})
+        seen = driver.read()
+        for vpc in on_fabric:
+            partition = seen.get(vpc.pkey, Partition(spec_of(vpc)))
+            absent = [guid for guid in joined[vpc.pk] if partition.members.get(guid) != FULL]
+            if absent:
+                raise DriverError(f"The fabric does not show port {absent[0]} in partition {vpc.pkey:#06x} after "
+                                  "adding it.")
+    return rows
+
+
+def _ready_for_members(vpc: VPC) -> None:
+    """The VPC's partition exists (made on first use: a default VPC, or a fabric that was down) and takes members."""
     if vpc.state in (V.DELETING, V.DELETED):
         raise VPCRefused(f"VPC {vpc.name} is {vpc.state}; it cannot take new members.")
     if vpc.state != V.ACTIVE:
-        vpc_sync(vpc.pk)  # its partition is made on first use (a default VPC, or a fabric that was down)
+        vpc_sync(vpc.pk)
         vpc.refresh_from_db()
         if vpc.state != V.ACTIVE:
             raise DriverError(f"VPC {vpc.name} is {vpc.state} ({vpc.state_reason or 'no reason given'}).",
                               transient=vpc.state != V.DELETING)
-    rows = _memberships(instance, vpc, guids)
-    driver = fabric_driver_for(vpc.fabric)
-    driver.set_members(vpc.pkey, {guid: FULL for guid in guids})
-    driver.set_members(DEFAULT_PKEY, {guid: LIMITED for guid in guids})
-    seen = driver.read()
-    partition = seen.get(vpc.pkey, Partition(spec_of(vpc)))
-    absent = [guid for guid in guids if partition.members.get(guid) != FULL]
-    if absent:
-        raise DriverError(f"The fabric does not show port {absent[0]} in partition {vpc.pkey:#06x} after adding it.")
-    return rows
 
 
 @transaction.atomic
-def _memberships(instance: Instance, vpc: VPC, guids: list[str]) -> list[PortMembership]:
-    """The live membership rows of these ports in ``vpc`` for ``instance``, made with IPoIB addresses if new."""
+def _memberships(vpc: VPC, members: list[tuple[Instance, list[str]]]) -> dict:
+    """
+    The live membership rows of these instances' ports in ``vpc``, made with IPoIB addresses
+    where new; by instance key.
+    """
     vpc = VPC.objects.select_for_update().get(pk=vpc.pk)  # addresses are handed out one join at a time
     if vpc.state != V.ACTIVE:  # deleted meanwhile: joining it now would outlive its partition
         raise VPCRefused(f"VPC {vpc.name} is {vpc.state}; it cannot take new members.")
-    live = {m.guid: m for m in PortMembership.objects.filter(guid__in=guids, left_at__isnull=True)}
-    foreign = [m for m in live.values() if (m.vpc_id, m.instance_id) != (vpc.pk, instance.pk)]
-    if foreign:
-        raise DriverError(f"Port {foreign[0].guid} of {instance.node.hostname} is still a member of another "
-                          "partition; its previous release has not finished.", transient=False)
+    live = {m.guid: m for m in PortMembership.objects.filter(guid__in=[g for _, guids in members for g in guids],
+                                                             left_at__isnull=True)}
+    for instance, guids in members:
+        foreign = [live[guid] for guid in guids if guid in live
+                   and (live[guid].vpc_id, live[guid].instance_id) != (vpc.pk, instance.pk)]
+        if foreign:
+            raise DriverError(f"Port {foreign[0].guid} of {instance.node.hostname} is still a member of another "
+                              "partition; its previous release has not finished.", transient=False)
     used = set(PortMembership.objects.filter(vpc=vpc, left_at__isnull=True).values_list("address", flat=True))
     free = (str(host) for host in ipaddress.ip_network(vpc.cidr).hosts() if str(host) not in used)
-    rows = []
-    for guid in guids:
-        if guid in live:
-            rows.append(live[guid])
-            continue
-        address = next(free, None)
-        if address is None:
-            raise VPCRefused(f"VPC {vpc.name}'s subnet {vpc.cidr} has no free address left; use a larger VPC.")
-        rows.append(PortMembership.objects.create(vpc=vpc, instance=instance, guid=guid, address=address))
+    rows, new = {}, []
+    for instance, guids in members:
+        mine = rows.setdefault(instance.pk, [])
+        for guid in guids:
+            if guid in live:
+                mine.append(live[guid])
+                continue
+            address = next(free, None)
+            if address is None:
+                raise VPCRefused(f"VPC {vpc.name}'s subnet {vpc.cidr} has no free address left; use a larger VPC.")
+            mine.append(PortMembership(vpc=vpc, instance=instance, guid=guid, address=address))
+            new.append(mine[-1])
+    PortMembership.objects.bulk_create(new)
     return rows
 
 

@@ -275,8 +275,16 @@ def _tell(reservation, *, kind: str, title: str, body: str) -> None:
 
 def open_incidents(reservation) -> list[Incident]:
     """The reservation's node-failure incidents that are not restored yet, oldest first."""
-    return list(Incident.objects.filter(kind=NODE_FAILURE, reservation_id=reservation.pk, restored_at__isnull=True,
-                                        resolved_at__isnull=True).order_by("detected_at"))
+    return open_incidents_of([reservation.pk]).get(reservation.pk, [])
+
+
+def open_incidents_of(reservation_ids) -> dict:
+    """``open_incidents`` of several reservations in one query, by reservation key (those with none left out)."""
+    found: dict = {}
+    for incident in Incident.objects.filter(kind=NODE_FAILURE, reservation_id__in=list(reservation_ids),
+                                            restored_at__isnull=True, resolved_at__isnull=True).order_by("detected_at"):
+        found.setdefault(incident.reservation_id, []).append(incident)
+    return found
 
 
 def reservation_replace(reservation_id, *, now: datetime | None = None) -> str:

@@ -72,8 +72,15 @@ def target_of(node) -> Target:
 
 @dataclass(frozen=True)
 class Step:
+    """
+    ``run`` acts for one operation. ``run_many``, where a step has one, acts for a batch of
+    operations at once (one fabric call for them all); anything it raises sends the batch back
+    to ``run``, one operation at a time, to find whose fault it is (steps are idempotent).
+    """
+
     name: str
     run: Callable[[Context], None]
+    run_many: Callable[[list[Context]], None] | None = None
 
 
 #
@@ -126,21 +133,33 @@ def join_network(ctx: Context) -> None:
     fabric when the reservation names none -- and read the fabric back.
     """
     from .network import VPCRefused, ports_join
-    from .vpcs import default_vpc
 
-    reservation = ctx.reservation
     for instance in ctx.instances:
-        try:
-            vpc = reservation.vpc or default_vpc(tenant_id=reservation.tenant_id, fabric=instance.node.fabric)
-        except DomainError as exc:  # no P_Key or subnet left for the tenant: not the node's fault
-            raise NodeFault(instance.node, f"the tenant's default VPC cannot be made: {exc.detail}", transient=False,
-                            blame=False) from exc
+        vpc = _vpc_of(ctx, instance)
         try:
             ctx.on(instance.node, lambda target, instance=instance, vpc=vpc: ports_join(instance, vpc))
         except NodeFault as fault:
             if isinstance(fault.__cause__, VPCRefused):
                 fault.blame = False  # the VPC is full or going away: the node is fine
             raise
+
+
+def join_network_many(contexts: list[Context]) -> None:
+    """``join_network`` for a batch: one fabric call per partition for all their ports, one read-back per fabric."""
+    from .network import ports_join_many
+
+    ports_join_many([(instance, _vpc_of(ctx, instance)) for ctx in contexts for instance in ctx.instances])
+
+
+def _vpc_of(ctx: Context, instance):
+    from .vpcs import default_vpc
+
+    reservation = ctx.reservation
+    try:
+        return reservation.vpc or default_vpc(tenant_id=reservation.tenant_id, fabric=instance.node.fabric)
+    except DomainError as exc:  # no P_Key or subnet left for the tenant: not the node's fault
+        raise NodeFault(instance.node, f"the tenant's default VPC cannot be made: {exc.detail}", transient=False,
+                        blame=False) from exc
 
 
 def leave_network(ctx: Context) -> None:
@@ -397,15 +416,16 @@ def burn_in(ctx: Context) -> None:
     ctx.on(ctx.node, run)
 
 
+JOIN_NETWORK = Step("join_network", join_network, join_network_many)
 B, V, C = OfferingKind.BARE_METAL, OfferingKind.VM, OfferingKind.CONTAINER
 P, R = OperationKind.PROVISION, OperationKind.RELEASE
 PIPELINES: dict[tuple[str, str | None], list[Step]] = {
     (P, B): [Step("power_on_deploy", power_on_deploy), Step("write_image", write_image),
-             Step("boot_from_disk", boot_from_disk), Step("join_network", join_network), Step("verify", verify),
+             Step("boot_from_disk", boot_from_disk), JOIN_NETWORK, Step("verify", verify),
              Step("hand_over", hand_over)],
     (P, V): [Step("define_domain", define_domain), Step("start_domain", start_domain),
-             Step("join_network", join_network), Step("verify", verify), Step("hand_over", hand_over)],
-    (P, C): [Step("configure_mig", configure_mig), Step("apply_pod", apply_pod), Step("join_network", join_network),
+             JOIN_NETWORK, Step("verify", verify), Step("hand_over", hand_over)],
+    (P, C): [Step("configure_mig", configure_mig), Step("apply_pod", apply_pod), JOIN_NETWORK,
              Step("verify", verify), Step("hand_over", hand_over)],
     (R, B): [Step("power_off", power_off), Step("wipe", wipe), Step("leave_network", leave_network),
              Step("scrub", scrub), Step("verify", verify), Step("reset_power", reset_power)],

@@ -12,6 +12,7 @@ from provisioning.drivers import DriverError
 from provisioning.drivers.simulated import Simulated
 from provisioning.models import Instance, Operation, StepRun
 from provisioning.steps import PIPELINES, Step
+from security.models import AuditEvent
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import reservation
 from tests.provisioning.test_lifecycle import create, fleet, release  # noqa: F401 -- the fixture
@@ -52,7 +53,11 @@ def test_a_batch_goes_through_each_step_in_one_message_with_each_operations_hist
         runs = StepRun.objects.filter(operation=operation).order_by("pk").values_list("name", "attempt", "state")
         assert list(runs) == [(step, 1, "succeeded") for step in VM_STEPS]
     instances = Instance.objects.filter(reservation_id__in=ids)
-    assert {instance.state for instance in instances} == {"active"} and all(i.address for i in instances)
+    assert {instance.state for instance in instances} == {"active"}
+    assert all(i.address == f"{i.name}.us-east-1.gpu" and i.ssh_user == "ubuntu" for i in instances)
+    activated = AuditEvent.objects.filter(action="reservation.active", target_id__in=[str(pk) for pk in ids])
+    assert sorted(event.target_id for event in activated) == sorted(str(pk) for pk in ids)
+    assert all(event.after == {"state": "active"} and event.tenant_id for event in activated)
 
 
 def test_a_chained_batch_records_each_step_once_for_them_all(started_together, steps, settings):
@@ -143,3 +148,41 @@ def test_a_batch_redelivered_after_its_worker_died_repeats_no_side_effect(starte
     for pk in ids:  # each step's lost run is on record, then the one that finished it
         runs = StepRun.objects.filter(operation__reservation_id=pk, name="define_domain").order_by("pk")
         assert [(run.attempt, run.state) for run in runs] == [(1, "failed"), (2, "succeeded")]
+
+
+def test_a_batch_joins_its_network_with_one_fabric_call_per_partition(started_together, steps):
+    from provisioning.models import PortMembership
+
+    ids, _ = started_together
+    steps.run()
+    assert {reservation(pk).state for pk in ids} == {"active"}
+    instances = list(Instance.objects.filter(reservation_id__in=ids).select_related("node__fabric__region"))
+    fabrics = {(i.node.fabric.region.slug, i.node.fabric.slug) for i in instances}
+    assert len(fabrics) == 1
+    [(region, fabric)] = fabrics
+    calls = Simulated.calls("fabric", f"{region}/{fabric}")
+    assert calls["set_members"] == 2  # the VPC's partition and the default one, for the three at once
+    rows = PortMembership.objects.filter(instance__in=instances, left_at__isnull=True)
+    assert rows.count() == 3 and len({row.address for row in rows}) == 3
+
+
+def test_a_batch_step_that_fails_finds_the_faulty_operation_alone(started_together, steps, monkeypatch):
+    """One instance's port cannot be had: the batch's join fails, each then joins alone and only that one fails."""
+    from provisioning import network
+
+    ids, _ = started_together
+    real, asked = network.instance_ports, []
+
+    def ports(instance, **kwargs):
+        asked.append(instance.reservation_id)
+        if str(instance.reservation_id) == str(ids[2]):
+            raise DriverError("simulated: the host's HCA does not answer", transient=False)
+        return real(instance, **kwargs)
+
+    monkeypatch.setattr(network, "instance_ports", ports)
+    steps.run()
+    assert {reservation(pk).state for pk in ids[:2]} == {"active"}
+    failed = StepRun.objects.get(operation__reservation_id=ids[2], name="join_network", state="gave_up")
+    assert "does not answer" in failed.error
+    assert reservation(ids[2]).state == "queued"  # placed again, keeping its place
+    assert len(asked) > 3  # the batch tried first, then each alone
