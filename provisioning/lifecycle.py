@@ -26,7 +26,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q, Value
+from django.db.models import Exists, F, Max, OuterRef, Q, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
@@ -41,7 +41,7 @@ from .allocations import allocation_end, allocations_archive
 from .choices import InstanceState, OperationKind, OperationState, StepState
 from .choices import ReservationState as R
 from .drivers import NotYet, drivers_for
-from .models import Instance, Operation, Reservation, StepRun
+from .models import Allocation, Instance, Operation, Reservation, StepRun
 from .network import ports_abandon
 from .steps import PIPELINES, Context, NodeFault
 
@@ -100,23 +100,29 @@ def _publish_starts(reservation_ids: list[str]) -> None:
 
 def reservations_start(reservation_ids: list[str]) -> int:
     """
-    ``reservation_provision_start`` for each, each in its own transaction: one that fails is
-    logged and left to the tick, the others go on. The operations started go through their steps
-    together: one message for those at the same first step. Returns how many started.
+    Start reservations placed together in one transaction (their rows read and written in a
+    statement or two for them all); if that fails, each is started in its own, and one that fails
+    then is logged and left to the tick while the others go on. The operations started go through
+    their steps together: one message for those at the same first step. Returns how many started.
     """
+    try:
+        operations = _provision_start_many(reservation_ids)
+    except Exception:
+        log.warning("Starting %d reservations together failed; starting each alone.", len(reservation_ids),
+                    exc_info=True)
+        operations = []
+        for reservation_id in reservation_ids:
+            try:
+                operations += _provision_start_many([reservation_id])
+            except Exception:
+                log.exception("Starting reservation %s failed; the lifecycle tick tries again.", reservation_id)
     started: dict[str, list[Operation]] = defaultdict(list)
-    for reservation_id in reservation_ids:
-        try:
-            operation = reservation_provision_start(reservation_id, enqueue=False)
-        except Exception:
-            log.exception("Starting reservation %s failed; the lifecycle tick tries again.", reservation_id)
-            continue
-        if operation is not None:
-            started[operation.step].append(operation)
+    for operation in operations:
+        started[operation.step].append(operation)
     # A worker lost before this (autocommitted) dispatch leaves them pending: the reaper resumes them.
-    for step, operations in started.items():
-        _enqueue(operations, step)
-    return sum(len(operations) for operations in started.values())
+    for step, batch in started.items():
+        _enqueue(batch, step)
+    return len(operations)
 
 
 def _move_gpus(gpu_ids, source: str, target: str) -> int:
@@ -141,93 +147,134 @@ def _move_reservation(reservation: Reservation, target: str, *, only_from, reaso
 
 
 @transaction.atomic
-def reservation_provision_start(reservation_id, *, now=None, enqueue: bool = True) -> Operation | None:
+def reservation_provision_start(reservation_id, *, now=None) -> Operation | None:
     """
     Begin provisioning a scheduled reservation whose window has opened: one instance per unit,
-    its nodes (bare metal) or GPUs (whole GPUs on shared hosts) taken, the first step enqueued
-    (unless ``enqueue`` is off: the caller sends it with others). None when it is not due, moved
-    on, or its nodes are still being cleaned (the tick retries).
+    its nodes (bare metal) or GPUs (whole GPUs on shared hosts) taken, the first step enqueued.
+    None when it is not due, moved on, or its nodes are still being cleaned (the tick retries).
     """
-    reservation = (Reservation.objects.select_for_update(of=("self",)).select_related("offering", "region")
-                   .filter(pk=reservation_id).first())
+    operations = _provision_start_many([reservation_id], now=now)
+    for operation in operations:
+        _enqueue(operation, operation.step)
+    return operations[0] if operations else None
+
+
+@transaction.atomic
+def _provision_start_many(reservation_ids, *, now=None) -> list[Operation]:
+    """
+    ``reservation_provision_start`` for several reservations, their first steps not yet sent:
+    each read, locked and written in one statement for them all (locks in key order).
+    """
     now = now or timezone.now()
-    if reservation is None or reservation.state != R.SCHEDULED or reservation.starts_at > now + timedelta(seconds=1):
-        return None
-    # Only what it holds now: an earlier attempt's allocations stay as history, ended.
-    allocations = list(reservation.allocations.filter(ends_at__gt=now).select_related("gpu", "node")
-                       .order_by("node__hostname", "gpu__index", "mem_lo"))
-    offering = reservation.offering
-    nodes = {a.node_id: a.node for a in allocations}
-    lost = [node for node in nodes.values() if node.state in LOST_NODE_STATES]
-    if lost:
-        _requeue(reservation, f"Node {lost[0].hostname} became {lost[0].state} before the start; "
-                              "placing the reservation again.")
-        return None
-    if _previous_tenant_still_there(allocations):
-        return None  # the memory is still being scrubbed after its previous tenant: the tick tries again
-    if offering.kind == OfferingKind.BARE_METAL:
-        if any(node.state != N.AVAILABLE for node in nodes.values()):
-            return None  # the previous tenant's cleaning is still running: the tick tries again
-        for node in nodes.values():
-            node_transition(actor=None, node=node, target=N.ALLOCATED, reason=f"Reservation {reservation.pk}.")
-    elif offering.slots_per_gpu == 1:
-        gpu_ids = {a.gpu_id for a in allocations}
-        states = dict(GPU.objects.select_for_update().filter(pk__in=gpu_ids).values_list("pk", "state"))
-        if GPUState.QUARANTINED in states.values():
-            _requeue(reservation, "A GPU was quarantined before the start; placing the reservation again.")
-            return None
-        if set(states.values()) != {GPUState.AVAILABLE}:
-            return None  # a GPU is still being scrubbed after its previous tenant
-        _move_gpus(gpu_ids, GPUState.AVAILABLE, GPUState.ALLOCATED)
-    if not _move_reservation(reservation, R.PROVISIONING, only_from={R.SCHEDULED}, reason="Provisioning."):
-        raise Conflict("The reservation moved on while provisioning started.", code="invalid_transition")
-    steps = PIPELINES[(OperationKind.PROVISION, offering.kind)]
-    operation = Operation.objects.create(tenant_id=reservation.tenant_id, reservation=reservation,
-                                         kind=OperationKind.PROVISION, step=steps[0].name)
-    _create_instances(reservation, allocations, operation)
-    audit_record(actor=None, action="reservation.provision", target=reservation,
-                 after={"state": R.PROVISIONING, "operation": str(operation.pk)})
-    if enqueue:
-        _enqueue(operation, steps[0].name)
-    return operation
+    reservations = [r for r in Reservation.objects.select_for_update(of=("self",)).select_related("offering", "region")
+                    .filter(pk__in=list(reservation_ids)).order_by("pk")
+                    if r.state == R.SCHEDULED and r.starts_at <= now + timedelta(seconds=1)]
+    # Only what they hold now: an earlier attempt's allocations stay as history, ended.
+    held = defaultdict(list)
+    for allocation in (Allocation.objects.filter(reservation__in=reservations, ends_at__gt=now)
+                       .select_related("gpu", "node").order_by("node__hostname", "gpu__index", "mem_lo")):
+        held[allocation.reservation_id].append(allocation)
+    scrubbing = _previous_tenant_still_there([a for allocations in held.values() for a in allocations])
+    whole_gpus = {a.gpu_id for r in reservations if r.offering.kind != OfferingKind.BARE_METAL
+                  and r.offering.slots_per_gpu == 1 for a in held[r.pk]}
+    gpu_states = dict(GPU.objects.select_for_update().filter(pk__in=whole_gpus).order_by("pk")
+                      .values_list("pk", "state")) if whole_gpus else {}
+    ready, taking = [], set()
+    for reservation in reservations:
+        allocations = held[reservation.pk]
+        nodes = {a.node_id: a.node for a in allocations}
+        lost = [node for node in nodes.values() if node.state in LOST_NODE_STATES]
+        if lost:
+            _requeue(reservation, f"Node {lost[0].hostname} became {lost[0].state} before the start; "
+                                  "placing the reservation again.")
+            continue
+        if any((a.gpu_id, a.mem_lo, a.mem_hi) in scrubbing for a in allocations):
+            continue  # the memory is still being scrubbed after its previous tenant: the tick tries again
+        offering = reservation.offering
+        if offering.kind == OfferingKind.BARE_METAL:
+            if any(node.state != N.AVAILABLE for node in nodes.values()):
+                continue  # the previous tenant's cleaning is still running: the tick tries again
+            for node in nodes.values():
+                node_transition(actor=None, node=node, target=N.ALLOCATED, reason=f"Reservation {reservation.pk}.")
+        elif offering.slots_per_gpu == 1:
+            states = {gpu_states.get(a.gpu_id) for a in allocations}
+            if GPUState.QUARANTINED in states:
+                _requeue(reservation, "A GPU was quarantined before the start; placing the reservation again.")
+                continue
+            if states != {GPUState.AVAILABLE}:
+                continue  # a GPU is still being scrubbed after its previous tenant
+            taking |= {a.gpu_id for a in allocations}
+        ready.append(reservation)
+    if not ready:
+        return []
+    if taking:
+        _move_gpus(taking, GPUState.AVAILABLE, GPUState.ALLOCATED)
+    # Locked above and still scheduled: all of them move, or the transaction is undone.
+    moved = Reservation.objects.filter(pk__in=[r.pk for r in ready], state=R.SCHEDULED).update(
+        state=R.PROVISIONING, state_reason="Provisioning.", state_changed_at=now)
+    if moved != len(ready):
+        raise Conflict("A reservation moved on while provisioning started.", code="invalid_transition")
+    operations = Operation.objects.bulk_create([
+        Operation(tenant_id=r.tenant_id, reservation=r, kind=OperationKind.PROVISION,
+                  step=PIPELINES[(OperationKind.PROVISION, r.offering.kind)][0].name) for r in ready])
+    for reservation in ready:
+        reservation.state, reservation.state_reason, reservation.state_changed_at = R.PROVISIONING, "Provisioning.", now
+    _create_instances_many([(r, held[r.pk], operation) for r, operation in zip(ready, operations, strict=True)])
+    audit_record_many(actor=None, action="reservation.provision", changes=[
+        (r, {"state": R.PROVISIONING, "operation": str(operation.pk)}) for r, operation in zip(ready, operations,
+                                                                                             strict=True)])
+    return operations
 
 
-def _previous_tenant_still_there(allocations: list) -> bool:
-    """Some of this memory belongs to an instance still being cleaned (a slot's scrub has no other gate)."""
-    held = {(a.gpu_id, a.mem_lo, a.mem_hi) for a in allocations}
+def _previous_tenant_still_there(allocations: list) -> set:
+    """
+    The allocations' memory (gpu, mem_lo, mem_hi) that still belongs to an instance being cleaned
+    (a slot's scrub has no other gate).
+    """
+    if not allocations:
+        return set()
+    busy = set()
     for devices in Instance.objects.filter(state=InstanceState.RELEASING, node_id__in={a.node_id for a in allocations}
                                            ).values_list("devices", flat=True):
         for d in devices:
-            if any(str(gpu) == d["gpu_id"] and lo < d["mem_hi"] and d["mem_lo"] < hi for gpu, lo, hi in held):
-                return True
-    return False
+            busy |= {(gpu, lo, hi) for gpu, lo, hi in ((a.gpu_id, a.mem_lo, a.mem_hi) for a in allocations)
+                     if str(gpu) == d["gpu_id"] and lo < d["mem_hi"] and d["mem_lo"] < hi}
+    return busy
 
 
 def _create_instances(reservation: Reservation, allocations: list, operation: Operation) -> list[Instance]:
+    return _create_instances_many([(reservation, allocations, operation)])
+
+
+def _create_instances_many(starts: list[tuple[Reservation, list, Operation]]) -> list[Instance]:
     """One instance per unit: a bare-metal node, a VM's GPUs on one host, or a container's GPUs or slot."""
-    offering = reservation.offering
-    units: list[tuple] = []
-    by_node: dict = {}
-    for a in allocations:
-        by_node.setdefault(a.node_id, []).append(a)
-    for held in by_node.values():
-        per_unit = len(held) if offering.kind == OfferingKind.BARE_METAL else (
-            1 if offering.slots_per_gpu > 1 else offering.gpus_per_unit)
-        units += [(held[0].node, held[i:i + per_unit]) for i in range(0, len(held), per_unit)]
     # Serial numbers go on after earlier attempts' instances (a re-placed reservation keeps them).
-    last = reservation.instances.order_by("-index").values_list("index", flat=True).first()
-    first = 0 if last is None else last + 1
+    last = dict(Instance.objects.filter(reservation__in=[r for r, _, _ in starts]).values("reservation")
+                .annotate(last=Max("index")).values_list("reservation", "last"))
+    instances = []
+    for reservation, allocations, operation in starts:
+        offering = reservation.offering
+        units: list[tuple] = []
+        by_node: dict = {}
+        for a in allocations:
+            by_node.setdefault(a.node_id, []).append(a)
+        for on_node in by_node.values():
+            per_unit = len(on_node) if offering.kind == OfferingKind.BARE_METAL else (
+                1 if offering.slots_per_gpu > 1 else offering.gpus_per_unit)
+            units += [(on_node[0].node, on_node[i:i + per_unit]) for i in range(0, len(on_node), per_unit)]
+        first = last[reservation.pk] + 1 if reservation.pk in last else 0
 
-    def name(node, index):  # a server is its node; a VM or pod is named for the host's hypervisor or kubelet
-        return node.hostname if offering.kind == OfferingKind.BARE_METAL else f"r{reservation.pk.hex[:12]}-{index}"
+        def name(node, index, reservation=reservation, offering=offering):
+            # A server is its node; a VM or pod is named for the host's hypervisor or kubelet.
+            return node.hostname if offering.kind == OfferingKind.BARE_METAL else f"r{reservation.pk.hex[:12]}-{index}"
 
-    instances = [
-        Instance(tenant_id=reservation.tenant_id, team_id=reservation.team_id, reservation=reservation, node=node,
-                 provisioned_by=operation, index=first + i, kind=offering.kind, name=name(node, first + i),
-                 devices=[{"gpu_id": str(a.gpu_id), "index": a.gpu.index, "pci_bus_id": a.gpu.pci_bus_id,
-                           "mem_lo": a.mem_lo, "mem_hi": a.mem_hi} for a in held])
-        for i, (node, held) in enumerate(units)
-    ]
+        instances += [
+            Instance(tenant_id=reservation.tenant_id, team_id=reservation.team_id, reservation=reservation, node=node,
+                     provisioned_by=operation, index=first + i, kind=offering.kind, name=name(node, first + i),
+                     devices=[{"gpu_id": str(a.gpu_id), "index": a.gpu.index, "pci_bus_id": a.gpu.pci_bus_id,
+                               "mem_lo": a.mem_lo, "mem_hi": a.mem_hi} for a in on_node])
+            for i, (node, on_node) in enumerate(units)
+        ]
     return Instance.objects.bulk_create(instances)
 
 

@@ -270,16 +270,21 @@ def test_work_due_now_is_started_a_few_reservations_per_message(db, monkeypatch,
 
 
 def test_one_start_that_fails_does_not_stop_the_others(monkeypatch, caplog):
+    """Started together in one transaction; when that fails, each alone: only the bad one is left to the tick."""
     from provisioning import lifecycle
 
-    def start(reservation_id, **_):
-        if reservation_id == "bad":
+    tried = []
+
+    def start(reservation_ids, **_):
+        tried.append(list(reservation_ids))
+        if "bad" in reservation_ids:
             raise RuntimeError("driver exploded")
-        return mock.Mock(pk=reservation_id, step="define_domain")
+        return [mock.Mock(pk=pk, step="define_domain") for pk in reservation_ids]
 
     sent = []
-    monkeypatch.setattr(lifecycle, "reservation_provision_start", start)
+    monkeypatch.setattr(lifecycle, "_provision_start_many", start)
     monkeypatch.setattr(lifecycle, "_enqueue", lambda operations, step: sent.append(([o.pk for o in operations], step)))
     assert lifecycle.reservations_start(["a", "bad", "c"]) == 2
+    assert tried == [["a", "bad", "c"], ["a"], ["bad"], ["c"]]
     assert "Starting reservation bad failed" in caplog.text
     assert sent == [(["a", "c"], "define_domain")]  # the started go on together, in one message

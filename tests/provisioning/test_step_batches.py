@@ -186,3 +186,23 @@ def test_a_batch_step_that_fails_finds_the_faulty_operation_alone(started_togeth
     assert "does not answer" in failed.error
     assert reservation(ids[2]).state == "queued"  # placed again, keeping its place
     assert len(asked) > 3  # the batch tried first, then each alone
+
+
+def test_a_batch_start_leaves_what_cannot_start_and_starts_the_rest(world, fleet, steps):  # noqa: F811
+    """In one message: a GPU still being scrubbed waits for the tick, a GPU quarantined meanwhile is placed again."""
+    from cloud.models import GPU
+    from provisioning.models import Allocation
+
+    ids = [create(world, offering("vm", 1), gpus=1) for _ in range(3)]
+    steps.queue.clear()
+    waiting, moved, starting = ids
+    for pk, state in ((waiting, "scrubbing"), (moved, "quarantined")):
+        GPU.objects.filter(pk__in=Allocation.objects.filter(reservation_id=pk).values("gpu")).update(state=state)
+    assert lifecycle.reservations_start(ids) == 1
+    assert reservation(waiting).state == "scheduled"  # the tick tries again once the scrub is done
+    assert reservation(moved).state == "queued" and "quarantined" in reservation(moved).state_reason
+    assert reservation(starting).state == "provisioning"
+    assert Instance.objects.filter(reservation_id__in=[waiting, moved]).count() == 0
+    assert AuditEvent.objects.filter(action="reservation.provision", target_id=str(starting)).count() == 1
+    steps.run()
+    assert reservation(starting).state == "active"
