@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from cloud.choices import OfferingKind
@@ -66,6 +66,65 @@ def instance_ports(instance: Instance, *, assign: bool = True) -> list[str]:
     if vf is None and assign:
         vf = _assign_vf(instance)
     return [vf.guid] if vf else []
+
+
+def instance_ports_many(instances: list[Instance]) -> dict:
+    """
+    ``instance_ports`` for instances that join together, by instance key: their virtual
+    functions found, and the missing ones handed out, in a few statements for them all.
+    """
+    ports = {instance.pk: instance_ports(instance) for instance in instances
+             if instance.kind == OfferingKind.BARE_METAL}
+    shared = [instance for instance in instances if instance.kind != OfferingKind.BARE_METAL]
+    if shared:
+        have = dict(VirtualFunction.objects.filter(instance__in=shared).values_list("instance", "guid"))
+        ports |= {pk: [guid] for pk, guid in have.items()}
+        ports |= _assign_vfs([instance for instance in shared if instance.pk not in have])
+    return ports
+
+
+def _assign_vfs(instances: list[Instance]) -> dict:
+    """
+    ``_assign_vf`` for several instances: free functions taken by conditional UPDATEs, new ones
+    made in one INSERT (a race for an index fails it; the caller then joins one by one).
+    """
+    if not instances:
+        return {}
+    host_ports = defaultdict(list)
+    for port in HCAPort.objects.filter(node__in={instance.node_id for instance in instances}).order_by("node", "index"):
+        host_ports[port.node_id].append(port)
+    wanted = defaultdict(list)
+    for instance in instances:
+        on_host = host_ports.get(instance.node_id)
+        if not on_host:
+            raise DriverError(f"{instance.node.hostname} has no InfiniBand ports recorded; enrol its port GUIDs.",
+                              transient=False)
+        first_gpu = instance.devices[0]["index"] if instance.devices else 0
+        wanted[on_host[first_gpu % len(on_host)]].append(instance)
+    free = defaultdict(list)
+    for vf in VirtualFunction.objects.filter(port__in=list(wanted), instance__isnull=True).order_by("port", "index"):
+        free[vf.port_id].append(vf)
+    made = dict(VirtualFunction.objects.filter(port__in=list(wanted)).values("port").annotate(n=Count("id"))
+                .values_list("port", "n"))
+    assigned, new = {}, []
+    for port, group in wanted.items():
+        for instance in group:
+            vf = free[port.pk].pop(0) if free[port.pk] else None
+            if vf is not None and VirtualFunction.objects.filter(pk=vf.pk, instance__isnull=True).update(
+                    instance=instance):
+                assigned[instance.pk] = [vf.guid]
+                continue
+            if vf is not None:  # taken meanwhile by another join: look again, one at a time
+                assigned[instance.pk] = [_assign_vf(instance).guid]
+                continue
+            index = made.get(port.pk, 0)
+            if index >= settings.MERIDIAN_VFS_PER_PORT:
+                raise DriverError(f"{port} has no free virtual function ({index} in use; MERIDIAN_VFS_PER_PORT).")
+            made[port.pk] = index + 1
+            new.append(VirtualFunction(port=port, index=index, guid="02" + secrets.token_hex(7), instance=instance))
+            assigned[instance.pk] = [new[-1].guid]
+    VirtualFunction.objects.bulk_create(new)
+    return assigned
 
 
 def _assign_vf(instance: Instance) -> VirtualFunction:
@@ -118,9 +177,9 @@ def ports_join_many(joins: list[tuple[Instance, VPC]]) -> dict:
     A DriverError here names no instance: the caller joins them one by one to find whose it is.
     Returns each instance's membership rows, by instance key.
     """
-    ports = []
+    ports, guids_of = [], instance_ports_many([instance for instance, _ in joins])
     for instance, vpc in joins:
-        guids = instance_ports(instance)
+        guids = guids_of.get(instance.pk)
         if not guids:
             raise DriverError(f"{instance.node.hostname} has no InfiniBand ports recorded; enrol its port GUIDs.",
                               transient=False)

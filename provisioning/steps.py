@@ -148,15 +148,22 @@ def join_network_many(contexts: list[Context]) -> None:
     """``join_network`` for a batch: one fabric call per partition for all their ports, one read-back per fabric."""
     from .network import ports_join_many
 
-    ports_join_many([(instance, _vpc_of(ctx, instance)) for ctx in contexts for instance in ctx.instances])
+    defaults: dict = {}  # the tenant's default VPC on a fabric, looked up once for the batch
+    ports_join_many([(instance, _vpc_of(ctx, instance, defaults)) for ctx in contexts for instance in ctx.instances])
 
 
-def _vpc_of(ctx: Context, instance):
+def _vpc_of(ctx: Context, instance, defaults: dict | None = None):
     from .vpcs import default_vpc
 
     reservation = ctx.reservation
+    if reservation.vpc is not None:
+        return reservation.vpc
+    defaults = {} if defaults is None else defaults
+    key = (reservation.tenant_id, instance.node.fabric_id)
     try:
-        return reservation.vpc or default_vpc(tenant_id=reservation.tenant_id, fabric=instance.node.fabric)
+        if key not in defaults:
+            defaults[key] = default_vpc(tenant_id=reservation.tenant_id, fabric=instance.node.fabric)
+        return defaults[key]
     except DomainError as exc:  # no P_Key or subnet left for the tenant: not the node's fault
         raise NodeFault(instance.node, f"the tenant's default VPC cannot be made: {exc.detail}", transient=False,
                         blame=False) from exc

@@ -150,8 +150,8 @@ def test_a_batch_redelivered_after_its_worker_died_repeats_no_side_effect(starte
         assert [(run.attempt, run.state) for run in runs] == [(1, "failed"), (2, "succeeded")]
 
 
-def test_a_batch_joins_its_network_with_one_fabric_call_per_partition(started_together, steps):
-    from provisioning.models import PortMembership
+def test_a_batch_joins_its_network_with_one_fabric_call_per_partition(started_together, world, steps):
+    from provisioning.models import PortMembership, VirtualFunction
 
     ids, _ = started_together
     steps.run()
@@ -164,6 +164,20 @@ def test_a_batch_joins_its_network_with_one_fabric_call_per_partition(started_to
     assert calls["set_members"] == 2  # the VPC's partition and the default one, for the three at once
     rows = PortMembership.objects.filter(instance__in=instances, left_at__isnull=True)
     assert rows.count() == 3 and len({row.address for row in rows}) == 3
+    functions = VirtualFunction.objects.filter(instance__in=instances)
+    assert functions.count() == 3 and {vf.guid for vf in functions} == {row.guid for row in rows}
+    # Released, the functions are free again: the next batch takes them rather than making more.
+    for pk in ids:
+        release(world, pk)
+    steps.run()
+    made = VirtualFunction.objects.count()
+    again = [create(world, offering("vm", 1), gpus=1) for _ in range(3)]
+    steps.queue.clear()
+    assert lifecycle.reservations_start(again) == 3
+    steps.run()
+    assert {reservation(pk).state for pk in again} == {"active"}
+    assert VirtualFunction.objects.count() == made
+    assert VirtualFunction.objects.filter(instance__reservation_id__in=again).count() == 3
 
 
 def test_a_batch_step_that_fails_finds_the_faulty_operation_alone(started_together, steps, monkeypatch):
@@ -171,21 +185,21 @@ def test_a_batch_step_that_fails_finds_the_faulty_operation_alone(started_togeth
     from provisioning import network
 
     ids, _ = started_together
-    real, asked = network.instance_ports, []
+    real, asked = network._memberships, []
 
-    def ports(instance, **kwargs):
-        asked.append(instance.reservation_id)
-        if str(instance.reservation_id) == str(ids[2]):
+    def memberships(vpc, members):
+        asked.append(len(members))
+        if any(str(instance.reservation_id) == str(ids[2]) for instance, _ in members):
             raise DriverError("simulated: the host's HCA does not answer", transient=False)
-        return real(instance, **kwargs)
+        return real(vpc, members)
 
-    monkeypatch.setattr(network, "instance_ports", ports)
+    monkeypatch.setattr(network, "_memberships", memberships)
     steps.run()
     assert {reservation(pk).state for pk in ids[:2]} == {"active"}
     failed = StepRun.objects.get(operation__reservation_id=ids[2], name="join_network", state="gave_up")
     assert "does not answer" in failed.error
     assert reservation(ids[2]).state == "queued"  # placed again, keeping its place
-    assert len(asked) > 3  # the batch tried first, then each alone
+    assert asked == [3, 1, 1, 1]  # the batch tried first, then each alone
 
 
 def test_a_batch_start_leaves_what_cannot_start_and_starts_the_rest(world, fleet, steps):  # noqa: F811
