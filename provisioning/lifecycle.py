@@ -582,17 +582,23 @@ def _lock(operation: Operation) -> Operation:
     Lock the reservation, then the operation: the order services take them in (a cancel moves the
     reservation, then stops its operations), so the two never wait on each other in a deadlock.
     """
-    return _lock_many([operation])[operation.pk]
+    if operation.reservation_id:
+        Reservation.objects.select_for_update().filter(pk=operation.reservation_id).values_list("pk").first()
+    return Operation.objects.select_for_update(of=("self",)).select_related(*OPERATION_WITH).get(pk=operation.pk)
 
 
 def _lock_many(operations: list[Operation]) -> dict:
-    """``_lock`` for a batch: the reservations, then the operations, each in key order (no deadlock between batches)."""
+    """
+    ``_lock`` for a batch: the reservations, then the operations, each in key order (no deadlock
+    between batches). Returns what may have changed since the batch read them: each operation's
+    state, step and dispatch token, by key (the rest it already holds).
+    """
     reservations = sorted({operation.reservation_id for operation in operations if operation.reservation_id})
     if reservations:
         list(Reservation.objects.select_for_update().filter(pk__in=reservations).order_by("pk").values_list("pk"))
-    locked = (Operation.objects.select_for_update(of=("self",)).select_related(*OPERATION_WITH)
-              .filter(pk__in=[operation.pk for operation in operations]).order_by("pk"))
-    return {operation.pk: operation for operation in locked}
+    locked = (Operation.objects.select_for_update().filter(pk__in=[operation.pk for operation in operations])
+              .order_by("pk").values_list("pk", "state", "step", "dispatch"))
+    return {pk: (state, step, dispatch) for pk, state, step, dispatch in locked}
 
 
 @transaction.atomic
@@ -613,24 +619,27 @@ def _steps_succeeded(succeeded: list[tuple[Context, StepRun]], *, chain: bool = 
     finished, going_on, sent_out = [], defaultdict(list), defaultdict(list)  # by (next step, progress)
     for context, run in succeeded:
         operation = context.operation
-        current = locked.get(operation.pk)
-        if current is None or current.is_finished or current.step != run.name:
+        if operation.pk not in locked:
+            outcomes[str(operation.pk)] = "skipped"  # gone
+            continue
+        operation.state, operation.step, operation.dispatch = locked[operation.pk]
+        if operation.is_finished or operation.step != run.name:
             outcomes[str(operation.pk)] = "skipped"  # stopped meanwhile (the reservation was released)
             continue
-        names = [step.name for step in pipeline_of(current)]
+        names = [step.name for step in pipeline_of(operation)]
         index = names.index(run.name)
         if index + 1 == len(names):
-            finished.append(current)
+            finished.append(operation)
             outcomes[str(operation.pk)] = "done"
             continue
         following = (names[index + 1], round(100 * (index + 1) / len(names)))
-        if chain and current.dispatch == dispatch:
+        if chain and operation.dispatch == dispatch:
             going_on[following].append(context)
         else:
             # A newer message (the reaper's) may be running this very step at once, and then finds the
             # operation moved on and stops: the next step goes out under a new token either way, so one
             # message always carries the operation.
-            sent_out[following].append(current)
+            sent_out[following].append(operation)
     _finish_many(finished)
     for (step, progress), operations in sent_out.items():
         Operation.objects.filter(pk__in=[operation.pk for operation in operations]).update(
