@@ -587,14 +587,16 @@ def _lock(operation: Operation) -> Operation:
     return Operation.objects.select_for_update(of=("self",)).select_related(*OPERATION_WITH).get(pk=operation.pk)
 
 
-def _lock_many(operations: list[Operation]) -> dict:
+def _lock_many(operations: list[Operation], *, reservations_too: bool = True) -> dict:
     """
     ``_lock`` for a batch: the reservations, then the operations, each in key order (no deadlock
-    between batches). Returns what may have changed since the batch read them: each operation's
-    state, step and dispatch token, by key (the rest it already holds).
+    between batches). Without ``reservations_too`` only the operations: a transaction that will
+    not touch the reservations cannot close a cycle with one that holds a reservation and waits
+    for its operation. Returns what may have changed since the batch read them: each
+    operation's state, step and dispatch token, by key (the rest it already holds).
     """
     reservations = sorted({operation.reservation_id for operation in operations if operation.reservation_id})
-    if reservations:
+    if reservations and reservations_too:
         list(Reservation.objects.select_for_update().filter(pk__in=reservations).order_by("pk").values_list("pk"))
     locked = (Operation.objects.select_for_update().filter(pk__in=[operation.pk for operation in operations])
               .order_by("pk").values_list("pk", "state", "step", "dispatch"))
@@ -611,7 +613,9 @@ def _steps_succeeded(succeeded: list[tuple[Context, StepRun]], *, chain: bool = 
     reaper resumed it): then, as without ``chain``, the next step is sent out as a new task (one
     message for the operations that go on together).
     """
-    locked = _lock_many([context.operation for context, _ in succeeded])
+    # Only a step that ends an operation moves its reservation (and must lock it first).
+    ending = any(run.name == pipeline_of(context.operation)[-1].name for context, run in succeeded)
+    locked = _lock_many([context.operation for context, _ in succeeded], reservations_too=ending)
     now = timezone.now()
     StepRun.objects.filter(pk__in=[run.pk for _, run in succeeded]).update(state=StepState.SUCCEEDED,
                                                                             finished_at=now)

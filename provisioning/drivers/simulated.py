@@ -165,9 +165,11 @@ class SimulatedVM(Simulated, VMDriver):
         self._domain(target, "define", name, lambda d, n: d.setdefault(n, {"state": "defined", "xml": xml}))
 
     def start(self, target, name):
-        if self.domain_state(target, name) == "absent":
-            raise DriverError(f"No domain {name} on {target.hostname}.", transient=False)
-        self._domain(target, "start", name, lambda d, n: d[n].update(state="running"))
+        def run(domains, n):
+            if n not in domains:  # as libvirt answers: nothing was started, the call undone
+                raise DriverError(f"No domain {name} on {target.hostname}.", transient=False)
+            domains[n]["state"] = "running"
+        self._domain(target, "start", name, run)
 
     def stop(self, target, name):
         def shut_off(domains, n):

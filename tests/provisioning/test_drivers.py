@@ -422,6 +422,20 @@ def test_simulated_failure_is_transient_counted_and_changes_nothing(settings):
 
 
 @pytest.mark.django_db
+def test_simulated_start_of_a_missing_domain_fails_for_good_and_starts_nothing(settings):
+    _simulate(settings)
+    vms, node = SimulatedVM(), Target(node_id="1", hostname="sim-host-1")
+    with pytest.raises(DriverError, match="No domain vm-1 on sim-host-1") as raised:
+        vms.start(node, "vm-1")
+    assert raised.value.transient is False
+    assert vms.domain_state(node, "vm-1") == "absent"
+    vms.define(node, "vm-1", "<domain/>")
+    vms.start(node, "vm-1")
+    assert vms.domain_state(node, "vm-1") == "running"
+    assert Simulated.calls("hypervisor", "sim-host-1") == {"define": 1, "start": 1}  # the refused start undone
+
+
+@pytest.mark.django_db
 def test_simulated_broken_hardware_fails_for_good(settings):
     _simulate(settings, broken_rate={"write_image": 1.0})
     with pytest.raises(DriverError) as raised:

@@ -162,18 +162,32 @@ def test_work_whose_window_ended_before_it_started_expires(world, fleet, steps):
 
 
 def test_a_step_locks_the_reservation_before_its_operation_as_services_do(world, fleet, steps):
-    """Cancel takes reservation then operation; a finishing step takes them in the same order (no deadlock)."""
+    """
+    Cancel takes reservation then operation; the step that ends an operation (and moves its
+    reservation) takes them in the same order (no deadlock). The steps before it lock only the
+    operation: holding no reservation and asking for none, they close no cycle either.
+    """
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
+
+    def locked(queries):
+        tables = [q["sql"].split(" FROM ")[1].split()[0].strip('"') for q in queries.captured_queries
+                  if " FOR UPDATE" in q["sql"]]
+        return [t for t in tables if t in ("provisioning_reservation", "provisioning_operation")]
 
     pk = create(world)
     what, reservation_id, _, _ = steps.queue.popleft()
     lifecycle.reservation_provision_start(reservation_id)
-    _, operation_id, step, token = steps.queue.popleft()
-    with CaptureQueriesContext(connection) as queries:
-        lifecycle.operation_run_step(operation_id, step, token)
-    locks = [q["sql"] for q in queries.captured_queries if " FOR UPDATE" in q["sql"]]
-    tables = [sql.split(" FROM ")[1].split()[0].strip('"') for sql in locks]
-    assert [t for t in tables if t in ("provisioning_reservation", "provisioning_operation")][:2] == [
-        "provisioning_reservation", "provisioning_operation"], tables
-    assert reservation(pk).state == "provisioning"
+    seen = []
+    while steps.queue:
+        _, operation_id, step, token = steps.queue.popleft()
+        with CaptureQueriesContext(connection) as queries:
+            lifecycle.operation_run_step(operation_id, step, token)
+        seen.append((step, locked(queries)))
+        if len(seen) == 1:
+            assert reservation(pk).state == "provisioning"
+    assert reservation(pk).state == "active"
+    *before, (last, at_end) = seen
+    assert last == "hand_over" and at_end == ["provisioning_reservation", "provisioning_operation"], seen
+    assert before and all(tables == ["provisioning_operation"] for _, tables in before), seen
+
