@@ -104,14 +104,20 @@ def reservations_start(reservation_ids: list[str]) -> int:
     statement or two for them all); if that fails, each is started in its own, and one that fails
     then is logged and left to the tick while the others go on. The operations started go through
     their steps together: one message for those at the same first step. Returns how many started.
+
+    A message that names fewer than STARTS_PER_TASK takes on others placed moments ago whose own
+    messages are still queued (creates placed at once send one each): under a burst they are
+    started in batches, and their messages, when they come, find them started.
     """
+    reservation_ids = [str(pk) for pk in reservation_ids]
+    also = _placed_just_now(exclude=reservation_ids, limit=STARTS_PER_TASK - len(reservation_ids))
     try:
-        operations = _provision_start_many(reservation_ids)
+        operations = _provision_start_many(reservation_ids, also=also)
     except Exception:
         log.warning("Starting %d reservations together failed; starting each alone.", len(reservation_ids),
                     exc_info=True)
         operations = []
-        for reservation_id in reservation_ids:
+        for reservation_id in reservation_ids + also:
             try:
                 operations += _provision_start_many([reservation_id])
             except Exception:
@@ -123,6 +129,20 @@ def reservations_start(reservation_ids: list[str]) -> int:
     for step, batch in started.items():
         _enqueue(batch, step)
     return len(operations)
+
+
+# A reservation placed this recently and not started has its start message on the way (or queued).
+JUST_PLACED = timedelta(seconds=30)
+
+
+def _placed_just_now(*, exclude: list[str], limit: int) -> list[str]:
+    if limit <= 0:
+        return []
+    now = timezone.now()
+    due = (Reservation.objects.filter(state=R.SCHEDULED, scheduled_at__gte=now - JUST_PLACED,
+                                      starts_at__lte=now + timedelta(seconds=1))
+           .exclude(pk__in=exclude).order_by("scheduled_at").values_list("pk", flat=True)[:limit])
+    return [str(pk) for pk in due]
 
 
 def _move_gpus(gpu_ids, source: str, target: str) -> int:
@@ -160,15 +180,18 @@ def reservation_provision_start(reservation_id, *, now=None) -> Operation | None
 
 
 @transaction.atomic
-def _provision_start_many(reservation_ids, *, now=None) -> list[Operation]:
+def _provision_start_many(reservation_ids, *, now=None, also=()) -> list[Operation]:
     """
     ``reservation_provision_start`` for several reservations, their first steps not yet sent:
-    each read, locked and written in one statement for them all (locks in key order).
+    each read, locked and written in one statement for them all (locks in key order). ``also``:
+    more to start if no one else holds them (their locks skipped, not waited for, and taken after
+    the others': this transaction never waits once it holds one of them, so closes no cycle).
     """
     now = now or timezone.now()
-    reservations = [r for r in Reservation.objects.select_for_update(of=("self",)).select_related("offering", "region")
-                    .filter(pk__in=list(reservation_ids)).order_by("pk")
-                    if r.state == R.SCHEDULED and r.starts_at <= now + timedelta(seconds=1)]
+    rows = Reservation.objects.select_related("offering", "region").order_by("pk")
+    named = list(rows.select_for_update(of=("self",)).filter(pk__in=list(reservation_ids)))
+    extra = list(rows.select_for_update(of=("self",), skip_locked=True).filter(pk__in=list(also))) if also else []
+    reservations = [r for r in named + extra if r.state == R.SCHEDULED and r.starts_at <= now + timedelta(seconds=1)]
     # Only what they hold now: an earlier attempt's allocations stay as history, ended.
     held = defaultdict(list)
     for allocation in (Allocation.objects.filter(reservation__in=reservations, ends_at__gt=now)

@@ -275,14 +275,15 @@ def test_one_start_that_fails_does_not_stop_the_others(monkeypatch, caplog):
 
     tried = []
 
-    def start(reservation_ids, **_):
-        tried.append(list(reservation_ids))
+    def start(reservation_ids, also=()):
+        tried.append(list(reservation_ids) + list(also))
         if "bad" in reservation_ids:
             raise RuntimeError("driver exploded")
         return [mock.Mock(pk=pk, step="define_domain") for pk in reservation_ids]
 
     sent = []
     monkeypatch.setattr(lifecycle, "_provision_start_many", start)
+    monkeypatch.setattr(lifecycle, "_placed_just_now", lambda **_: [])
     monkeypatch.setattr(lifecycle, "_enqueue", lambda operations, step: sent.append(([o.pk for o in operations], step)))
     assert lifecycle.reservations_start(["a", "bad", "c"]) == 2
     assert tried == [["a", "bad", "c"], ["a"], ["bad"], ["c"]]

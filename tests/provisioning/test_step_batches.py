@@ -220,3 +220,27 @@ def test_a_batch_start_leaves_what_cannot_start_and_starts_the_rest(world, fleet
     assert AuditEvent.objects.filter(action="reservation.provision", target_id=str(starting)).count() == 1
     steps.run()
     assert reservation(starting).state == "active"
+
+
+def test_a_start_message_takes_on_reservations_placed_moments_ago(world, fleet, steps):  # noqa: F811
+    """Creates placed at once send a message each: the first to run starts them all, the others find them started."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from provisioning.models import Reservation
+
+    ids = [create(world, offering("vm", 1), gpus=1) for _ in range(4)]
+    steps.queue.clear()
+    earlier = ids.pop()  # placed a while ago: its start is the tick's to retry, not a burst's
+    Reservation.objects.filter(pk=earlier).update(scheduled_at=timezone.now() - lifecycle.JUST_PLACED * 2)
+    assert lifecycle.reservations_start([ids[0]]) == 3
+    assert {reservation(pk).state for pk in ids} == {"provisioning"}
+    assert reservation(earlier).state == "scheduled"
+    assert [len(batch) for what, batch, *_ in steps.queue] == [3]  # one message takes the three through their steps
+    assert lifecycle.reservations_start([ids[1]]) == 0  # its own message, come later: nothing left to do
+    steps.run()
+    assert {reservation(pk).state for pk in ids} == {"active"}
+    assert lifecycle.tick(now=timezone.now() + timedelta(seconds=1))["started"] == 1
+    steps.run()
+    assert reservation(earlier).state == "active"
