@@ -1,6 +1,6 @@
 """
 From ``scheduled`` to ``active`` and back: provisioning, release (cleaning) and node validation
-as operations of named steps (provisioning.steps), one Celery task per step.
+as operations of named steps (provisioning.steps), run by Celery tasks.
 
 How a step runs (``operation_run_step``): the task names the operation and the step it expects;
 a task whose step is already done (a redelivery after the commit) does nothing. The step calls
@@ -11,6 +11,9 @@ step finds the work done (steps check before they act). Transient driver errors 
 backoff up to a limit; a failure for good marks the node faulty and re-queues the reservation
 (it keeps its place), or fails it after MERIDIAN_PROVISION_FAILURES nodes -- unless its hardware
 failed under it (provisioning.replacement): then only that attempt's units are placed again.
+Reservations started together (``reservations_start``) go through their steps as a batch: one
+message and one bookkeeping transaction per step for them all, each operation's history its own,
+and an operation whose step must wait, retry or fail leaves the batch with a message of its own.
 ``tick`` (every few seconds) starts what is due, releases what ended, retries replacements that
 wait for capacity, and resumes or fails what is stuck.
 """
