@@ -449,8 +449,7 @@ def _run_steps(ids: list[str], step: str, dispatch: str | None, *, chain: bool) 
         if dispatch is not None and operation.dispatch != dispatch:
             continue  # a newer message carries the operation (a retry, a resume, a later step)
         if dispatch is None and operation.step != step:
-            continue
-        # With a token, the chain this message carried may have gone past the step it named.
+            continue  # (with its token, a message runs the step the operation stands at: its chain went on)
         ready.append(operation)
     lost = [operation for operation in ready if operation.attempt]
     if lost:
