@@ -244,3 +244,26 @@ def test_a_start_message_takes_on_reservations_placed_moments_ago(world, fleet, 
     assert lifecycle.tick(now=timezone.now() + timedelta(seconds=1))["started"] == 1
     steps.run()
     assert reservation(earlier).state == "active"
+
+
+def test_bare_metal_servers_started_together_are_deployed_as_a_batch(world, fleet, steps):  # noqa: F811
+    """Two servers, one message: each node taken, both deployed step by step together, each on its own ports."""
+    from cloud.models import Node
+    from provisioning.models import PortMembership
+
+    ids = [create(world, offering("bare_metal", 8), nodes=1) for _ in range(2)]
+    steps.queue.clear()
+    assert lifecycle.reservations_start(ids) == 2
+    [(what, batch, step, _)] = list(steps.queue)
+    assert (len(batch), step) == (2, "power_on_deploy")
+    steps.run()
+    assert {reservation(pk).state for pk in ids} == {"active"}
+    servers = list(Instance.objects.filter(reservation_id__in=ids).select_related("node"))
+    assert len({server.node_id for server in servers}) == 2
+    assert set(Node.objects.filter(pk__in=[s.node_id for s in servers]).values_list("state", flat=True)) == {
+        "allocated"}
+    for server in servers:
+        live = PortMembership.objects.filter(instance=server, left_at__isnull=True)
+        joined = set(live.values_list("guid", flat=True))
+        assert joined and joined == set(server.node.ib_ports.values_list("guid", flat=True))
+        assert Simulated.calls("disk", server.node.hostname) == {"write_image": 1}
