@@ -414,8 +414,10 @@ def operation_run_step(operation_ids, step: str, dispatch: str | None = None) ->
     chained: list[Chained] = []
     while True:
         chain = dispatch is not None and time.monotonic() < deadline
-        ran = _run_steps(ids, step, dispatch, chain=chain) if not chained else _run_chained(chained, dispatch,
-                                                                                            chain=chain)
+        if chained:
+            ran = _run_batch([(link.context, link.run) for link in chained], dispatch, chain=chain)
+        else:
+            ran = _run_steps(ids, step, dispatch, chain=chain)
         chained = [outcome for outcome in ran.values() if isinstance(outcome, Chained)]
         outcomes.update({pk: outcome for pk, outcome in ran.items() if not isinstance(outcome, Chained)})
         if not chained:
@@ -480,10 +482,6 @@ def _run_steps(ids: list[str], step: str, dispatch: str | None, *, chain: bool) 
                                                 attempt=operation.attempt) for operation in ready])
     contexts = _contexts(ready)
     return outcomes | _run_batch([(contexts[run.operation.pk], run) for run in runs], dispatch, chain=chain)
-
-
-def _run_chained(chained: list[Chained], dispatch: str | None, *, chain: bool) -> dict:
-    return _run_batch([(link.context, link.run) for link in chained], dispatch, chain=chain)
 
 
 def _run_batch(batch: list[tuple[Context, StepRun]], dispatch: str | None, *, chain: bool) -> dict:
