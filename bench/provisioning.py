@@ -6,11 +6,13 @@ chained in one task for up to MERIDIAN_STEP_CHAIN_SECONDS), with 1 and with 2 wo
 (prefork, BENCH_CONCURRENCY pool processes each, 1 by default; BENCH_WORKERS="1,2"). The starts
 are sent as a scheduler cycle sends the reservations it placed: BENCH_STARTS_PER_MESSAGE (the
 lifecycle's STARTS_PER_TASK, 8) a message, whose operations then go through their steps as one
-batch; BENCH_STARTS_PER_MESSAGE=1 sends one a message, as a create placed at once does.
+batch; BENCH_STARTS_PER_MESSAGE=1 sends one a message, as a create placed at once does (the
+first message to run then takes on others placed moments ago, up to STARTS_PER_TASK, and the
+later ones find theirs started).
 Reservations per second from the first start sent to the last one active, and each one's time
 from its start to ``active`` (p50, p99). The chain includes attestation (``verify``: a nonce, the
 simulated GPUs' signed evidence, its verification and receipt), which the issue's target left
-out: about a third of the statements per reservation. BENCH_ATTESTATION=off measures the chain
+out: about half of the statements per reservation. BENCH_ATTESTATION=off measures the chain
 as the target was set, without ``verify`` (the workers start through
 bench/worker_without_attestation.py; a deployment always attests).
 
