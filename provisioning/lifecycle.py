@@ -24,6 +24,8 @@ import logging
 import secrets
 import time
 from collections import defaultdict
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -74,8 +76,37 @@ def _enqueue(operations: Operation | str | list, step: str, countdown: float = 0
         return
     token = secrets.token_hex(8)
     Operation.objects.filter(pk__in=ids).update(dispatch=token)
+    together = _sent_together.get()
+    if together is not None and not countdown:
+        together.append(token)  # no message carries them until dispatch_together sends them with the others
+        return
     carried = ids if isinstance(operations, list) else ids[0]
     transaction.on_commit(lambda: operation_step.apply_async((carried, step, token), countdown=countdown))
+
+
+_sent_together: ContextVar[list | None] = ContextVar("operations_sent_together", default=None)
+
+
+@contextmanager
+def dispatch_together():
+    """
+    The operations ``_enqueue`` sends now (not later) while this is open go out together when it
+    closes: one message for those at the same step, STARTS_PER_TASK at most -- reservations whose
+    windows end (or open) at the same tick are cleaned (or provisioned) as batches. Only what was
+    committed goes: an operation whose transaction rolled back kept no token of its own.
+    """
+    tokens: list = []
+    reset = _sent_together.set(tokens)
+    try:
+        yield
+    finally:
+        _sent_together.reset(reset)
+        by_step = defaultdict(list)
+        for pk, step in Operation.objects.filter(dispatch__in=tokens).order_by("pk").values_list("pk", "step"):
+            by_step[step].append(pk)
+        for step, ids in by_step.items():
+            for first in range(0, len(ids), STARTS_PER_TASK):
+                _enqueue(ids[first:first + STARTS_PER_TASK], step)
 
 
 # Reservations started by one task: a scheduler cycle places hundreds at once, and one message
@@ -988,27 +1019,29 @@ def tick(*, now=None, limit: int = 200) -> dict:
             elif outcome:
                 report[counter] += 1
 
-    each(Reservation.objects.filter(state=R.SCHEDULED, starts_at__lte=now, ends_at__gt=now).order_by("starts_at")
-         .values_list("pk", flat=True)[:limit],
-         lambda pk: reservation_provision_start(pk, now=now) is not None, "started")
-    each(Reservation.objects.filter(state__in=[R.SCHEDULED, R.PROVISIONING, R.ACTIVE], ends_at__lte=now)[:limit],
-         lambda reservation: reservation_expire(reservation=reservation), "expired")
-    live = Instance.objects.filter(reservation=OuterRef("pk"),
-                                   state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE])
-    cleaning = Operation.objects.filter(reservation=OuterRef("pk"), kind=OperationKind.RELEASE)
-    each(Reservation.objects.filter(state=R.RELEASING, released_at__lte=now)
-         .filter(Exists(live) | ~Exists(cleaning)).select_related("offering")[:limit],
-         release_start, "releases")
-    validating = Operation.objects.filter(node=OuterRef("pk"), kind=OperationKind.VALIDATE, state__in=UNFINISHED)
-    each(Node.objects.filter(state=N.VALIDATING).exclude(Exists(validating))[:limit],
-         lambda node: node_validate(actor=None, node=node), "validations")
-    # Tenants without their hardware come before routine attestation of idle nodes (which holds a node back).
-    each(replacements_due(now, limit), lambda pk: reservation_replace(pk, now=now) in ("started", "restored", "failed"),
-         "replacements")
-    each(idle_nodes_due(now, limit=max(1, limit // 10)), lambda node: node_attest(node) is not None, "attestations")
-    stuck_before = now - settings.MERIDIAN_STUCK_AFTER
-    each(Operation.objects.filter(state__in=UNFINISHED, updated_at__lt=stuck_before)[:limit],
-         lambda operation: "resumed" if _resume(operation) else "failed_stuck", "resumed")
+    # What the tick starts, releases or resumes goes out in batches (dispatch_together).
+    with dispatch_together():
+        each(Reservation.objects.filter(state=R.SCHEDULED, starts_at__lte=now, ends_at__gt=now).order_by("starts_at")
+             .values_list("pk", flat=True)[:limit],
+             lambda pk: reservation_provision_start(pk, now=now) is not None, "started")
+        each(Reservation.objects.filter(state__in=[R.SCHEDULED, R.PROVISIONING, R.ACTIVE], ends_at__lte=now)[:limit],
+             lambda reservation: reservation_expire(reservation=reservation), "expired")
+        live = Instance.objects.filter(reservation=OuterRef("pk"),
+                                       state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE])
+        cleaning = Operation.objects.filter(reservation=OuterRef("pk"), kind=OperationKind.RELEASE)
+        each(Reservation.objects.filter(state=R.RELEASING, released_at__lte=now)
+             .filter(Exists(live) | ~Exists(cleaning)).select_related("offering")[:limit],
+             release_start, "releases")
+        validating = Operation.objects.filter(node=OuterRef("pk"), kind=OperationKind.VALIDATE, state__in=UNFINISHED)
+        each(Node.objects.filter(state=N.VALIDATING).exclude(Exists(validating))[:limit],
+             lambda node: node_validate(actor=None, node=node), "validations")
+        # Tenants without their hardware come before routine attestation of idle nodes (which holds a node back).
+        each(replacements_due(now, limit),
+             lambda pk: reservation_replace(pk, now=now) in ("started", "restored", "failed"), "replacements")
+        each(idle_nodes_due(now, limit=max(1, limit // 10)), lambda node: node_attest(node) is not None, "attestations")
+        stuck_before = now - settings.MERIDIAN_STUCK_AFTER
+        each(Operation.objects.filter(state__in=UNFINISHED, updated_at__lt=stuck_before)[:limit],
+             lambda operation: "resumed" if _resume(operation) else "failed_stuck", "resumed")
     report["archived"] = allocations_archive()  # by the clock, whatever ``now`` the tick was given
     return report
 

@@ -18,6 +18,7 @@ from tests.provisioning.pipeline import reservation
 from tests.provisioning.test_lifecycle import create, fleet, release  # noqa: F401 -- the fixture
 
 VM_STEPS = [step.name for step in PIPELINES[("provision", "vm")]]
+SEND = lifecycle._enqueue  # the lifecycle's own sending (the steps fixture puts a collector in its place)
 
 
 class WorkerLost(BaseException):
@@ -267,3 +268,56 @@ def test_bare_metal_servers_started_together_are_deployed_as_a_batch(world, flee
         joined = set(live.values_list("guid", flat=True))
         assert joined and joined == set(server.node.ib_ports.values_list("guid", flat=True))
         assert Simulated.calls("disk", server.node.hostname) == {"write_image": 1}
+
+
+def test_reservations_ending_at_the_same_tick_are_cleaned_as_a_batch(
+        started_together, steps, monkeypatch, django_capture_on_commit_callbacks):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from provisioning import tasks
+
+    ids, _ = started_together
+    steps.run()
+    assert {reservation(pk).state for pk in ids} == {"active"}
+    sent = []
+    monkeypatch.setattr(lifecycle, "_enqueue", SEND)
+    monkeypatch.setattr(tasks.operation_step, "apply_async", lambda args, countdown=0: sent.append(args))
+    with django_capture_on_commit_callbacks(execute=True):
+        report = lifecycle.tick(now=timezone.now() + timedelta(hours=3))
+    assert report["expired"] >= 3 and report["errors"] == 0  # ours, and what else the world had running
+    ours = {str(pk) for pk in Operation.objects.filter(reservation_id__in=ids, kind="release").values_list("pk",
+                                                                                                      flat=True)}
+    assert all(isinstance(carried, list) and len(carried) <= lifecycle.STARTS_PER_TASK for carried, _, _ in sent)
+    carrying = [(carried, step) for carried, step, _ in sent if ours & set(carried)]
+    assert len(carrying) == 1 and ours <= set(carrying[0][0]) and carrying[0][1] == "stop_domain", sent
+    everything = [pk for carried, _, _ in sent for pk in carried]
+    assert len(everything) == len(set(everything))  # each operation in one message
+    for carried, step, token in sent:
+        steps.queue.append(("step", carried, step, token))
+    monkeypatch.setattr(lifecycle, "_enqueue", steps.enqueue)  # the steps after, collected here again
+    steps.run()
+    assert {reservation(pk).state for pk in ids} == {"released"}
+    assert set(Instance.objects.filter(reservation_id__in=ids).values_list("state", flat=True)) == {"released"}
+
+
+def test_what_is_sent_together_is_only_what_was_committed(fleet, monkeypatch,  # noqa: F811
+                                                          django_capture_on_commit_callbacks):
+    from django.db import transaction
+
+    from provisioning import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.operation_step, "apply_async", lambda args, countdown=0: sent.append(args))
+    node = fleet[0]
+    kept = Operation.objects.create(node=node, kind="validate", step="check_bmc")
+    retried = Operation.objects.create(node=node, kind="validate", step="check_bmc")
+    with django_capture_on_commit_callbacks(execute=True), lifecycle.dispatch_together():
+        SEND(kept, "check_bmc")
+        SEND(retried, "check_bmc", countdown=4)  # a retry keeps its delay: sent on its own
+        with pytest.raises(RuntimeError), transaction.atomic():
+            SEND(Operation.objects.create(node=node, kind="validate", step="check_bmc"), "check_bmc")
+            raise RuntimeError("the tick's item failed: its operation is gone")
+    assert sent == [(str(retried.pk), "check_bmc", Operation.objects.get(pk=retried.pk).dispatch),
+                    ([str(kept.pk)], "check_bmc", Operation.objects.get(pk=kept.pk).dispatch)]
