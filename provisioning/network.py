@@ -70,11 +70,14 @@ def instance_ports(instance: Instance, *, assign: bool = True) -> list[str]:
 
 def instance_ports_many(instances: list[Instance]) -> dict:
     """
-    ``instance_ports`` for instances that join together, by instance key: their virtual
-    functions found, and the missing ones handed out, in a few statements for them all.
+    ``instance_ports`` for instances that join together, by instance key: servers' HCA ports,
+    and virtual functions found or handed out, in a few statements for them all.
     """
-    ports = {instance.pk: instance_ports(instance) for instance in instances
-             if instance.kind == OfferingKind.BARE_METAL}
+    servers = {instance.node_id: instance.pk for instance in instances if instance.kind == OfferingKind.BARE_METAL}
+    ports: dict = {}
+    for node_id, guid in HCAPort.objects.filter(node__in=list(servers)).order_by("node", "index").values_list(
+            "node", "guid"):
+        ports.setdefault(servers[node_id], []).append(guid)
     shared = [instance for instance in instances if instance.kind != OfferingKind.BARE_METAL]
     if shared:
         have = dict(VirtualFunction.objects.filter(instance__in=shared).values_list("instance", "guid"))
