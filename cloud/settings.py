@@ -464,6 +464,9 @@ MERIDIAN_SCHEDULER_USAGE_REFRESH = env.float("MERIDIAN_SCHEDULER_USAGE_REFRESH_S
 # How long the loop reuses the fleet's shape (which GPU sits on which node, leaf, fabric; read
 # again at once when nodes or GPUs are added or removed). What may take work is read every cycle.
 MERIDIAN_SCHEDULER_SHAPE_REFRESH = env.float("MERIDIAN_SCHEDULER_SHAPE_REFRESH_SECONDS", default=30.0)
+# How long the loop keeps its planning index, catching up each cycle with the nodes whose
+# allocations changed, before building it again (provisioning.kept_capacity); 0: every cycle.
+MERIDIAN_SCHEDULER_INDEX_REBUILD = env.float("MERIDIAN_SCHEDULER_INDEX_REBUILD_SECONDS", default=60.0)
 
 # Provisioning (DESIGN.md, Workers, the node agent and drivers). Drivers per region: "default"
 # and region slugs, each {kind: implementation}; kinds power (simulated|redfish), image, vm

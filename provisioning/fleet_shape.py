@@ -55,10 +55,14 @@ class FleetShape:
         self.counts: tuple | None = None
         self.read_at = float("-inf")
 
-    def snapshot(self, *, now: datetime, until: datetime, regions=None, gpu_model_ids=None) -> Snapshot:
-        """The sellable fleet (optionally narrowed) with every allocation overlapping [now, until)."""
+    def snapshot(self, *, now: datetime, until: datetime, regions=None, gpu_model_ids=None,
+                 blocked: tuple[set, set] | None = None) -> Snapshot:
+        """
+        The sellable fleet (optionally narrowed) with every allocation overlapping [now, until);
+        ``blocked``: what ``blocked()`` answered a moment ago, when the caller has it.
+        """
         self.refresh()
-        blocked_nodes, blocked_gpus = _blocked()
+        blocked_nodes, blocked_gpus = blocked or blocked_now()
         busy = window_allocations(now, until)
         regions = set(regions) if regions is not None else None
         models = set(gpu_model_ids) if gpu_model_ids is not None else None
@@ -94,7 +98,7 @@ class FleetShape:
         self.counts, self.read_at = counts, time.monotonic()
 
 
-def _blocked() -> tuple[set, set]:
+def blocked_now() -> tuple[set, set]:
     """The nodes and GPUs that may not take work now: load_snapshot's rules (snapshot.py), as exceptions."""
     nodes = set(Node.objects.exclude(pk__in=sellable_nodes().values("pk")).values_list("id", flat=True))
     gpus = set(GPU.objects.exclude(SELLABLE_GPU).values_list("id", flat=True))

@@ -30,6 +30,7 @@ from . import admission
 from .allocations import CapacityTaken, nodes_held_back
 from .choices import ReservationState as R
 from .fleet_shape import FleetShape
+from .kept_capacity import KeptCapacity
 from .models import Reservation
 from .planner import plan
 from .priority import Weights, rank
@@ -180,7 +181,7 @@ class CycleBudget:
         self.budget_ms, self.ceiling, self.floor = budget_ms, ceiling, min(floor, ceiling)
         self.share = min(max(share, 0.0), 0.9)
         self.plan_ms = 0.0
-        self.commit_ms_each = 1.0
+        self.commit_ms_each = 2.0
 
     def placements(self, spent_ms: float) -> int:
         if self.budget_ms <= 0:
@@ -199,9 +200,10 @@ class LoopMemory:
     """What the scheduler loop keeps between cycles; a fresh one reads everything."""
 
     def __init__(self, *, record_refresh_s: float = 0.0, usage_refresh_s: float | None = None,
-                 shape_refresh_s: float = 0.0, budget_ms: float = 0.0):
+                 shape_refresh_s: float = 0.0, budget_ms: float = 0.0, index_rebuild_s: float = 0.0):
         self.records = TeamRecords(refresh_s=record_refresh_s, usage_refresh_s=usage_refresh_s)
         self.shape = FleetShape(refresh_s=shape_refresh_s)
+        self.capacity = KeptCapacity(self.shape, rebuild_s=index_rebuild_s)
         self.queue = QueueMirror()
         self.budget = CycleBudget(budget_ms, settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS,
                                   share=settings.MERIDIAN_SCHEDULER_PLACING_SHARE)
@@ -228,7 +230,7 @@ class LoopMemory:
         """
         with collector_paused():
             self.ranked_queue(now or timezone.now())
-            self.shape.refresh()
+            self.capacity.for_cycle(now or timezone.now())
 
     def ranked_queue(self, now: datetime) -> tuple[int, list[tuple], dict]:
         """
@@ -247,7 +249,8 @@ class LoopMemory:
         return cls(record_refresh_s=settings.MERIDIAN_SCHEDULER_RECORD_REFRESH,
                    usage_refresh_s=settings.MERIDIAN_SCHEDULER_USAGE_REFRESH,
                    shape_refresh_s=settings.MERIDIAN_SCHEDULER_SHAPE_REFRESH,
-                   budget_ms=settings.MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS)
+                   budget_ms=settings.MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS,
+                   index_rebuild_s=settings.MERIDIAN_SCHEDULER_INDEX_REBUILD)
 
 
 def _queued_ids() -> list[str]:
@@ -339,11 +342,9 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
         requests.append(request_for(reservation, now))
     if not requests:
         return report
-    snapshot = memory.shape.snapshot(now=now, until=max(r.end for r in requests),
-                                     regions={region for r in requests for region in r.regions},
-                                     gpu_model_ids={m for r in requests for m in r.gpu_model_ids})
+    capacity = memory.capacity.for_cycle(now)  # the whole sellable fleet, kept by the loop
     lap("snapshot")
-    result = plan(snapshot, requests, headroom=settings.MERIDIAN_HEADROOM,
+    result = plan(None, requests, headroom=settings.MERIDIAN_HEADROOM, capacity=capacity,
                   max_placements=memory.budget.placements((time.perf_counter() - began) * 1000))
     lap("plan")
     over_quota = _owners_over_quota([by_id[p.reservation_id] for p in result.placements], now)

@@ -83,11 +83,12 @@ class Planner:
     see it). Pure: no database, no clock, no I/O; the same snapshot and requests give the same plan.
     """
 
-    def __init__(self, snapshot: Snapshot, *, headroom: float = 0.10,
-                 model_names: Mapping[UUID, str] | None = None):
-        self.capacity = Capacity(snapshot)
+    def __init__(self, snapshot: Snapshot | None = None, *, headroom: float = 0.10,
+                 model_names: Mapping[UUID, str] | None = None, capacity: Capacity | None = None):
+        # ``capacity``: an index kept from an earlier plan and brought up to date, instead of a snapshot.
+        self.capacity = capacity if capacity is not None else Capacity(snapshot)
         self.headroom = headroom
-        self.wording = Wording(snapshot.now, model_names or {})
+        self.wording = Wording(self.capacity.now, model_names or {}, origin=self.capacity.origin)
         self.last_reason = ""
         self._reasons: dict[UUID, str] = {}
         self._placed: set[UUID] = set()
@@ -141,7 +142,7 @@ class Planner:
             return None, problem
         if request.reservation_id in self._placed:
             return None, "it is placed already"
-        if request.end <= self.capacity.now:
+        if request.end <= self.capacity.time(self.capacity.origin):
             return None, "its window has already ended"
         s, e = self._window(request)
         shape = self._shape(request, s)
@@ -166,7 +167,8 @@ class Planner:
     def _window(self, request: Request) -> tuple[int, int]:
         """The window in ticks; one that began before now starts now, keeping its length."""
         s, e = self.capacity.ticks(request.start), self.capacity.ticks(request.end)
-        return (s, e) if s >= 0 else (0, e - s)
+        now = self.capacity.origin
+        return (s, e) if s >= now else (now, e - s + now)
 
     def _shape(self, request: Request, s: int) -> tuple:
         """Everything but the units and the end that decides whether a request fits (see Failures)."""
@@ -232,7 +234,7 @@ class Planner:
         earlier, keeping its length; hard eviction ends them now. For a window that starts later
         than that, the victims run on until it starts: ending them sooner frees nothing it needs.
         """
-        grace = max(0, request.eviction_grace // TICK)
+        grace = self.capacity.origin + max(0, request.eviction_grace // TICK)
         if s < grace:
             s, e = grace, grace + (e - s)
         at = s
@@ -271,13 +273,14 @@ class Planner:
     #
 
     def _commit(self, request: Request, region: str, where: str, fit: Fit, s: int, e: int,
-                at: int = 0) -> Placement | str:
+                at: int | None = None) -> Placement | str:
         """
         Evict ``fit``'s victims (ending at ``at``), book its GPU memory for ``[s, e)``, and build
         the Placement. A reserved or spot request that would leave the region fewer free GPUs at
         its start than the headroom is undone (on-demand work may use the headroom).
         """
         cap = self.capacity
+        at = cap.origin if at is None else at  # evictions end now unless a grace period says later
         rid = request.reservation_id
         guard = not request.on_demand and self.headroom > 0
         kept = self.headroom * len(cap.region_gpus.get(region, ()))
@@ -287,7 +290,7 @@ class Planner:
         evictions = tuple(
             Eviction(v, rid, cap.time(at),
                      f"preempted by reservation {rid} (priority {request.priority:.3f} over "
-                     f"{cap.victim_priority[v]:.3f}), {'after a grace period' if at else 'at once'}")
+                     f"{cap.victim_priority[v]:.3f}), {'after a grace period' if at > cap.origin else 'at once'}")
             for v in victims
         )
         for v in victims:
@@ -312,14 +315,17 @@ class Planner:
         )
 
 
-def plan(snapshot: Snapshot, queue: Sequence[Request], *, headroom: float = 0.10,
-         model_names: Mapping[UUID, str] | None = None, max_placements: int | None = None) -> Plan:
+def plan(snapshot: Snapshot | None, queue: Sequence[Request], *, headroom: float = 0.10,
+         model_names: Mapping[UUID, str] | None = None, max_placements: int | None = None,
+         capacity: Capacity | None = None) -> Plan:
     """
     Place the ranked ``queue`` in its order on ``snapshot``: each request sees the ones before it.
     Every request tried and not placed is in ``unplaced`` with why it waits. Planning stops after
     ``max_placements``: the requests after that point are not tried (they wait for the next plan).
+    A kept ``capacity`` (instead of a snapshot) is planned on and left as the plan leaves it:
+    its keeper knows what changed (``Capacity.touched``).
     """
-    planner = Planner(snapshot, headroom=headroom, model_names=model_names)
+    planner = Planner(snapshot, headroom=headroom, model_names=model_names, capacity=capacity)
     result = Plan()
     for request in queue:
         if max_placements is not None and len(result.placements) >= max_placements:
@@ -329,5 +335,6 @@ def plan(snapshot: Snapshot, queue: Sequence[Request], *, headroom: float = 0.10
             result.unplaced[request.reservation_id] = planner.last_reason
         else:
             result.placements.append(placement)
-    planner.capacity.dispose()
+    if capacity is None:
+        planner.capacity.dispose()
     return result

@@ -22,8 +22,9 @@ def plural(count: int, word: str) -> str:
 
 
 class Wording:
-    def __init__(self, now: datetime, model_names: Mapping[UUID, str]):
-        self.now = now
+    def __init__(self, now: datetime, model_names: Mapping[UUID, str], origin: int = 0):
+        self.now = now  # what tick 0 is
+        self.origin = origin  # the tick that is now
         self.model_names = model_names
 
     def model(self, model_id: UUID) -> str:
@@ -38,7 +39,7 @@ class Wording:
 
     def needs(self, request: Request, s: int, e: int) -> str:
         """What the request asks for, and when."""
-        when = f"from {'now' if s == 0 else self.clock(s)} to {self.clock(e)}"
+        when = f"from {'now' if s == self.origin else self.clock(s)} to {self.clock(e)}"
         if request.kind == BARE_METAL:
             what = f"{plural(request.units, 'whole node')} ({plural(request.units * request.gpus_per_unit, 'GPU')})"
         elif request.slots_per_gpu > 1:
@@ -68,7 +69,7 @@ class Wording:
         return f"{where}: {offer}"
 
     def headroom(self, where: str, s: int, before: int, after: int, kept: float) -> str:
-        return (f"{where}: {plural(before, 'GPU')} free {'now' if s == 0 else 'at ' + self.clock(s)}; taking "
+        return (f"{where}: {plural(before, 'GPU')} free {'now' if s == self.origin else 'at ' + self.clock(s)}; taking "
                 f"{before - after} would leave fewer than the {kept:.0f} kept for on-demand work "
                 f"(reserved and spot requests may not use the headroom)")
 

@@ -17,6 +17,11 @@ Only nodes whose bookings interleave with the window fall back to interval check
 
 Every change goes through ``Capacity.set_entries``, which keeps those summaries, the slot-layout
 index and the per-region load counts in step and journals an undo step.
+
+The scheduler loop keeps one index across cycles (provisioning.kept_capacity): a later cycle moves
+``origin`` -- the tick that is "now" -- forward instead of building again. The summaries above stay
+true for every window that starts at or after ``origin``; work that ended between the build and
+``origin`` only makes a node take the slower, exact path until its entries are set again.
 """
 
 from __future__ import annotations
@@ -226,6 +231,9 @@ class Capacity:
         self.victim_priority: dict[UUID, float] = {}  # evictable reservations of the snapshot
         self.holdings: dict[UUID, set[GpuState]] = {}  # evictable reservation -> its GPUs
         self.journal: list[Callable[[], None]] = []
+        self.origin = 0  # the tick that is now: 0 at build, later when a kept index is reused
+        # Nodes whose GPUs changed since the keeper last caught up (kept indexes track it; None: not tracked).
+        self.touched: set[NodeState] | None = None
         self._load: dict[str, dict[int, int]] = {}  # region -> instant -> GPUs busy then
         self._victim_order: list[float] | None = None
         self._build(snapshot)
@@ -239,6 +247,14 @@ class Capacity:
 
     def time(self, ticks: int) -> datetime:
         return self.now + ticks * TICK
+
+    def advance(self, now: datetime) -> None:
+        """Plan from ``now`` on (not before the build's own now) on this index."""
+        self.origin = max(self.origin, self.ticks(now))
+        # Load counts kept for instants now past are never asked again, yet every change pays for them.
+        for load in self._load.values():
+            for t in [t for t in load if t < self.origin]:
+                del load[t]
 
     #
     # Building
@@ -295,7 +311,7 @@ class Capacity:
         now = self.now
         for b in busy:
             start, end = (b.start - now) // TICK, (b.end - now) // TICK
-            if end > 0 and end > start:  # work that ended by now can never conflict again
+            if end > self.origin and end > start:  # work that ended by now can never conflict again
                 entries.append(Entry(start, end, b.mem_lo, b.mem_hi, b.reservation_id,
                                      self.victim_priority.get(b.reservation_id)))
         entries.sort(key=lambda x: x.start)
@@ -334,11 +350,38 @@ class Capacity:
         gpu.entries = entries
         gpu.refresh()
         gpu.node.refresh()
+        if self.touched is not None:
+            self.touched.add(gpu.node)
         if gpu.layouts != old_layouts:
             self._index_layouts(gpu, old_layouts)
         for t, was in before:
             if gpu.busy_at(t) != was:
                 load[t] += -1 if was else 1
+
+    def reload(self, gpu: GpuState, busy) -> None:
+        """
+        Set one GPU's allocations as read again from the database (``Busy`` rows; not journaled):
+        a kept index catching up. Its holders' eviction index follows: a spot reservation is a
+        victim while it holds a GPU of the index.
+        """
+        pool = gpu.node.pool
+        for x in gpu.entries:
+            held = self.holdings.get(x.owner) if x.victim_priority is not None else None
+            if held is not None and gpu in held:
+                held.discard(gpu)
+                if pool.victims.get(x.owner, 0) > 1:
+                    pool.victims[x.owner] -= 1
+                else:
+                    pool.victims.pop(x.owner, None)
+                if not held:
+                    del self.holdings[x.owner]
+                    self.victim_priority.pop(x.owner, None)
+        for b in busy:
+            if b.preemptible and b.priority > self.victim_priority.get(b.reservation_id, float("-inf")):
+                self.victim_priority[b.reservation_id] = b.priority
+        self._victim_order = None
+        self.set_entries(gpu, self._entries(busy), journal=False)
+        self._index_holdings(gpu)
 
     def add(self, gpu: GpuState, entry: Entry) -> None:
         entries = gpu.entries.copy()
@@ -368,7 +411,7 @@ class Capacity:
             for x in gpu.entries:
                 if x.owner != victim:
                     kept.append(x)
-                elif x.start < at and min(x.end, at) > 0:
+                elif x.start < at and min(x.end, at) > self.origin:
                     kept.append(x._replace(end=min(x.end, at), victim_priority=None))
             self.set_entries(gpu, kept)
 

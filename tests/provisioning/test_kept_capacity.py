@@ -1,0 +1,124 @@
+"""
+The scheduler loop's kept planning index (provisioning.kept_capacity) answers as an index built
+afresh would: after placements, releases, deletions, spot work and allocations that ended on
+their own between cycles, after what a plan wrote without committing, and across a moved "now"
+(a later cycle plans and evicts from its own now, not from the build's).
+"""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from cloud.models import Node
+from provisioning.fleet_shape import FleetShape
+from provisioning.kept_capacity import AHEAD, KeptCapacity
+from provisioning.models import Allocation, Reservation
+from provisioning.plan_types import VM, Busy, GPUCapacity, NodeCapacity, Request, Snapshot
+from provisioning.planner import Planner, plan
+from provisioning.planner.state import Capacity
+from tests.provisioning.test_loop_memory import hold, sellable_nodes
+from tests.world import h100, small_fleet
+
+
+@pytest.fixture
+def fleet(world):
+    Reservation.objects.all().delete()
+    return small_fleet(8)
+
+
+def index_view(capacity: Capacity) -> dict:
+    """What an index says from its origin on, in absolute times: per GPU its work, and who may be evicted."""
+    now = capacity.origin
+    gpus = {}
+    for gpu_id, gpu in capacity.gpus.items():
+        gpus[gpu_id] = sorted((capacity.time(max(x.start, now)), capacity.time(x.end), x.lo, x.hi, x.owner,
+                               x.victim_priority) for x in gpu.entries if x.end > now)
+    held = {owner: {g.gpu_id for g in gpus_held} for owner, gpus_held in capacity.holdings.items() if gpus_held}
+    pools = {(p.region, p.model, p.kind, p.fabric): {v: n for v, n in p.victims.items() if n}
+             for pools in capacity.pools.values() for p in pools}
+    return {"gpus": gpus, "victims": {v: p for v, p in capacity.victim_priority.items() if v in held},
+            "held": held, "pools": pools}
+
+
+def fresh(now) -> Capacity:
+    capacity = Capacity(FleetShape().snapshot(now=now, until=now + AHEAD))
+    return capacity
+
+
+def test_the_kept_index_catches_up_with_what_changed_between_cycles(world, fleet):
+    now = timezone.now()
+    nodes = sellable_nodes()
+    spot = hold(world, nodes[0].gpus.all()[:2], start=now - timedelta(hours=1), end=now + timedelta(hours=2),
+                term="spot", score=0.2)
+    released = hold(world, nodes[1].gpus.all()[:1], start=now - timedelta(hours=1), end=now + timedelta(hours=3))
+    gone = hold(world, nodes[2].gpus.all()[:4], start=now + timedelta(hours=1), end=now + timedelta(hours=2))
+    ending = hold(world, nodes[3].gpus.all()[:1], start=now - timedelta(hours=1), end=now + timedelta(minutes=1))
+    kept = KeptCapacity(FleetShape(refresh_s=3600), rebuild_s=3600, rebuild_share=1)
+    assert index_view(kept.for_cycle(now)) == index_view(fresh(now))
+
+    later = now + timedelta(minutes=2)  # ``ending`` ended on its own meanwhile
+    Allocation.objects.filter(reservation=released).update(ends_at=later)  # released early
+    Allocation.objects.filter(reservation=gone).delete()
+    new_spot = hold(world, nodes[4].gpus.all()[:8], start=later, end=later + timedelta(hours=1), term="spot",
+                    score=0.1)
+    hold(world, nodes[0].gpus.all()[2:3], start=later, end=later + timedelta(hours=1))
+    capacity = kept.for_cycle(later)
+    assert capacity.origin == capacity.ticks(later)
+    assert index_view(capacity) == index_view(fresh(later))
+    assert kept.rebuilds == 1  # caught up, not built again ...
+    assert kept.caught_up == 5  # ... by reading the five nodes that changed
+    assert set(capacity.victim_priority) >= {spot.pk, new_spot.pk}
+    assert not any(x.owner == ending.pk for g in capacity.gpus.values() for x in g.entries)
+
+
+def test_what_a_plan_wrote_is_read_again_from_the_database(world, fleet):
+    """A plan's placements that never committed (refused, lost) leave the next cycle's index."""
+    now = timezone.now()
+    kept = KeptCapacity(FleetShape(refresh_s=3600), rebuild_s=3600, rebuild_share=1)
+    capacity = kept.for_cycle(now)
+    model = h100().pk
+    asked = [Request(reservation_id=uuid.uuid4(), kind=VM, gpu_model_ids=(model,), regions=("us-east-1",), units=1,
+                     gpus_per_unit=2, start=now, end=now + timedelta(hours=1), priority=0.5) for _ in range(3)]
+    result = plan(None, asked, headroom=0, capacity=capacity)
+    assert len(result.placements) == 3
+    assert capacity.touched  # the plan's writes are tracked ...
+    later = now + timedelta(seconds=1)
+    assert index_view(kept.for_cycle(later)) == index_view(fresh(later))  # ... and undone by the database
+    assert kept.caught_up == len({a.node_id for p in result.placements for a in p.assignments})
+
+
+def test_the_index_is_built_again_when_a_node_stops_taking_work_or_it_is_old(world, fleet):
+    now = timezone.now()
+    kept = KeptCapacity(FleetShape(refresh_s=3600), rebuild_s=3600, rebuild_share=1)
+    kept.for_cycle(now)
+    out = sellable_nodes()[0]
+    Node.objects.filter(pk=out.pk).update(state="maintenance")
+    capacity = kept.for_cycle(now)
+    assert kept.rebuilds == 2
+    assert out.pk not in {n.node_id for nodes in capacity.region_nodes.values() for n in nodes}
+    kept.rebuild_s = 0
+    kept.for_cycle(now)
+    assert kept.rebuilds == 3
+
+
+def test_a_kept_index_plans_and_evicts_from_its_own_now():
+    """Windows that began before the moved now start at it; a hard eviction ends the victim then, not at the build."""
+    built = timezone.now()
+    later = built + timedelta(minutes=10)
+    victim, model = uuid.uuid4(), uuid.uuid4()
+    busy = [Busy(victim, built - timedelta(hours=1), built + timedelta(hours=5), 0, 80, True, 0.1)]
+    node = NodeCapacity(uuid.uuid4(), "r", uuid.uuid4(), uuid.uuid4(), 0, "shared", model,
+                        [GPUCapacity(uuid.uuid4(), i, 80, list(busy)) for i in range(2)])
+    capacity = Capacity(Snapshot(now=built, nodes=[node]))
+    capacity.advance(later)
+    placement = Planner(capacity=capacity, headroom=0).place(Request(
+        reservation_id=uuid.uuid4(), kind=VM, gpu_model_ids=(model,), regions=("r",), units=1, gpus_per_unit=2,
+        start=built, end=built + timedelta(hours=1), priority=0.9))
+    assert placement is not None
+    assert (placement.start, placement.end) == (later, later + timedelta(hours=1))
+    assert [e.at for e in placement.evictions] == [later]
+    assert "at once" in placement.evictions[0].reason
+    assert all(x.end == capacity.ticks(later) for g in capacity.gpus.values() for x in g.entries
+               if x.owner == victim)
