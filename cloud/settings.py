@@ -466,7 +466,7 @@ MERIDIAN_SCHEDULER_USAGE_REFRESH = env.float("MERIDIAN_SCHEDULER_USAGE_REFRESH_S
 MERIDIAN_SCHEDULER_SHAPE_REFRESH = env.float("MERIDIAN_SCHEDULER_SHAPE_REFRESH_SECONDS", default=30.0)
 # How long the loop keeps its planning index, catching up each cycle with the nodes whose
 # allocations changed, before building it again (provisioning.kept_capacity); 0: every cycle.
-MERIDIAN_SCHEDULER_INDEX_REBUILD = env.float("MERIDIAN_SCHEDULER_INDEX_REBUILD_SECONDS", default=60.0)
+MERIDIAN_SCHEDULER_INDEX_REBUILD = env.float("MERIDIAN_SCHEDULER_INDEX_REBUILD_SECONDS", default=300.0)
 
 # Provisioning (DESIGN.md, Workers, the node agent and drivers). Drivers per region: "default"
 # and region slugs, each {kind: implementation}; kinds power (simulated|redfish), image, vm

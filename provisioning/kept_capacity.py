@@ -38,7 +38,7 @@ REBUILD_SHARE = 0.4
 
 
 class KeptCapacity:
-    def __init__(self, shape: FleetShape, rebuild_s: float = 60.0, rebuild_share: float = REBUILD_SHARE):
+    def __init__(self, shape: FleetShape, rebuild_s: float = 300.0, rebuild_share: float = REBUILD_SHARE):
         self.shape = shape
         self.rebuild_s, self.rebuild_share = rebuild_s, rebuild_share
         self.capacity: Capacity | None = None
