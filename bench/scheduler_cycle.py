@@ -556,7 +556,7 @@ def at_fill(world: World, fill: int, rng: random.Random) -> dict:
           f"{detail['gc_ms']} ms in {detail['gc_pauses']} garbage collections, "
           f"{detail['apply_queries_per_attempt']} queries per placement attempt in apply")
     print(f"      phases: {json.dumps(detail['phases'])}")
-    for name, f in list(detail["functions"].items())[:10]:
+    for name, f in list(detail["functions"].items())[:16]:
         print(f"      {name:40s} {f['calls']:6d} calls {f['total_ms']:9.1f} ms  {f['ms_per_call']:7.3f} ms/call")
     for ms, sql in detail["slowest_queries"]:
         print(f"      {ms:7.1f} ms  {sql}")
