@@ -8,8 +8,9 @@ four teams with quotas that never bind.
 Cycles run as the loop runs them (``manage.py run_scheduler``): the collector paused, a
 ``LoopMemory`` kept between cycles (the teams' records for MERIDIAN_SCHEDULER_RECORD_REFRESH_SECONDS,
 their decayed usage for MERIDIAN_SCHEDULER_USAGE_REFRESH_SECONDS, the fleet's shape, the queue's
-rows, the planner's index caught up each cycle from the nodes whose allocations changed) and the cycle budget MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS (250 by default: a cycle plans only
-what the time left can commit; 0 turns it off), with MERIDIAN_SCHEDULER_PLACING_SHARE (0.4) of a
+rows, the planner's index caught up each cycle from the nodes whose allocations changed) and the
+cycle budget MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS (250 by default: a cycle plans only what the time
+left can commit; 0 turns it off), with MERIDIAN_SCHEDULER_PLACING_SHARE (0.4) of a
 cycle kept for placing when its fixed part fills the budget. Set the MERIDIAN_ variables to try
 other values.
 

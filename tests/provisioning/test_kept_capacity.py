@@ -42,9 +42,9 @@ def index_view(capacity: Capacity) -> dict:
             "held": held, "pools": pools}
 
 
-def fresh(now) -> Capacity:
-    capacity = Capacity(FleetShape().snapshot(now=now, until=now + AHEAD))
-    return capacity
+def fresh_index(now) -> Capacity:
+    """The index a cycle at ``now`` would build from nothing."""
+    return Capacity(FleetShape().snapshot(now=now, until=now + AHEAD))
 
 
 def test_the_kept_index_catches_up_with_what_changed_between_cycles(world, fleet):
@@ -56,7 +56,7 @@ def test_the_kept_index_catches_up_with_what_changed_between_cycles(world, fleet
     gone = hold(world, nodes[2].gpus.all()[:4], start=now + timedelta(hours=1), end=now + timedelta(hours=2))
     ending = hold(world, nodes[3].gpus.all()[:1], start=now - timedelta(hours=1), end=now + timedelta(minutes=1))
     kept = KeptCapacity(FleetShape(refresh_s=3600), rebuild_s=3600, rebuild_share=1)
-    assert index_view(kept.for_cycle(now)) == index_view(fresh(now))
+    assert index_view(kept.for_cycle(now)) == index_view(fresh_index(now))
 
     later = now + timedelta(minutes=2)  # ``ending`` ended on its own meanwhile
     Allocation.objects.filter(reservation=released).update(ends_at=later)  # released early
@@ -66,7 +66,7 @@ def test_the_kept_index_catches_up_with_what_changed_between_cycles(world, fleet
     hold(world, nodes[0].gpus.all()[2:3], start=later, end=later + timedelta(hours=1))
     capacity = kept.for_cycle(later)
     assert capacity.origin == capacity.ticks(later)
-    assert index_view(capacity) == index_view(fresh(later))
+    assert index_view(capacity) == index_view(fresh_index(later))
     assert kept.rebuilds == 1  # caught up, not built again ...
     assert kept.caught_up == 5  # ... by reading the five nodes that changed
     assert set(capacity.victim_priority) >= {spot.pk, new_spot.pk}
@@ -85,7 +85,7 @@ def test_what_a_plan_wrote_is_read_again_from_the_database(world, fleet):
     assert len(result.placements) == 3
     assert capacity.touched  # the plan's writes are tracked ...
     later = now + timedelta(seconds=1)
-    assert index_view(kept.for_cycle(later)) == index_view(fresh(later))  # ... and undone by the database
+    assert index_view(kept.for_cycle(later)) == index_view(fresh_index(later))  # ... and undone by the database
     assert kept.caught_up == len({a.node_id for p in result.placements for a in p.assignments})
 
 

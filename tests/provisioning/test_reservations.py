@@ -12,13 +12,14 @@ from cloud.db import LeaderLock
 from cloud.models import GPU
 from provisioning.admission import Ask
 from provisioning.models import Allocation, IdempotencyKey, Operation, Reservation
-from provisioning.scheduler import run_cycle
+from provisioning.scheduler import LoopMemory, run_cycle
 from provisioning.services import reservation_create
 from security.models import AuditEvent
 from tenants.choices import QuotaResource, TenantRole
 from tenants.models import Membership, Quota, Tenant
 from tenants.scoping import Principal
 from tests.provisioning.test_allocations import OVERLAPPING_PAIRS
+from tests.provisioning.test_kept_capacity import fresh_index, index_view
 from tests.world import make_user, small_fleet, unique, vm_offering
 
 URL = "/api/v1/reservations/"
@@ -255,10 +256,13 @@ def test_racing_creates_and_the_scheduler_never_double_book_the_last_8_gpus(worl
             connections.close_all()
             gate.release()
 
+    # The loop as run_scheduler runs it: its planning index kept and caught up between cycles.
+    memory = LoopMemory.for_loop()
+
     def scheduler():
         while not stop.is_set():
             try:
-                run_cycle()
+                run_cycle(memory=memory)
             except Exception as exc:  # noqa: BLE001
                 errors.append(repr(exc))
         connections.close_all()
@@ -270,11 +274,14 @@ def test_racing_creates_and_the_scheduler_never_double_book_the_last_8_gpus(worl
         t.start()
     for t in threads:
         t.join()
-    for _ in range(3):
-        run_cycle()
     stop.set()
     loop.join()
+    for _ in range(3):
+        run_cycle(memory=memory)
     assert errors == []
+    # What the kept index believes after the race is what the database holds.
+    later = timezone.now()
+    assert index_view(memory.capacity.for_cycle(later)) == index_view(fresh_index(later))
     assert len(outcomes) == 80
     # The world's two queued one-GPU reservations race too.
     assert Allocation.objects.count() == 8
