@@ -25,22 +25,23 @@ other values.
      queries and database time per phase, garbage-collection pauses, and a timer around each step
      run_cycle takes (TIMED). Outside the cycle: the queue load alone and the ranking alone
      (run_cycle's "rank" lap holds both). BENCH_PROFILE=1 adds one cycle under cProfile per level.
-  2. A run of BENCH_SECONDS (60) from BENCH_STEADY_FILL (50 %) full, after one warm-up cycle,
-     that keeps the queue at 10,000 and, before each cycle, releases (directly in the database)
-     what was placed BENCH_HOLD_SECONDS (0: everything placed by the cycles before) ago, so
-     capacity exists: placements committed per second of scheduler time (and of wall time) and
-     the cycle p50/p99. Cycles run back to back (the loop's 0.5 s interval only matters when a
-     cycle is shorter). With a hold of a second, what the run measures is how fast the bench
-     turns capacity over: cycles then place as many as were released, far fewer than the queue
-     and the budget allow. Releasing hundreds of reservations a second rewrites thousands of
-     allocation rows a second, which outpaces autovacuum's default one-minute round here (the
-     window's read then wades through dead index entries and slows by half within a minute), so
-     the bench vacuums the allocation and reservation tables every BENCH_VACUUM_SECONDS (10; 0:
-     never), as autovacuum tuned for a hot table would, in its housekeeping, outside the cycles.
-     The housekeeping also archives allocations every 5 s, as the lifecycle tick does: with the
-     default horizon (MERIDIAN_ALLOCATION_ARCHIVE_AFTER_MINUTES, 60) nothing of a one-minute run
-     is old enough, and the constraint's index grows with the run's history (each placement gets
-     dearer); a horizon of seconds shows the cycle with an index that holds little history.
+  2. A run of BENCH_SECONDS (60) from BENCH_STEADY_FILL (50 %) full, after one warm-up cycle, that
+     keeps the queue at 10,000 and, before each cycle, releases (directly in the database) what was
+     placed BENCH_HOLD_SECONDS (0: everything placed by the cycles before) ago, so capacity exists:
+     placements committed per second of scheduler time (and of wall time) and the cycle p50/p99.
+     Cycles run back to back, as the loop runs them while cycles are cut short by their budget with
+     work left (its 0.5 s interval is for a queue that is drained). With a hold of a second, what the
+     run measures is how fast the bench turns capacity over: cycles then place as many as were
+     released, far fewer than the queue and the budget allow. Releasing hundreds of reservations a
+     second rewrites thousands of allocation rows a second, which outpaces autovacuum's default
+     one-minute round here (the window's read then wades through dead index entries and slows by half
+     within a minute), so the bench vacuums the allocation and reservation tables every
+     BENCH_VACUUM_SECONDS (10; 0: never), as autovacuum tuned for a hot table would, in its
+     housekeeping, outside the cycles. The housekeeping also archives allocations every 5 s, as the
+     lifecycle tick does: with the default horizon (MERIDIAN_ALLOCATION_ARCHIVE_AFTER_MINUTES, 60)
+     nothing of a one-minute run is old enough, and the constraint's index grows with the run's
+     history (each placement gets dearer); a horizon of seconds shows the cycle with an index that
+     holds little history.
 
 Targets (issue 3): cycle p99 under 300 ms; at least 680 placements per second.
 

@@ -130,3 +130,4 @@ class Placement:
 class Plan:
     placements: list[Placement] = field(default_factory=list)
     unplaced: dict[UUID, str] = field(default_factory=dict)  # reservation id -> why it waits
+    cut_short: bool = False  # it stopped at its most placements with requests not yet tried

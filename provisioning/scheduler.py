@@ -60,6 +60,9 @@ class CycleReport:
     conflicts: int = 0
     over_quota: int = 0
     waiting: int = 0
+    # The cycle stopped at the most placements its budget allowed, with ranked work not yet tried:
+    # the loop goes on at once instead of waiting out its interval.
+    cut_short: bool = False
     timings_ms: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -347,6 +350,7 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     result = plan(None, requests, headroom=settings.MERIDIAN_HEADROOM, capacity=capacity,
                   max_placements=memory.budget.placements((time.perf_counter() - began) * 1000))
     lap("plan")
+    report.cut_short = result.cut_short
     over_quota = _owners_over_quota([by_id[p.reservation_id] for p in result.placements], now)
     memory.note_over_quota(over_quota)
     # Checked once for the cycle: placements on a node held back since the snapshot are refused.

@@ -329,6 +329,7 @@ def plan(snapshot: Snapshot | None, queue: Sequence[Request], *, headroom: float
     result = Plan()
     for request in queue:
         if max_placements is not None and len(result.placements) >= max_placements:
+            result.cut_short = True
             break
         placement = planner.place(request)
         if placement is None:

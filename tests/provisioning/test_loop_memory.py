@@ -181,3 +181,28 @@ def test_the_scheduler_command_primes_its_memory_and_places_the_queue(world, fle
     assert prime.call_count == 1
     assert set(Reservation.objects.filter(pk__in=[r.pk for r in waiting]).values_list("state", flat=True)) == {
         "scheduled"}
+
+
+def test_a_cycle_cut_short_by_its_budget_is_followed_at_once(world, fleet, settings):
+    """With more placeable work than a cycle may place, the loop does not wait out its interval."""
+    from django.core.management import call_command
+
+    from provisioning.management.commands import run_scheduler
+
+    settings.MERIDIAN_SCHEDULER_MAX_PLACEMENTS = 1
+    waiting = [make_reservation(world, state="queued", offering=offering("vm", 1)) for _ in range(3)]
+    sleeps = []
+
+    class Stop(Exception):
+        pass
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        raise Stop  # the first wait ends the loop
+
+    with mock.patch.object(run_scheduler.time, "sleep", sleep), pytest.raises(Stop):
+        call_command("run_scheduler", "--interval", "30")
+    # Three cycles back to back (one placement each; the third placed the last), then the wait.
+    assert set(Reservation.objects.filter(pk__in=[r.pk for r in waiting]).values_list("state", flat=True)) == {
+        "scheduled"}
+    assert len(sleeps) == 1 and sleeps[0] > 25

@@ -16,7 +16,8 @@ log = logging.getLogger("provisioning.scheduler")
 
 
 class Command(BaseCommand):
-    help = "Run the scheduler: every interval, rank the queue, plan and apply (leader only)."
+    help = ("Run the scheduler: every interval, rank the queue, plan and apply (leader only); at once again "
+            "while cycles are cut short by their budget with work left.")
 
     def add_arguments(self, parser):
         parser.add_argument("--interval", type=float, default=None, help="Seconds between cycles (0.5).")
@@ -36,6 +37,7 @@ class Command(BaseCommand):
         try:
             while not stopping:
                 started = time.monotonic()
+                backlog = False
                 try:
                     if lock.acquire():
                         if not leading:
@@ -46,6 +48,10 @@ class Command(BaseCommand):
                         report = run_cycle(memory=memory)
                         if report.placed or report.conflicts:
                             log.info("cycle: %s", report.as_dict())
+                        # A budget that cut the cycle short keeps it short, not the queue waiting:
+                        # the next cycle starts at once while cycles place work (one whose placements
+                        # were all refused waits, so a standing conflict cannot spin the loop).
+                        backlog = report.cut_short and report.placed > 0
                     elif leading or once:
                         log.info("Standing by: another scheduler leads.")
                         leading = False
@@ -58,7 +64,8 @@ class Command(BaseCommand):
                     time.sleep(min(5.0, interval * 4))
                 if once:
                     break
-                time.sleep(max(0.0, interval - (time.monotonic() - started)))
+                if not backlog:
+                    time.sleep(max(0.0, interval - (time.monotonic() - started)))
         finally:
             lock.release()
             gc.unfreeze()
