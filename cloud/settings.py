@@ -429,7 +429,8 @@ MERIDIAN_MAX_ADVANCE = timedelta(days=env.int("MERIDIAN_MAX_ADVANCE_DAYS", defau
 # Clock skew tolerated on a requested start in the past.
 MERIDIAN_START_SKEW = timedelta(seconds=env.int("MERIDIAN_START_SKEW_SECONDS", default=60))
 MERIDIAN_SPOT_GRACE = timedelta(seconds=env.int("MERIDIAN_SPOT_GRACE_SECONDS", default=120))
-# Share of each region kept free for on-demand bursts (reserved and spot work may not use it).
+# Share of each region's GPUs of a model (per pool) kept free for on-demand bursts (reserved and
+# spot work may not use it).
 MERIDIAN_HEADROOM = env.float("MERIDIAN_HEADROOM", default=0.10)
 MERIDIAN_SCHEDULER_INTERVAL = env.float("MERIDIAN_SCHEDULER_INTERVAL_SECONDS", default=0.5)
 # How many of the ranked queue one cycle tries to place (Slurm's default_queue_depth): the whole

@@ -54,6 +54,7 @@ class FleetShape:
         self.nodes: list[NodeShape] = []  # by hostname, as load_snapshot orders them
         self.counts: tuple | None = None
         self.read_at = float("-inf")
+        self.version = 0  # moves only when a read found the shape changed
 
     def snapshot(self, *, now: datetime, until: datetime, regions=None, gpu_model_ids=None,
                  blocked: tuple[set, set] | None = None) -> Snapshot:
@@ -90,11 +91,13 @@ class FleetShape:
         for gpu_id, node_id, index, memory, model_id in GPU.objects.order_by("node_id", "index").values_list(
                 "id", "node_id", "index", "memory_mib", "model_id"):
             gpus[node_id].append(GpuShape(gpu_id, index, memory, model_id))
-        self.nodes = [
+        nodes = [
             NodeShape(node_id, region, fabric_id, leaf_id, pod, pool, tuple(gpus[node_id]))
             for node_id, region, fabric_id, leaf_id, pod, pool in Node.objects.order_by("hostname").values_list(
                 "id", "region__slug", "fabric_id", "leaf_id", "leaf__pod", "pool")
         ]
+        if nodes != self.nodes:
+            self.nodes, self.version = nodes, self.version + 1
         self.counts, self.read_at = counts, time.monotonic()
 
 

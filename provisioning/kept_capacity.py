@@ -22,9 +22,10 @@ PostgreSQL only: on the embedded SQLite default (small fleets) every cycle build
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from django.db import connection
+from django.db import connection, transaction
 
 from .fleet_shape import FleetShape, blocked_now
 from .models import Allocation
@@ -45,7 +46,7 @@ class KeptCapacity:
         self.nodes: dict = {}  # node id -> NodeState of the index
         self.lines: dict = {}  # node id -> (count, sum of ids, sum of ends): the allocations it was read with
         self.blocked: tuple[set, set] | None = None
-        self.shape_read_at = float("-inf")
+        self.shape_version = -1
         self.built_at = float("-inf")
         self.rebuilds = self.caught_up = 0  # for the bench: whole builds, nodes read again
 
@@ -54,9 +55,13 @@ class KeptCapacity:
         if connection.vendor != "postgresql":
             return self._build(now, blocked_now(), {})
         self.shape.refresh()
+        with _one_snapshot():  # the lines and the rows read again describe the same moment
+            return self._catch_up(now)
+
+    def _catch_up(self, now: datetime) -> Capacity:
         blocked = blocked_now()
         lines = _node_lines(now)
-        if (self.capacity is None or blocked != self.blocked or self.shape.read_at != self.shape_read_at
+        if (self.capacity is None or blocked != self.blocked or self.shape.version != self.shape_version
                 or time.monotonic() - self.built_at >= self.rebuild_s):
             return self._build(now, blocked, lines)
         changed = {node.node_id for node in self.capacity.touched}
@@ -75,16 +80,38 @@ class KeptCapacity:
         self.capacity.touched = set()
         return self.capacity
 
-    def _build(self, now: datetime, blocked: tuple[set, set], lines: dict) -> Capacity:
+    def dispose(self) -> None:
+        """Drop the index (see ``Capacity.dispose``); the next cycle builds one."""
         if self.capacity is not None:
             self.capacity.dispose()
+        self.capacity = None
+
+    def _build(self, now: datetime, blocked: tuple[set, set], lines: dict) -> Capacity:
+        self.dispose()
         self.capacity = Capacity(self.shape.snapshot(now=now, until=now + AHEAD, blocked=blocked))
         self.capacity.touched = set()
         self.nodes = {node.node_id: node for nodes in self.capacity.region_nodes.values() for node in nodes}
         self.lines, self.blocked = lines, blocked
-        self.shape_read_at, self.built_at = self.shape.read_at, time.monotonic()
+        self.shape_version, self.built_at = self.shape.version, time.monotonic()
         self.rebuilds += 1
         return self.capacity
+
+
+@contextmanager
+def _one_snapshot():
+    """
+    A REPEATABLE READ transaction, so every statement sees one snapshot of the database: a row
+    committed between reading the lines and reading the rows would otherwise be in the index
+    but not in its line, and missed if it went away again before the next cycle. Inside a
+    transaction already (tests), that transaction's reads serve.
+    """
+    if connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
 
 
 def _node_lines(now: datetime) -> dict:

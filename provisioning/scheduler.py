@@ -312,8 +312,14 @@ LAST_CYCLE_KEY = "meridian:scheduler:last-cycle"
 
 def run_cycle(*, now: datetime | None = None, memory: LoopMemory | None = None) -> CycleReport:
     """One cycle. The loop passes its ``memory`` to keep what it read between cycles."""
+    kept = memory is not None
+    memory = memory if kept else LoopMemory()
     with collector_paused():
-        report = _cycle(now or timezone.now(), memory or LoopMemory())
+        try:
+            report = _cycle(now or timezone.now(), memory)
+        finally:
+            if not kept:
+                memory.capacity.dispose()  # freed at once, not left to the collector
     # For the staff console and /metrics: what the last cycle did, whichever process ran it.
     cache.set(LAST_CYCLE_KEY, {**report.as_dict(), "finished_at": timezone.now().isoformat()}, None)
     return report

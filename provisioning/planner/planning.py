@@ -283,8 +283,10 @@ class Planner:
         at = cap.origin if at is None else at  # evictions end now unless a grace period says later
         rid = request.reservation_id
         guard = not request.on_demand and self.headroom > 0
-        kept = self.headroom * len(cap.region_gpus.get(region, ()))
-        before = cap.free_at(region, s) if guard else 0
+        # The headroom is a share of the region's GPUs of this model in this pool, as the fast path sees them.
+        group = (region, fit.pool.model, fit.pool.kind)
+        kept = self.headroom * cap.group_gpus.get(group, 0)
+        before = cap.free_at(group, s) if guard else 0
         mark = len(cap.journal)
         victims = sorted(fit.victims, key=lambda v: (cap.victim_priority[v], str(v)))
         evictions = tuple(
@@ -298,7 +300,7 @@ class Planner:
         for gpu, lo, hi in fit.picks:
             cap.add(gpu, Entry(s, e, lo, hi, rid))
         if guard:
-            after = cap.free_at(region, s)
+            after = cap.free_at(group, s)
             if after < kept and after < before:
                 cap.rollback(mark)
                 return self.wording.headroom(where, s, before, after, kept)

@@ -25,6 +25,7 @@ class Wording:
     def __init__(self, now: datetime, model_names: Mapping[UUID, str], origin: int = 0):
         self.now = now  # what tick 0 is
         self.origin = origin  # the tick that is now
+        self.today = (now + origin * TICK).date()
         self.model_names = model_names
 
     def model(self, model_id: UUID) -> str:
@@ -32,7 +33,7 @@ class Wording:
 
     def clock(self, ticks: int) -> str:
         moment = self.now + ticks * TICK
-        return moment.strftime("%H:%M" if moment.date() == self.now.date() else "%Y-%m-%d %H:%M")
+        return moment.strftime("%H:%M" if moment.date() == self.today else "%Y-%m-%d %H:%M")
 
     def where(self, region: str, model_id: UUID) -> str:
         return f"{self.model(model_id)} in {region}"

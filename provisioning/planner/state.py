@@ -81,17 +81,17 @@ class GpuState:
         self.entries = entries
         self.refresh()
 
-    def refresh(self) -> None:
-        """Recompute the summaries after ``entries`` changed."""
-        if not self.entries:
-            self.busy_until = self.last_end = 0
-            self.first_start = FOREVER
-            self.layouts = NO_LAYOUTS
-            return
-        covered = 0
+    def refresh(self, origin: int = 0) -> None:
+        """Recompute the summaries after ``entries`` changed, from ``origin`` (now) on: work ended by then is past."""
+        covered = origin
         last = 0
+        first = FOREVER
         layouts = NO_LAYOUTS
         for x in self.entries:
+            if x.end <= origin:
+                continue
+            if first == FOREVER:
+                first = x.start
             if x.start <= covered < x.end:
                 covered = x.end
             if x.end > last:
@@ -100,9 +100,9 @@ class GpuState:
                 n = slot_layout(self.memory, x.lo, x.hi)
                 if n and n not in layouts:
                     layouts = layouts | {n}
-        self.busy_until = covered
+        self.busy_until = covered  # origin itself when nothing holds it now
         self.last_end = last
-        self.first_start = self.entries[0].start if self.entries else FOREVER
+        self.first_start = first
         self.layouts = layouts
 
     def free(self, s: int, e: int) -> bool:
@@ -157,14 +157,18 @@ class NodeState:
         self.size = self.clean = self.busy = self.ahead = 0
         self.busy_min = self.ahead_min = FOREVER
 
-    def refresh(self) -> None:
-        """Recount after a GPU's entries changed: clean GPUs, GPUs busy now, GPUs booked only ahead."""
+    def refresh(self, origin: int = 0) -> None:
+        """
+        Recount after a GPU's entries changed: clean GPUs, GPUs busy now, GPUs booked only ahead
+        (now being ``origin``). A GPU whose summaries are from an earlier now counts as busy or
+        ahead, never wrongly as clean; the fast answers below then fall back to the exact ones.
+        """
         clean = busy = ahead = 0
         busy_min = ahead_min = FOREVER
         for g in self.gpus:
-            if g.last_end <= 0:
+            if g.last_end <= origin:
                 clean += 1
-            elif g.busy_until > 0:
+            elif g.busy_until > origin:
                 busy += 1
                 busy_min = min(busy_min, g.busy_until)
             else:
@@ -226,7 +230,7 @@ class Capacity:
         self.now = snapshot.now
         self.pools: dict[tuple[str, UUID, str], list[Pool]] = {}
         self.gpus: dict[UUID, GpuState] = {}
-        self.region_gpus: dict[str, list[GpuState]] = {}
+        self.group_gpus: dict[tuple[str, UUID, str], int] = {}  # (region, model, pool kind) -> GPUs
         self.region_nodes: dict[str, list[NodeState]] = {}
         self.victim_priority: dict[UUID, float] = {}  # evictable reservations of the snapshot
         self.holdings: dict[UUID, set[GpuState]] = {}  # evictable reservation -> its GPUs
@@ -234,7 +238,7 @@ class Capacity:
         self.origin = 0  # the tick that is now: 0 at build, later when a kept index is reused
         # Nodes whose GPUs changed since the keeper last caught up (kept indexes track it; None: not tracked).
         self.touched: set[NodeState] | None = None
-        self._load: dict[str, dict[int, int]] = {}  # region -> instant -> GPUs busy then
+        self._load: dict[tuple, dict[int, int]] = {}  # (region, model, pool kind) -> instant -> GPUs busy then
         self._victim_order: list[float] | None = None
         self._build(snapshot)
 
@@ -276,12 +280,11 @@ class Capacity:
                 pool.leaves.append(leaf)
                 pool.pods.setdefault(leaf.pod, []).append(leaf)
             node = NodeState(cap.node_id, cap.region, leaf, pool)
-            region_gpus = self.region_gpus.setdefault(cap.region, [])
+            self.group_gpus[group] = self.group_gpus.get(group, 0) + len(cap.gpus)
             for g in cap.gpus:
                 gpu = GpuState(g.gpu_id, g.index, g.memory_mib, node, self._entries(g.busy))
                 node.gpus.append(gpu)
                 self.gpus[g.gpu_id] = gpu
-                region_gpus.append(gpu)
                 if gpu.entries:  # a GPU with nothing on it has no layout and no holder to index
                     self._index_layouts(gpu, NO_LAYOUTS)
                     self._index_holdings(gpu)
@@ -344,12 +347,13 @@ class Capacity:
         if journal:
             old = gpu.entries
             self.journal.append(lambda: self.set_entries(gpu, old, journal=False))
-        load = self._load.get(gpu.node.region)
+        pool = gpu.node.pool
+        load = self._load.get((pool.region, pool.model, pool.kind))
         before = [(t, gpu.busy_at(t)) for t in load] if load else ()
         old_layouts = gpu.layouts
         gpu.entries = entries
-        gpu.refresh()
-        gpu.node.refresh()
+        gpu.refresh(self.origin)
+        gpu.node.refresh(self.origin)
         if self.touched is not None:
             self.touched.add(gpu.node)
         if gpu.layouts != old_layouts:
@@ -443,15 +447,15 @@ class Capacity:
     # Questions across a region
     #
 
-    def free_at(self, region: str, t: int) -> int:
-        """GPUs of ``region`` with nothing on them at instant ``t``."""
-        load = self._load.setdefault(region, {})
+    def free_at(self, group: tuple[str, UUID, str], t: int) -> int:
+        """GPUs of a ``(region, GPU model, pool kind)`` with nothing on them at instant ``t``."""
+        load = self._load.setdefault(group, {})
         if t not in load:
             if len(load) >= LOAD_INSTANTS:
                 del load[next(iter(load))]
             # Free at instant t is free for [t, t + 1): the nodes' summaries answer that in O(1) mostly.
-            load[t] = sum(n.size - n.free_count(t, t + 1) for n in self.region_nodes.get(region, ()))
-        return len(self.region_gpus.get(region, ())) - load[t]
+            load[t] = sum(n.size - n.free_count(t, t + 1) for pool in self.pools.get(group, ()) for n in pool.nodes)
+        return self.group_gpus.get(group, 0) - load[t]
 
     def victims_below(self, priority: float) -> int:
         """How many evictable reservations rank below ``priority``: requests alike in it pick alike victims."""

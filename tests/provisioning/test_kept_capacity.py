@@ -122,3 +122,53 @@ def test_a_kept_index_plans_and_evicts_from_its_own_now():
     assert "at once" in placement.evictions[0].reason
     assert all(x.end == capacity.ticks(later) for g in capacity.gpus.values() for x in g.entries
                if x.owner == victim)
+
+
+def two_gpu_node(model, busy=()):
+    return NodeCapacity(uuid.uuid4(), "r", uuid.uuid4(), uuid.uuid4(), 0, "shared", model,
+                        [GPUCapacity(uuid.uuid4(), i, 80, list(busy)) for i in range(2)])
+
+
+def test_a_kept_index_says_when_work_placed_after_its_build_frees_up():
+    """Work that starts at the moved now is busy now, and the waiting reason names its end."""
+    built = timezone.now().replace(hour=9, minute=0, second=0, microsecond=0)
+    later = built + timedelta(minutes=10)
+    model = uuid.uuid4()
+    long = Busy(uuid.uuid4(), built - timedelta(hours=1), built + timedelta(hours=5), 0, 80)
+    node = two_gpu_node(model)
+    node.gpus[0].busy.append(long)
+    capacity = Capacity(Snapshot(now=built, nodes=[node]))
+    capacity.advance(later)
+    short = Busy(uuid.uuid4(), later, built + timedelta(hours=1), 0, 80)
+    capacity.reload(capacity.gpus[node.gpus[1].gpu_id], [short])
+    planner = Planner(capacity=capacity, headroom=0)
+    assert planner.place(Request(reservation_id=uuid.uuid4(), kind=VM, gpu_model_ids=(model,), regions=("r",),
+                                 units=1, gpus_per_unit=1, start=later, end=later + timedelta(hours=1),
+                                 priority=0.5)) is None
+    assert "until 10:00" in planner.last_reason  # the short work's end, not the long work's 14:00
+
+
+def test_the_headroom_is_a_share_of_the_gpus_of_the_model_asked():
+    """Free GPUs of another model do not make room in this one's headroom, nor do busy ones take it."""
+    now = timezone.now()
+    h100, a100 = uuid.uuid4(), uuid.uuid4()
+    held = Busy(uuid.uuid4(), now, now + timedelta(hours=1), 0, 80)
+    # H100: 4 GPUs, 2 busy; a 50 % headroom keeps 2. A100: 8 GPUs, all free.
+    nodes = [two_gpu_node(h100, [held]), two_gpu_node(h100)] + [two_gpu_node(a100) for _ in range(4)]
+
+    def reserved(model):
+        return Request(reservation_id=uuid.uuid4(), kind=VM, gpu_model_ids=(model,), regions=("r",), units=1,
+                       gpus_per_unit=1, start=now, end=now + timedelta(hours=1), priority=0.5, on_demand=False)
+
+    planner = Planner(Snapshot(now=now, nodes=nodes), headroom=0.5)
+    assert planner.place(reserved(h100)) is None  # counted region-wide, 10 free of 12 would have left room
+    assert "kept for on-demand" in planner.last_reason
+    assert planner.place(reserved(a100)) is not None
+
+
+def test_the_shape_read_again_unchanged_does_not_rebuild_the_index(world, fleet):
+    now = timezone.now()
+    kept = KeptCapacity(FleetShape(refresh_s=0), rebuild_s=3600)
+    kept.for_cycle(now)
+    kept.for_cycle(now + timedelta(seconds=1))
+    assert kept.rebuilds == 1
