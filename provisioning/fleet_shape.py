@@ -55,6 +55,9 @@ class FleetShape:
         self.counts: tuple | None = None
         self.read_at = float("-inf")
         self.version = 0  # moves only when a read found the shape changed
+        self._by_id: dict = {}
+        self._node_of_gpu: dict = {}
+        self._by_id_version = -1
 
     def snapshot(self, *, now: datetime, until: datetime, regions=None, gpu_model_ids=None,
                  blocked: tuple[set, set] | None = None) -> Snapshot:
@@ -71,15 +74,21 @@ class FleetShape:
         for node in self.nodes:
             if node.node_id in blocked_nodes or (regions is not None and node.region not in regions):
                 continue
-            usable = [g for g in node.gpus if g.gpu_id not in blocked_gpus and (models is None or g.model_id in models)]
-            if usable:
-                gpus = [GPUCapacity(gpu_id=g.gpu_id, index=g.index, memory_mib=g.memory_mib,
-                                    busy=busy.get(g.gpu_id, [])) for g in usable]
-                # A node's GPUs are of one model (enrolment checks it); its last usable GPU's, as load_snapshot.
-                nodes.append(NodeCapacity(node_id=node.node_id, region=node.region, fabric_id=node.fabric_id,
-                                          leaf_id=node.leaf_id, pod=node.pod, pool=node.pool,
-                                          gpu_model_id=usable[-1].model_id, gpus=gpus))
+            if (capacity := node_capacity(node, blocked_gpus, busy, models)) is not None:
+                nodes.append(capacity)
         return Snapshot(now=now, nodes=nodes)
+
+    def node(self, node_id) -> NodeShape | None:
+        """One node's shape by id (None: not in the fleet as last read)."""
+        if self._by_id_version != self.version:
+            self._by_id = {node.node_id: node for node in self.nodes}
+            self._node_of_gpu = {g.gpu_id: node.node_id for node in self.nodes for g in node.gpus}
+            self._by_id_version = self.version
+        return self._by_id.get(node_id)
+
+    def node_of_gpu(self, gpu_id):
+        self.node(None)  # the maps follow the shape
+        return self._node_of_gpu.get(gpu_id)
 
     def refresh(self) -> None:
         """Read the shape again if it is older than ``refresh_s`` or hardware was added or removed."""
@@ -99,6 +108,18 @@ class FleetShape:
         if nodes != self.nodes:
             self.nodes, self.version = nodes, self.version + 1
         self.counts, self.read_at = counts, time.monotonic()
+
+
+def node_capacity(node: NodeShape, blocked_gpus: set, busy: dict, models: set | None = None) -> NodeCapacity | None:
+    """A sellable node as a snapshot holds it: its usable GPUs (of ``models``) with their allocations; None if none."""
+    usable = [g for g in node.gpus if g.gpu_id not in blocked_gpus and (models is None or g.model_id in models)]
+    if not usable:
+        return None
+    gpus = [GPUCapacity(gpu_id=g.gpu_id, index=g.index, memory_mib=g.memory_mib, busy=busy.get(g.gpu_id, []))
+            for g in usable]
+    # A node's GPUs are of one model (enrolment checks it); its last usable GPU's, as load_snapshot.
+    return NodeCapacity(node_id=node.node_id, region=node.region, fabric_id=node.fabric_id, leaf_id=node.leaf_id,
+                        pod=node.pod, pool=node.pool, gpu_model_id=usable[-1].model_id, gpus=gpus)
 
 
 def blocked_now() -> tuple[set, set]:

@@ -10,9 +10,11 @@ an eviction, an extension or an allocation that ended since the last cycle chang
 line; only those nodes' allocations are read again. What the last plan wrote into the index is
 read again too (``Capacity.touched``): the database, not the plan, says what committed.
 
-The index is built again from a snapshot when the fleet's shape changed, when a node or GPU
-started or stopped taking work (``fleet_shape.blocked_now``), when many nodes changed at once,
-and at least every ``rebuild_s`` seconds (a score or billing change of held work -- what picks
+A node that stops taking work (a spare, out of service, being cleaned or attested: see
+``fleet_shape.blocked_now``) leaves the index; one that starts again comes back with its
+allocations; a node whose GPU stops or starts taking work comes back with the GPUs that may.
+The index is built again from a snapshot when the fleet's shape changed, when many nodes changed
+at once, and at least every ``rebuild_s`` seconds (a score or billing change of held work -- what picks
 spot victims -- is in no allocation line). Whatever the index believes, the database still refuses
 overlapping allocations: a stale index costs a lost race, never a double booking.
 
@@ -27,7 +29,7 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
-from .fleet_shape import FleetShape, blocked_now
+from .fleet_shape import FleetShape, blocked_now, node_capacity
 from .models import Allocation
 from .planner.state import Capacity
 from .snapshot import window_allocations
@@ -61,24 +63,42 @@ class KeptCapacity:
     def _catch_up(self, now: datetime) -> Capacity:
         blocked = blocked_now()
         lines = _node_lines(now)
-        if (self.capacity is None or blocked != self.blocked or self.shape.version != self.shape_version
+        if (self.capacity is None or self.shape.version != self.shape_version
                 or time.monotonic() - self.built_at >= self.rebuild_s):
             return self._build(now, blocked, lines)
+        # Nodes that started or stopped taking work, or whose GPUs did: they leave the index and
+        # come back with what may take work now.
+        moved = self._moved(blocked)
         changed = {node.node_id for node in self.capacity.touched}
         changed.update(n for n in lines.keys() | self.lines.keys() if lines.get(n) != self.lines.get(n))
-        changed &= self.nodes.keys()
-        if len(changed) > self.rebuild_share * len(self.nodes):
+        changed = (changed & self.nodes.keys()) - moved
+        if len(changed) + len(moved) > self.rebuild_share * len(self.nodes):
             return self._build(now, blocked, lines)
         self.capacity.advance(now)
-        if changed:
-            busy = window_allocations(now, now + AHEAD, node_ids=changed)
+        if changed or moved:
+            busy = window_allocations(now, now + AHEAD, node_ids=changed | moved)
             for node_id in changed:
                 for gpu in self.nodes[node_id].gpus:
                     self.capacity.reload(gpu, busy.get(gpu.gpu_id, ()))
-        self.caught_up += len(changed)
-        self.lines = lines
+            blocked_nodes, blocked_gpus = blocked
+            for node_id in moved:
+                if node_id in self.nodes:
+                    self.capacity.remove_node(self.nodes.pop(node_id))
+                shape = None if node_id in blocked_nodes else self.shape.node(node_id)
+                if shape is not None and (node := node_capacity(shape, blocked_gpus, busy)) is not None:
+                    self.nodes[node_id] = self.capacity.add_node(node)
+        self.caught_up += len(changed) + len(moved)
+        self.lines, self.blocked = lines, blocked
         self.capacity.touched = set()
         return self.capacity
+
+    def _moved(self, blocked: tuple[set, set]) -> set:
+        """The nodes whose own or whose GPUs' right to take work changed since the last cycle."""
+        (was_nodes, was_gpus), (nodes, gpus) = self.blocked, blocked
+        moved = was_nodes ^ nodes
+        moved.update(self.shape.node_of_gpu(gpu_id) for gpu_id in was_gpus ^ gpus)
+        moved.discard(None)
+        return moved
 
     def dispose(self) -> None:
         """Drop the index (see ``Capacity.dispose``); the next cycle builds one."""

@@ -266,33 +266,82 @@ class Capacity:
 
     def _build(self, snapshot: Snapshot) -> None:
         self._find_victims(snapshot)
-        leaves: dict[tuple[tuple[str, UUID, str], UUID], Leaf] = {}
-        fabrics: dict[tuple[str, UUID, str, UUID], Pool] = {}
+        self._leaves: dict[tuple[tuple[str, UUID, str], UUID], Leaf] = {}
+        self._fabrics: dict[tuple[str, UUID, str, UUID], Pool] = {}
         for cap in snapshot.nodes:
-            group = (cap.region, cap.gpu_model_id, cap.pool)
-            pool = fabrics.get((*group, cap.fabric_id))
-            if pool is None:
-                pool = fabrics[(*group, cap.fabric_id)] = Pool(cap.region, cap.gpu_model_id, cap.pool, cap.fabric_id)
-                self.pools.setdefault(group, []).append(pool)
-            leaf = leaves.get((group, cap.leaf_id))
-            if leaf is None:
-                leaf = leaves[(group, cap.leaf_id)] = Leaf(cap.leaf_id, (cap.fabric_id, cap.pod))
-                pool.leaves.append(leaf)
-                pool.pods.setdefault(leaf.pod, []).append(leaf)
-            node = NodeState(cap.node_id, cap.region, leaf, pool)
-            self.group_gpus[group] = self.group_gpus.get(group, 0) + len(cap.gpus)
-            for g in cap.gpus:
-                gpu = GpuState(g.gpu_id, g.index, g.memory_mib, node, self._entries(g.busy))
-                node.gpus.append(gpu)
-                self.gpus[g.gpu_id] = gpu
-                if gpu.entries:  # a GPU with nothing on it has no layout and no holder to index
-                    self._index_layouts(gpu, NO_LAYOUTS)
-                    self._index_holdings(gpu)
-            node.refresh()
-            self.region_nodes.setdefault(cap.region, []).append(node)
-            leaf.nodes.append(node)
-            pool.nodes.append(node)
-            pool.max_size = max(pool.max_size, node.size)
+            self._add(cap)
+
+    def _add(self, cap) -> NodeState:
+        """One node of a snapshot (``NodeCapacity``) into the index, after those already in it."""
+        group = (cap.region, cap.gpu_model_id, cap.pool)
+        pool = self._fabrics.get((*group, cap.fabric_id))
+        if pool is None:
+            pool = self._fabrics[(*group, cap.fabric_id)] = Pool(cap.region, cap.gpu_model_id, cap.pool, cap.fabric_id)
+            self.pools.setdefault(group, []).append(pool)
+        leaf = self._leaves.get((group, cap.leaf_id))
+        if leaf is None:
+            leaf = self._leaves[(group, cap.leaf_id)] = Leaf(cap.leaf_id, (cap.fabric_id, cap.pod))
+            pool.leaves.append(leaf)
+            pool.pods.setdefault(leaf.pod, []).append(leaf)
+        node = NodeState(cap.node_id, cap.region, leaf, pool)
+        self.group_gpus[group] = self.group_gpus.get(group, 0) + len(cap.gpus)
+        self._load.pop(group, None)
+        for g in cap.gpus:
+            gpu = GpuState(g.gpu_id, g.index, g.memory_mib, node, self._entries(g.busy))
+            if self.origin:
+                gpu.refresh(self.origin)
+            node.gpus.append(gpu)
+            self.gpus[g.gpu_id] = gpu
+            if gpu.entries:  # a GPU with nothing on it has no layout and no holder to index
+                self._index_layouts(gpu, NO_LAYOUTS)
+                self._index_holdings(gpu)
+        node.refresh(self.origin)
+        self.region_nodes.setdefault(cap.region, []).append(node)
+        leaf.nodes.append(node)
+        pool.nodes.append(node)
+        pool.max_size = max(pool.max_size, node.size)
+        return node
+
+    def add_node(self, cap) -> NodeState:
+        """
+        A node that may take work again (``NodeCapacity`` with its allocations) into a kept index
+        (not journaled). It goes after the nodes already there: only ties may fall otherwise than
+        in a fresh build.
+        """
+        for g in cap.gpus:
+            for b in g.busy:
+                if b.preemptible and b.priority > self.victim_priority.get(b.reservation_id, float("-inf")):
+                    self.victim_priority[b.reservation_id] = b.priority
+        self._victim_order = None
+        return self._add(cap)
+
+    def remove_node(self, node: NodeState) -> None:
+        """Take a node that may not take work now out of a kept index (not journaled), with its GPUs."""
+        for gpu in node.gpus:
+            self.reload(gpu, ())  # its holders and slot layouts leave the indexes
+            del self.gpus[gpu.gpu_id]
+        pool, leaf = node.pool, node.leaf
+        group = (pool.region, pool.model, pool.kind)
+        self.group_gpus[group] -= len(node.gpus)
+        self._load.pop(group, None)
+        self.region_nodes[node.region].remove(node)
+        leaf.nodes.remove(node)
+        pool.nodes.remove(node)
+        if not leaf.nodes:
+            del self._leaves[(group, leaf.leaf_id)]
+            pool.leaves.remove(leaf)
+            pool.pods[leaf.pod].remove(leaf)
+            if not pool.pods[leaf.pod]:
+                del pool.pods[leaf.pod]
+        if not pool.nodes:
+            del self._fabrics[(*group, pool.fabric)]
+            self.pools[group].remove(pool)
+            if not self.pools[group]:
+                del self.pools[group]
+        pool.max_size = max((n.size for n in pool.nodes), default=0)
+        if self.touched is not None:
+            self.touched.discard(node)
+        node.gpus = []
 
     def _find_victims(self, snapshot: Snapshot) -> None:
         """A reservation may be evicted only when every allocation of it is spot work; its priority is the highest."""

@@ -11,10 +11,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from cloud.models import Node
+from cloud.models import GPU, Node
+from provisioning.choices import OperationKind, OperationState
 from provisioning.fleet_shape import FleetShape
 from provisioning.kept_capacity import AHEAD, KeptCapacity
-from provisioning.models import Allocation, Reservation
+from provisioning.models import Allocation, Operation, Reservation
 from provisioning.plan_types import VM, Busy, GPUCapacity, NodeCapacity, Request, Snapshot
 from provisioning.planner import Planner, plan
 from provisioning.planner.state import Capacity
@@ -38,8 +39,13 @@ def index_view(capacity: Capacity) -> dict:
     held = {owner: {g.gpu_id for g in gpus_held} for owner, gpus_held in capacity.holdings.items() if gpus_held}
     pools = {(p.region, p.model, p.kind, p.fabric): {v: n for v, n in p.victims.items() if n}
              for pools in capacity.pools.values() for p in pools}
+    shape = {(group, p.fabric): (p.max_size, sorted(str(n.node_id) for n in p.nodes),
+                                 {str(leaf.leaf_id): sorted(str(n.node_id) for n in leaf.nodes) for leaf in p.leaves},
+                                 sorted(map(str, p.pods)), {n: len(g) for n, g in p.layout_gpus.items() if g})
+             for group, pools_of in capacity.pools.items() for p in pools_of}
     return {"gpus": gpus, "victims": {v: p for v, p in capacity.victim_priority.items() if v in held},
-            "held": held, "pools": pools}
+            "held": held, "pools": pools, "shape": shape,
+            "group_gpus": {group: n for group, n in capacity.group_gpus.items() if n}}
 
 
 def fresh_index(now) -> Capacity:
@@ -89,18 +95,44 @@ def test_what_a_plan_wrote_is_read_again_from_the_database(world, fleet):
     assert kept.caught_up == len({a.node_id for p in result.placements for a in p.assignments})
 
 
-def test_the_index_is_built_again_when_a_node_stops_taking_work_or_it_is_old(world, fleet):
+def test_nodes_and_gpus_that_stop_or_start_taking_work_leave_and_rejoin_the_kept_index(world, fleet):
+    """Out of service, under attestation, a quarantined GPU: caught up node by node, as a fresh build sees it."""
     now = timezone.now()
+    nodes = sellable_nodes()
+    spot = hold(world, nodes[0].gpus.all()[:2], start=now, end=now + timedelta(hours=2), term="spot", score=0.2)
     kept = KeptCapacity(FleetShape(refresh_s=3600), rebuild_s=3600, rebuild_share=1)
     kept.for_cycle(now)
-    out = sellable_nodes()[0]
-    Node.objects.filter(pk=out.pk).update(state="maintenance")
+    Node.objects.filter(pk=nodes[0].pk).update(state="maintenance")  # the spot holder's node
+    Operation.objects.create(node=nodes[1], kind=OperationKind.ATTEST, state=OperationState.RUNNING)
+    GPU.objects.filter(pk=nodes[2].gpus.first().pk).update(state="quarantined")
     capacity = kept.for_cycle(now)
-    assert kept.rebuilds == 2
-    assert out.pk not in {n.node_id for nodes in capacity.region_nodes.values() for n in nodes}
+    assert index_view(capacity) == index_view(fresh_index(now))
+    assert {nodes[0].pk, nodes[1].pk}.isdisjoint(kept.nodes) and spot.pk not in capacity.victim_priority
+    assert len(kept.nodes[nodes[2].pk].gpus) == nodes[2].gpus.count() - 1
+
+    Node.objects.filter(pk=nodes[0].pk).update(state="available")
+    Operation.objects.filter(node=nodes[1]).update(state=OperationState.SUCCEEDED)
+    GPU.objects.filter(pk=nodes[2].gpus.first().pk).update(state="available")
+    later = now + timedelta(seconds=1)
+    capacity = kept.for_cycle(later)
+    assert index_view(capacity) == index_view(fresh_index(later))
+    assert spot.pk in capacity.victim_priority
+    assert kept.rebuilds == 1  # all of it caught up, node by node
+    placed = plan(None, [Request(reservation_id=uuid.uuid4(), kind=VM, gpu_model_ids=(h100().pk,),
+                                 regions=("us-east-1",), units=1, gpus_per_unit=8, start=later,
+                                 end=later + timedelta(hours=1), priority=0.5)], headroom=0, capacity=capacity)
+    assert placed.placements  # a whole host free again is found
+
+
+def test_the_index_is_built_again_when_it_is_old(world, fleet):
+    now = timezone.now()
+    kept = KeptCapacity(FleetShape(refresh_s=3600), rebuild_s=3600)
+    kept.for_cycle(now)
+    kept.for_cycle(now)
+    assert kept.rebuilds == 1
     kept.rebuild_s = 0
     kept.for_cycle(now)
-    assert kept.rebuilds == 3
+    assert kept.rebuilds == 2
 
 
 def test_a_kept_index_plans_and_evicts_from_its_own_now():
