@@ -309,11 +309,16 @@ class Capacity:
         in a fresh build.
         """
         for g in cap.gpus:
-            for b in g.busy:
-                if b.preemptible and b.priority > self.victim_priority.get(b.reservation_id, float("-inf")):
-                    self.victim_priority[b.reservation_id] = b.priority
-        self._victim_order = None
+            self._note_victims(g.busy)
         return self._add(cap)
+
+    def _note_victims(self, busy) -> None:
+        """Spot work read again that still holds something from now on may be evicted (at its highest priority)."""
+        for b in busy:
+            if (b.preemptible and self.ticks(b.end) > self.origin
+                    and b.priority > self.victim_priority.get(b.reservation_id, float("-inf"))):
+                self.victim_priority[b.reservation_id] = b.priority
+        self._victim_order = None
 
     def remove_node(self, node: NodeState) -> None:
         """Take a node that may not take work now out of a kept index (not journaled), with its GPUs."""
@@ -429,10 +434,7 @@ class Capacity:
                 if not held:
                     del self.holdings[x.owner]
                     self.victim_priority.pop(x.owner, None)
-        for b in busy:
-            if b.preemptible and b.priority > self.victim_priority.get(b.reservation_id, float("-inf")):
-                self.victim_priority[b.reservation_id] = b.priority
-        self._victim_order = None
+        self._note_victims(busy)
         self.set_entries(gpu, self._entries(busy), journal=False)
         self._index_holdings(gpu)
 

@@ -204,3 +204,19 @@ def test_the_shape_read_again_unchanged_does_not_rebuild_the_index(world, fleet)
     kept.for_cycle(now)
     kept.for_cycle(now + timedelta(seconds=1))
     assert kept.rebuilds == 1
+
+
+def test_a_whole_pool_that_leaves_and_comes_back_is_rebuilt_with_its_leaves(world, fleet):
+    now = timezone.now()
+    # Never built again for the share of nodes moved (here more come back than the index holds).
+    kept = KeptCapacity(FleetShape(refresh_s=3600), rebuild_s=3600, rebuild_share=100)
+    kept.for_cycle(now)
+    bare_metal = [n.pk for n in sellable_nodes() if n.pool == "bare_metal"]
+    assert bare_metal
+    Node.objects.filter(pk__in=bare_metal).update(state="maintenance")
+    capacity = kept.for_cycle(now)
+    assert not any(kind == "bare_metal" for _, _, kind in capacity.pools)
+    assert index_view(capacity) == index_view(fresh_index(now))
+    Node.objects.filter(pk__in=bare_metal).update(state="available")
+    assert index_view(kept.for_cycle(now)) == index_view(fresh_index(now))
+    assert kept.rebuilds == 1
