@@ -184,7 +184,7 @@ class CycleBudget:
     def __init__(self, budget_ms: float, ceiling: int, floor: int = 25, share: float = 0.4):
         self.budget_ms, self.ceiling, self.floor = budget_ms, ceiling, min(floor, ceiling)
         self.share = min(max(share, 0.0), 0.9)
-        self.plan_ms = 0.0
+        self.plan_ms = 30.0  # pessimistic until learnt, as is the commit time below
         self.commit_ms_each = 2.0
 
     def placements(self, spent_ms: float) -> int:
