@@ -63,7 +63,7 @@ class FleetShape:
                  blocked: tuple[set, set] | None = None) -> Snapshot:
         """
         The sellable fleet (optionally narrowed) with every allocation overlapping [now, until);
-        ``blocked``: what ``blocked()`` answered a moment ago, when the caller has it.
+        ``blocked``: what ``blocked_now()`` answered a moment ago, when the caller has it.
         """
         self.refresh()
         blocked_nodes, blocked_gpus = blocked or blocked_now()
@@ -80,15 +80,18 @@ class FleetShape:
 
     def node(self, node_id) -> NodeShape | None:
         """One node's shape by id (None: not in the fleet as last read)."""
-        if self._by_id_version != self.version:
+        return self._maps()[0].get(node_id)
+
+    def node_of_gpu(self, gpu_id):
+        """The id of the node a GPU sits on (None: not in the fleet as last read)."""
+        return self._maps()[1].get(gpu_id)
+
+    def _maps(self) -> tuple[dict, dict]:
+        if self._by_id_version != self.version:  # made again only when the shape changed
             self._by_id = {node.node_id: node for node in self.nodes}
             self._node_of_gpu = {g.gpu_id: node.node_id for node in self.nodes for g in node.gpus}
             self._by_id_version = self.version
-        return self._by_id.get(node_id)
-
-    def node_of_gpu(self, gpu_id):
-        self.node(None)  # the maps follow the shape
-        return self._node_of_gpu.get(gpu_id)
+        return self._by_id, self._node_of_gpu
 
     def refresh(self) -> None:
         """Read the shape again if it is older than ``refresh_s`` or hardware was added or removed."""

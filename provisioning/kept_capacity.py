@@ -14,9 +14,9 @@ A node that stops taking work (a spare, out of service, being cleaned or atteste
 ``fleet_shape.blocked_now``) leaves the index; one that starts again comes back with its
 allocations; a node whose GPU stops or starts taking work comes back with the GPUs that may.
 The index is built again from a snapshot when the fleet's shape changed, when many nodes changed
-at once, and at least every ``rebuild_s`` seconds (a score or billing change of held work -- what picks
-spot victims -- is in no allocation line). Whatever the index believes, the database still refuses
-overlapping allocations: a stale index costs a lost race, never a double booking.
+at once, and at least every ``rebuild_s`` seconds (a score or billing change of held work -- what
+picks spot victims -- is in no allocation line). Whatever the index believes, the database still
+refuses overlapping allocations: a stale index costs a lost race, never a double booking.
 
 PostgreSQL only: on the embedded SQLite default (small fleets) every cycle builds its index.
 """
