@@ -240,6 +240,9 @@ class Capacity:
         self.touched: set[NodeState] | None = None
         self._load: dict[tuple, dict[int, int]] = {}  # (region, model, pool kind) -> instant -> GPUs busy then
         self._victim_order: list[float] | None = None
+        # Where ``_add`` finds a node's pool and leaf: (group, fabric) -> Pool, (group, leaf) -> Leaf.
+        self._fabrics: dict[tuple[str, UUID, str, UUID], Pool] = {}
+        self._leaves: dict[tuple[tuple[str, UUID, str], UUID], Leaf] = {}
         self._build(snapshot)
 
     #
@@ -266,8 +269,6 @@ class Capacity:
 
     def _build(self, snapshot: Snapshot) -> None:
         self._find_victims(snapshot)
-        self._leaves: dict[tuple[tuple[str, UUID, str], UUID], Leaf] = {}
-        self._fabrics: dict[tuple[str, UUID, str, UUID], Pool] = {}
         for cap in snapshot.nodes:
             self._add(cap)
 
@@ -313,7 +314,11 @@ class Capacity:
         return self._add(cap)
 
     def _note_victims(self, busy) -> None:
-        """Spot work read again that still holds something from now on may be evicted (at its highest priority)."""
+        """
+        Spot work read again that still holds something from now on may be evicted (at its highest
+        priority). Rows from the database carry their reservation's billing term, so a reservation
+        is spot in all its rows or none (``_find_victims`` checks that for hand-made snapshots).
+        """
         for b in busy:
             if (b.preemptible and self.ticks(b.end) > self.origin
                     and b.priority > self.victim_priority.get(b.reservation_id, float("-inf"))):
@@ -392,6 +397,21 @@ class Capacity:
                     held.add(gpu)
                     pool.victims[x.owner] = pool.victims.get(x.owner, 0) + 1
 
+    def _unindex_holdings(self, gpu: GpuState) -> None:
+        """``_index_holdings`` undone for one GPU; a reservation that holds nothing more is no victim."""
+        pool = gpu.node.pool
+        for x in gpu.entries:
+            held = self.holdings.get(x.owner) if x.victim_priority is not None else None
+            if held is not None and gpu in held:
+                held.discard(gpu)
+                if pool.victims.get(x.owner, 0) > 1:
+                    pool.victims[x.owner] -= 1
+                else:
+                    pool.victims.pop(x.owner, None)
+                if not held:
+                    del self.holdings[x.owner]
+                    self.victim_priority.pop(x.owner, None)
+
     #
     # Changing it
     #
@@ -422,18 +442,7 @@ class Capacity:
         a kept index catching up. Its holders' eviction index follows: a spot reservation is a
         victim while it holds a GPU of the index.
         """
-        pool = gpu.node.pool
-        for x in gpu.entries:
-            held = self.holdings.get(x.owner) if x.victim_priority is not None else None
-            if held is not None and gpu in held:
-                held.discard(gpu)
-                if pool.victims.get(x.owner, 0) > 1:
-                    pool.victims[x.owner] -= 1
-                else:
-                    pool.victims.pop(x.owner, None)
-                if not held:
-                    del self.holdings[x.owner]
-                    self.victim_priority.pop(x.owner, None)
+        self._unindex_holdings(gpu)
         self._note_victims(busy)
         self.set_entries(gpu, self._entries(busy), journal=False)
         self._index_holdings(gpu)
