@@ -9,13 +9,14 @@ and again when the scheduler places the reservation.
 
 from __future__ import annotations
 
-import math
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Case, DateTimeField, ExpressionWrapper, F, FloatField, Q, Sum, Value, When
+from django.db.models import Case, Count, DateTimeField, ExpressionWrapper, F, FloatField, Q, Sum, Value, When
 from django.db.models.functions import Cast
 
 from cloud.capacity import SELLABLE_HEALTH
@@ -109,8 +110,8 @@ def check_never_fits(ask: Ask, now: datetime) -> None:
         raise invalid("spot_max_price", "Only spot reservations take a max price.")
     if ask.vpc is not None:
         check_vpc(ask)
-    if region_capacity(offering, ask.regions, enough=math.ceil(ask.gpu_equivalent)) < ask.gpu_equivalent:
-        largest = region_capacity(offering, ask.regions)
+    largest = REGION_SIZES.largest(offering, ask.regions, at_least=ask.gpu_equivalent)
+    if largest < ask.gpu_equivalent:
         raise invalid("units", f"Asked for {ask.gpu_equivalent:g} GPUs of {offering.gpu_model.name}; the largest of "
                                f"the chosen regions has {largest}.", code="never_fits")
 
@@ -127,20 +128,44 @@ def check_vpc(ask: Ask) -> None:
                              "asked.", code="vpc_region")
 
 
-def region_capacity(offering: Offering, regions, *, enough: int | None = None) -> int:
+class RegionSizes:
     """
-    Sellable GPUs of the offering's model and pool in the largest of ``regions``. With ``enough``,
-    counting stops there: the answer is at most ``enough``, and a region that has that many
-    answers at once (a 1-GPU ask reads a row or two, not the region's ten thousand).
+    Per process: each region's sellable GPUs of a model in a pool, as counted at most ``ttl_s`` ago.
+    Counting them is a scan of the region's GPUs on every create; the answer moves only when
+    hardware is enrolled, fails or is retired. "Never fits" takes only a yes from memory: an ask a
+    recent count says fits passes without counting (so in a region that shrank since, an ask
+    may wait in the queue, for at most that long, instead of being refused); any other is counted
+    again, so a 400 always comes from the fleet as it is now.
     """
-    sellable = GPU.objects.filter(model=offering.gpu_model, node__pool=pool_of(offering.kind), node__is_spare=False,
-                                  health__in=SELLABLE_HEALTH)
-    largest = 0
-    for region in regions:
-        largest = max(largest, sellable.filter(node__region=region)[:enough].count())
-        if enough is not None and largest >= enough:
-            break
-    return largest
+
+    def __init__(self, ttl_s: float = 30.0):
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._counted: dict[tuple, tuple[float, int]] = {}  # (model, pool, region) -> (when, GPUs)
+
+    def largest(self, offering: Offering, regions, *, at_least: float) -> int:
+        """The most sellable GPUs of ``offering``'s kind in one of ``regions``: remembered when enough, else counted."""
+        model, pool, now = offering.gpu_model_id, pool_of(offering.kind), time.monotonic()
+        with self._lock:
+            remembered = [self._counted.get((model, pool, region.pk)) for region in regions]
+        largest = max((n for when, n in filter(None, remembered) if now - when <= self.ttl_s), default=0)
+        if largest >= at_least:
+            return largest
+        counted = dict(
+            GPU.objects.filter(model_id=model, node__pool=pool, node__is_spare=False, health__in=SELLABLE_HEALTH,
+                               node__region__in=list(regions))
+            .values_list("node__region_id").annotate(n=Count("pk")))
+        with self._lock:
+            for region in regions:
+                self._counted[(model, pool, region.pk)] = (now, counted.get(region.pk, 0))
+        return max(counted.values(), default=0)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._counted.clear()
+
+
+REGION_SIZES = RegionSizes()
 
 
 def check_quota(*, tenant, team, ask: Ask, window_start: datetime, counted_already: bool = False) -> None:

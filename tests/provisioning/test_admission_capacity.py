@@ -1,8 +1,10 @@
 """
-Admission's "never fits" capacity count: with ``enough`` it stops once a region has that many
-sellable GPUs (a 1-GPU ask reads a row or two, not the region's thousands), and agrees with the
-full count below that; a region too small hands the question to the next one asked.
+Admission's "never fits" capacity count (``RegionSizes``): the largest of the regions asked, as
+counted; a count younger than its time to live lets an ask that fits through without counting
+again, but a refusal is always counted afresh -- a region that grew is seen at once.
 """
+
+from unittest import mock
 
 import pytest
 
@@ -10,7 +12,7 @@ from cloud.catalogue import load_gpu_catalogue
 from cloud.choices import Health
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPU, GPUModel, Region
-from provisioning.admission import region_capacity
+from provisioning.admission import RegionSizes
 from tests.world import vm_offering
 
 pytestmark = pytest.mark.django_db
@@ -23,20 +25,37 @@ def regions():
     return list(Region.objects.order_by("slug"))
 
 
-def test_the_count_stops_at_enough_and_agrees_with_the_full_count_below_it(regions):
-    offering = vm_offering(1)
-    full = region_capacity(offering, regions)
-    assert full > 2
-    assert region_capacity(offering, regions, enough=2) == 2
-    assert region_capacity(offering, regions, enough=full) == full
-    assert region_capacity(offering, regions, enough=full + 1) == full
+def sellable(offering, region) -> int:
+    return GPU.objects.filter(model=offering.gpu_model, node__pool="shared", node__is_spare=False,
+                              node__region=region, health__in=["healthy", "degraded"]).count()
 
 
-def test_a_region_without_enough_hands_the_question_to_the_next(regions):
+def test_the_largest_region_asked_is_counted(regions):
     offering = vm_offering(1)
-    first, second = regions
+    first, second = regions  # the second has the H100s
     GPU.objects.filter(node__region=first).update(health=Health.FAILED)  # nothing sellable left there
-    assert region_capacity(offering, [first]) == 0
-    assert region_capacity(offering, [first], enough=1) == 0
-    assert region_capacity(offering, [first, second], enough=1) == 1
-    assert region_capacity(offering, [first, second]) == region_capacity(offering, [second])
+    assert RegionSizes().largest(offering, [first], at_least=1) == 0
+    assert RegionSizes().largest(offering, [first, second], at_least=1) == sellable(offering, second) > 0
+
+
+def test_a_recent_count_lets_a_fitting_ask_through_without_counting(regions, django_assert_num_queries):
+    offering = vm_offering(1)
+    sizes = RegionSizes(ttl_s=30)
+    full = sizes.largest(offering, regions, at_least=1)
+    with django_assert_num_queries(0):
+        assert sizes.largest(offering, regions, at_least=full) == full
+    with (mock.patch("provisioning.admission.time.monotonic", return_value=10**9),
+          django_assert_num_queries(1)):  # too old: counted again
+        sizes.largest(offering, regions, at_least=1)
+
+
+def test_a_refusal_is_always_counted_afresh(regions, django_assert_num_queries):
+    offering = vm_offering(1)
+    sizes = RegionSizes(ttl_s=30)
+    first = max(regions, key=lambda region: sellable(offering, region))
+    GPU.objects.filter(node__region=first).update(health=Health.FAILED)
+    assert sizes.largest(offering, [first], at_least=1) == 0
+    GPU.objects.filter(node__region=first).update(health=Health.HEALTHY)  # repaired
+    repaired = sellable(offering, first)
+    with django_assert_num_queries(1):
+        assert sizes.largest(offering, [first], at_least=1) == repaired > 0
