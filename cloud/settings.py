@@ -432,6 +432,9 @@ MERIDIAN_SPOT_GRACE = timedelta(seconds=env.int("MERIDIAN_SPOT_GRACE_SECONDS", d
 # Share of each region's GPUs of a model (per pool) kept free for on-demand bursts (reserved and
 # spot work may not use it).
 MERIDIAN_HEADROOM = env.float("MERIDIAN_HEADROOM", default=0.10)
+# How long the fast path trusts the nodes a recent read of a pool chose (provisioning/free_hint.py):
+# creates within it count only those nodes' free GPUs again, not the whole pool's. 0 turns it off.
+MERIDIAN_FAST_PATH_HINT_SECONDS = env.float("MERIDIAN_FAST_PATH_HINT_SECONDS", default=2.0)
 MERIDIAN_SCHEDULER_INTERVAL = env.float("MERIDIAN_SCHEDULER_INTERVAL_SECONDS", default=0.5)
 # How many of the ranked queue one cycle tries to place (Slurm's default_queue_depth): the whole
 # queue is ranked every cycle, but planning stops here so a cycle stays short; the rest waits.

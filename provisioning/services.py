@@ -30,11 +30,12 @@ from .allocations import (
 )
 from .choices import BillingTerm, EvictionPolicy, OperationKind, OperationState
 from .choices import ReservationState as R
+from .free_hint import FREE_HINT
 from .models import Operation, Reservation
 from .plan_types import Placement
 from .planner import Planner
 from .priority import ScoreInputs, Weights, score
-from .snapshot import free_snapshot, load_snapshot, pool_of, request_for
+from .snapshot import load_snapshot, pool_of, request_for
 from .team_record import team_inputs, team_inputs_recent
 from .transitions import RESERVATION_TRANSITIONS
 
@@ -171,16 +172,19 @@ def _fast_path(reservation: Reservation, now: datetime, *, regions: dict[str, Re
     # Only the request's pool: five times less to load than the whole region (the fast path is
     # on every create). The headroom is then a share of that pool's GPUs of the model. On-demand
     # whole-GPU work may use the headroom, so it first plans on the few nodes that would take it,
-    # read with their free GPUs in one statement (free_snapshot: best-fit hosts, or the preferred
-    # leaves' whole-free nodes); only when that does not settle it does it load the pool with
-    # what holds it (and may evict spot work). Fractional slots need the shared GPUs to pack onto.
+    # read with their free GPUs in one statement (the nodes a recent read chose, free_hint, else
+    # the pool's best-fit hosts or preferred leaves' whole-free nodes); only when that does not
+    # settle it does it load the pool with what holds it (and may evict spot work). Fractional
+    # slots need the shared GPUs to pack onto.
     placement = None
     where = {"now": now, "until": request.end, "regions": request.regions, "gpu_model_ids": request.gpu_model_ids,
              "pool": pool_of(request.kind)}
     if request.on_demand and request.slots_per_gpu == 1:
-        free = free_snapshot(request, now=now)
-        if free is not None:
+        for free in FREE_HINT.snapshots(request, now=now):
             placement = Planner(free, headroom=settings.MERIDIAN_HEADROOM).place(request)
+            if placement is not None:
+                FREE_HINT.took(request, placement)
+                break
     if placement is None:
         placement = Planner(load_snapshot(**where), headroom=settings.MERIDIAN_HEADROOM).place(request)
     if placement is None:

@@ -13,7 +13,12 @@ from tests.world import World, build_world
 def _clear_cache():
     from django.core.cache import cache
 
+    from provisioning.admission import REGION_SIZES
+    from provisioning.free_hint import FREE_HINT
+
     cache.clear()
+    FREE_HINT.clear()  # per process: a test starts with nothing remembered by another
+    REGION_SIZES.clear()
     yield
 
 

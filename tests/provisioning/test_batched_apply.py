@@ -213,9 +213,9 @@ def test_creates_score_with_a_team_record_at_most_a_few_seconds_old(world):
 
 def test_the_fast_path_reads_only_free_gpus_when_they_are_enough(world, fleet):
     """On-demand whole-GPU work is placed from the free GPUs alone; the pool with its holders is not read."""
-    from provisioning import services
+    from provisioning import free_hint, services
 
-    with (mock.patch.object(services, "free_snapshot", wraps=services.free_snapshot) as free,
+    with (mock.patch.object(free_hint, "free_snapshot", wraps=free_hint.free_snapshot) as free,
           mock.patch.object(services, "load_snapshot", wraps=services.load_snapshot) as pool):
         response = world.client("t1_member").post(URL, {"name": "now", "offering": vm_offering(1).slug, "gpus": 1,
                                                         "regions": ["us-east-1"], "duration_hours": 1}, format="json")

@@ -1,0 +1,120 @@
+"""
+The fast path's hint (free_hint.py): a create within MERIDIAN_FAST_PATH_HINT_SECONDS of a read of
+the pool reads only the nodes that read chose, and what it plans on is still exact -- GPUs taken
+meanwhile, a node gone out of service or a quarantined GPU are never placed on, and when the hinted
+nodes do not hold the request it reads the pool again.
+"""
+
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from cloud.models import GPU, Node
+from provisioning import free_hint
+from provisioning.allocations import allocation_bind
+from provisioning.models import Allocation, Reservation
+from provisioning.plan_types import Assignment
+from tests.provisioning.factories import make_reservation
+from tests.world import small_fleet, vm_offering
+
+URL = "/api/v1/reservations/"
+
+
+@pytest.fixture
+def fleet(world):
+    Reservation.objects.all().delete()
+    return small_fleet(8)
+
+
+def create(world, gpus=1):
+    response = world.client("t1_member").post(URL, {
+        "name": "now", "offering": vm_offering(gpus).slug, "gpus": gpus, "regions": ["us-east-1"],
+        "duration_hours": 1}, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def gpus_of(reservation_id) -> set:
+    return set(Allocation.objects.filter(reservation_id=reservation_id).values_list("gpu_id", flat=True))
+
+
+def node_of(reservation_id):
+    return Allocation.objects.filter(reservation_id=reservation_id).values_list("node_id", flat=True).first()
+
+
+def take(world, gpus):
+    """Another writer (the scheduler, another process) takes these GPUs: the hint does not know."""
+    holder = make_reservation(world, state="scheduled")
+    now = timezone.now()
+    with transaction.atomic():
+        allocation_bind(reservation=holder, starts_at=now, ends_at=now + timedelta(hours=2), assignments=[
+            Assignment(node_id=g.node_id, gpu_id=g.pk, mem_lo=0, mem_hi=g.memory_mib) for g in gpus])
+
+
+def reads(spy):
+    """Per free_snapshot call: 'hinted' (only the hint's nodes) or 'pool'."""
+    return ["hinted" if call.kwargs.get("nodes") is not None else "pool" for call in spy.call_args_list]
+
+
+def test_a_create_after_a_read_of_the_pool_reads_only_the_hinted_nodes(world, fleet):
+    with mock.patch.object(free_hint, "free_snapshot", wraps=free_hint.free_snapshot) as spy:
+        first = create(world)
+        second = create(world)
+    assert first["state"] == second["state"] == "scheduled"
+    assert reads(spy) == ["pool", "hinted"]
+    assert node_of(first["id"]) == node_of(second["id"])  # best fit still: the host already in use
+    assert not gpus_of(first["id"]) & gpus_of(second["id"])
+
+
+def test_gpus_taken_behind_the_hints_back_are_never_placed_on(world, fleet):
+    first = create(world)
+    host = Node.objects.get(pk=node_of(first["id"]))
+    taken = list(host.gpus.exclude(pk__in=gpus_of(first["id"])))
+    take(world, taken)  # the hinted best fit is now full
+    with mock.patch.object(free_hint, "free_snapshot", wraps=free_hint.free_snapshot) as spy:
+        second = create(world)
+    assert second["state"] == "scheduled"
+    assert not gpus_of(second["id"]) & ({g.pk for g in taken} | gpus_of(first["id"]))
+    assert reads(spy)[0] == "hinted"
+
+
+def test_a_node_out_of_service_or_a_quarantined_gpu_is_not_placed_on_though_hinted(world, fleet):
+    first = create(world)
+    host = Node.objects.get(pk=node_of(first["id"]))
+    quarantined = host.gpus.exclude(pk__in=gpus_of(first["id"])).order_by("index").first()
+    GPU.objects.filter(pk=quarantined.pk).update(state="quarantined")
+    second = create(world)
+    assert second["state"] == "scheduled" and quarantined.pk not in gpus_of(second["id"])
+    Node.objects.filter(pk=host.pk).update(state="maintenance")
+    third = create(world)
+    assert third["state"] == "scheduled" and node_of(third["id"]) != host.pk
+
+
+def test_when_the_hinted_nodes_do_not_hold_it_the_pool_is_read_again(world, fleet, monkeypatch):
+    monkeypatch.setattr(free_hint, "HINT_SPARE", 0)  # the read of the pool hints one node only
+    first = create(world)
+    host = Node.objects.get(pk=node_of(first["id"]))
+    take(world, host.gpus.exclude(pk__in=gpus_of(first["id"])))
+    with mock.patch.object(free_hint, "free_snapshot", wraps=free_hint.free_snapshot) as spy:
+        second = create(world)
+    assert reads(spy) == ["hinted", "pool"]
+    assert second["state"] == "scheduled" and node_of(second["id"]) != host.pk
+
+
+def test_the_hint_is_off_at_zero_seconds(world, fleet, settings):
+    settings.MERIDIAN_FAST_PATH_HINT_SECONDS = 0
+    with mock.patch.object(free_hint, "free_snapshot", wraps=free_hint.free_snapshot) as spy:
+        create(world)
+        create(world)
+    assert reads(spy) == ["pool", "pool"]
+
+
+def test_an_old_hint_is_not_used(world, fleet, settings):
+    create(world)
+    with (mock.patch.object(free_hint.time, "monotonic", return_value=free_hint.time.monotonic() + 60),
+          mock.patch.object(free_hint, "free_snapshot", wraps=free_hint.free_snapshot) as spy):
+        create(world)
+    assert reads(spy) == ["pool"]
