@@ -1,6 +1,7 @@
 """
 The fast path's one-statement read of free capacity (``free_snapshot``) gives what the ORM's
-reading gives -- ``load_snapshot(free_only=True)`` on the nodes ``free_candidates`` picks -- for
+reading gives -- ``load_snapshot(free_only=True)`` on the nodes ``free_candidates`` picks, and
+again when those nodes are named (the fast path's hint) -- for
 every rule that keeps a node or a GPU out, on both pools, with and without a fabric -- and a
 create placed at once writes each of its rows once (either database).
 """
@@ -96,10 +97,16 @@ def test_one_statement_reads_what_the_orm_reads(world, fleet, django_assert_num_
             got = free_snapshot(request, now=now)
         assert got == expected, request
         settled += got is not None
+        if expected is not None:  # the same nodes read again by id (the fast path's hint) read the same
+            with django_assert_num_queries(1):
+                assert free_snapshot(request, now=now, nodes=[n.node_id for n in expected.nodes]) == expected
     assert settled == 10  # the three that cannot be settled from free capacity say so (None)
     # and what is kept out is never read
     read = {n.node_id for r in requests if (s := free_snapshot(r, now=now)) for n in s.nodes}
     assert not read & {shared[0].pk, shared[1].pk, metal[0].pk, metal[1].pk, metal[2].pk}
+    # nor when asked for by id: only the sellable node's free GPUs come back
+    by_id = free_snapshot(ask("vm", 1, 1, now=now), now=now, nodes=[shared[0].pk, shared[1].pk, shared[7].pk])
+    assert [n.node_id for n in by_id.nodes] == [shared[7].pk]
 
 
 def test_a_create_placed_at_once_writes_each_row_once(world, fleet):
