@@ -72,7 +72,8 @@ class FreeHint:
             if entry is None or time.monotonic() - entry[0] > settings.MERIDIAN_FAST_PATH_HINT_SECONDS:
                 return None
             rows = [(node, leaf, free) for node, (leaf, free) in entry[1].items()]
-        return choose_nodes(rows, request, spare=2)  # two more: a count may have gone stale
+        # Two more than it needs (a count may have gone stale); bare metal: of the tightest leaf only.
+        return choose_nodes(rows, request, spare=2, leaves=1)
 
     def _saw(self, key: tuple, chosen: list, snapshot: Snapshot | None) -> None:
         """An exact read of the hinted nodes: their free counts now (those it did not return have none)."""

@@ -101,12 +101,12 @@ def free_candidates(request: Request, *, now: datetime, spare: int = 4) -> list 
     return choose_nodes(per_node, request, spare=spare)
 
 
-def choose_nodes(per_node, request: Request, *, spare: int) -> list | None:
+def choose_nodes(per_node, request: Request, *, spare: int, leaves: int = 2) -> list | None:
     """
     ``free_candidates``'s choice from ``(node_id, leaf_id, free GPUs)`` rows: the ``units +
     spare`` best-fitting hosts (fewest free GPUs that still hold a unit), or for bare metal the
-    whole-free nodes of the two leaves with the fewest of them that hold the gang. None when
-    they do not hold the request.
+    whole-free nodes of the ``leaves`` leaves with the fewest of them that hold the gang (with
+    ``leaves=1``, only ``units + spare`` of that leaf's). None when they do not hold the request.
     """
     g = request.gpus_per_unit
     if request.kind != OfferingKind.BARE_METAL:
@@ -117,7 +117,9 @@ def choose_nodes(per_node, request: Request, *, spare: int) -> list | None:
         if free == g:  # nodes whose sellable GPUs are all free: what the planner calls whole
             by_leaf[leaf].append(node)
     holding = sorted((len(free), str(leaf), free) for leaf, free in by_leaf.items() if len(free) >= request.units)
-    return [node for _, _, free in holding[:2] for node in sorted(free, key=str)] or None
+    if leaves == 1:
+        return sorted(holding[0][2], key=str)[:request.units + spare] if holding else None
+    return [node for _, _, free in holding[:leaves] for node in sorted(free, key=str)] or None
 
 
 def free_snapshot(request: Request, *, now: datetime, spare: int = 4, nodes: list | None = None) -> Snapshot | None:

@@ -17,7 +17,7 @@ from provisioning import free_hint
 from provisioning.allocations import allocation_bind
 from provisioning.models import Allocation, Reservation
 from provisioning.plan_types import Assignment
-from tests.provisioning.factories import make_reservation
+from tests.provisioning.factories import make_reservation, offering
 from tests.world import small_fleet, vm_offering
 
 URL = "/api/v1/reservations/"
@@ -29,10 +29,11 @@ def fleet(world):
     return small_fleet(8)
 
 
-def create(world, gpus=1):
+def create(world, gpus=1, *, nodes=None):
+    size = {"offering": offering("bare_metal", 8).slug, "nodes": nodes} if nodes else {
+        "offering": vm_offering(gpus).slug, "gpus": gpus}
     response = world.client("t1_member").post(URL, {
-        "name": "now", "offering": vm_offering(gpus).slug, "gpus": gpus, "regions": ["us-east-1"],
-        "duration_hours": 1}, format="json")
+        "name": "now", **size, "regions": ["us-east-1"], "duration_hours": 1}, format="json")
     assert response.status_code == 201, response.json()
     return response.json()
 
@@ -67,6 +68,18 @@ def test_a_create_after_a_read_of_the_pool_reads_only_the_hinted_nodes(world, fl
     assert reads(spy) == ["pool", "hinted"]
     assert node_of(first["id"]) == node_of(second["id"])  # best fit still: the host already in use
     assert not gpus_of(first["id"]) & gpus_of(second["id"])
+
+
+def test_bare_metal_reads_a_few_whole_free_nodes_of_the_tightest_leaf(world, fleet):
+    with mock.patch.object(free_hint, "free_snapshot", wraps=free_hint.free_snapshot) as spy:
+        first = create(world, nodes=1)
+        second = create(world, nodes=1)
+    assert first["state"] == second["state"] == "scheduled"
+    assert reads(spy) == ["pool", "hinted"]
+    hinted = spy.call_args_list[1].kwargs["nodes"]
+    assert 1 <= len(hinted) <= 3 and Node.objects.filter(pk__in=hinted).values("leaf_id").distinct().count() == 1
+    leaves = Node.objects.filter(pk__in=[node_of(first["id"]), node_of(second["id"])]).values("leaf_id")
+    assert leaves.distinct().count() == 1  # the second went where the first did: the tightest leaf
 
 
 def test_gpus_taken_behind_the_hints_back_are_never_placed_on(world, fleet):
