@@ -137,7 +137,7 @@ def free_snapshot(request: Request, *, now: datetime, spare: int = 4, nodes: lis
         snapshot = load_snapshot(now=now, until=request.end, regions=request.regions,
                                  gpu_model_ids=request.gpu_model_ids, pool=pool_of(request.kind), free_only=True,
                                  node_ids=candidates)
-        return snapshot if nodes is None or _settles(snapshot, request) else None
+        return snapshot if _settles(snapshot, request) else None
     g = request.gpus_per_unit
     params = {
         "health": list(SELLABLE_HEALTH), "unusable": list(UNUSABLE_GPU_STATES),
