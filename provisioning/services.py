@@ -6,6 +6,7 @@ transition table by compare-and-set; each call from a person or token writes one
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -180,11 +181,7 @@ def _fast_path(reservation: Reservation, now: datetime, *, regions: dict[str, Re
     where = {"now": now, "until": request.end, "regions": request.regions, "gpu_model_ids": request.gpu_model_ids,
              "pool": pool_of(request.kind)}
     if request.on_demand and request.slots_per_gpu == 1:
-        for free in FREE_HINT.snapshots(request, now=now):
-            placement = Planner(free, headroom=settings.MERIDIAN_HEADROOM).place(request)
-            if placement is not None:
-                FREE_HINT.took(request, placement)
-                break
+        placement = _place_on_free(request, now)
     if placement is None:
         placement = Planner(load_snapshot(**where), headroom=settings.MERIDIAN_HEADROOM).place(request)
     if placement is None:
@@ -196,6 +193,22 @@ def _fast_path(reservation: Reservation, now: datetime, *, regions: dict[str, Re
     except CapacityTaken:
         return False  # lost the race for this capacity: the scheduler re-plans it next cycle
     return True
+
+
+def _place_on_free(request, now: datetime) -> Placement | None:
+    """
+    The fast path's placement from free capacity alone, region by region in the order asked:
+    the candidates are chosen by fit, and a tighter fit in a later region must not take work
+    the first region has room for.
+    """
+    for region in request.regions:
+        in_region = dataclasses.replace(request, regions=(region,))
+        for free in FREE_HINT.snapshots(in_region, now=now):
+            placement = Planner(free, headroom=settings.MERIDIAN_HEADROOM).place(in_region)
+            if placement is not None:
+                FREE_HINT.took(in_region, placement)
+                return placement
+    return None
 
 
 #

@@ -12,7 +12,8 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from cloud.models import GPU, Node
+from cloud.fleet import FleetSpec, build_fleet
+from cloud.models import GPU, Node, Region
 from provisioning import free_hint
 from provisioning.allocations import allocation_bind
 from provisioning.models import Allocation, Reservation
@@ -131,3 +132,23 @@ def test_an_old_hint_is_not_used(world, fleet, settings):
           mock.patch.object(free_hint, "free_snapshot", wraps=free_hint.free_snapshot) as spy):
         create(world)
     assert reads(spy) == ["pool"]
+
+
+def test_the_first_region_asked_is_filled_first_though_another_fits_tighter(world, monkeypatch):
+    """Best fit never outranks the order of the regions asked: a host with two free GPUs in the second
+    region does not take a one-GPU ask while the first region has room."""
+    Reservation.objects.all().delete()
+    small_fleet(8)  # us-east-1, H100
+    build_fleet(FleetSpec(regions=1, first_region=4, nodes_per_fabric=8, spare_ratio=0.25, shared_ratio=0.25))
+    second = Region.objects.get(slug="eu-north-1")
+    assert GPU.objects.filter(node__region=second, model=vm_offering().gpu_model).exists()  # H100s there too
+    tight = Node.objects.filter(region=second, pool="shared", is_spare=False).order_by("hostname").first()
+    take(world, tight.gpus.order_by("index")[:6])
+    for hint_spare in (free_hint.HINT_SPARE, 0):
+        monkeypatch.setattr(free_hint, "HINT_SPARE", hint_spare)
+        for _ in range(3):  # the pool read, then hinted reads
+            response = world.client("t1_member").post(URL, {
+                "name": "burst", "offering": vm_offering(1).slug, "gpus": 1, "regions": ["us-east-1", "eu-north-1"],
+                "duration_hours": 1}, format="json").json()
+            assert response["state"] == "scheduled" and response["region"] == "us-east-1", response
+        free_hint.FREE_HINT.clear()
