@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Case, Count, DateTimeField, ExpressionWrapper, F, FloatField, Q, Sum, Value, When
 from django.db.models.functions import Cast
 
@@ -190,6 +191,38 @@ def quota_headroom(*, tenant, team, ask: Ask, window_start: datetime) -> list[tu
 
 def gpus_counted(tenant, team, limit: QuotaLimit, window_start: datetime, window_end: datetime) -> float:
     """GPUs (fractional slots as GPU shares) that count against ``limit`` over the window."""
+    if connection.vendor == "postgresql":
+        return _gpus_counted_postgresql(tenant, team, limit, window_start, window_end)
+    return _gpus_counted_orm(tenant, team, limit, window_start, window_end)
+
+
+def _gpus_counted_postgresql(tenant, team, limit: QuotaLimit, window_start: datetime, window_end: datetime) -> float:
+    """
+    ``_gpus_counted_orm`` as one written statement (tested equal): on every create, building the
+    ORM's expressions cost twice what PostgreSQL takes to answer.
+    """
+    reservation, offering = Reservation._meta.db_table, Offering._meta.db_table
+    owner = "tenant_id" if limit.scope == "tenant" else "team_id"
+    # Only table and column names are formatted in; every value is a parameter.
+    sql = f"""
+        SELECT SUM(r.gpus), SUM(r.units::float / o.slots_per_gpu) FILTER (WHERE r.gpus = 0)
+        FROM {reservation} r JOIN {offering} o ON o.id = r.offering_id
+        WHERE r.{owner} = %(owner)s AND r.state = ANY(%(states)s)
+          AND (%(model)s::uuid IS NULL OR r.gpu_model_id = %(model)s::uuid)
+          AND ((r.starts_at < %(end)s AND r.ends_at > %(start)s)
+               OR (r.starts_at IS NULL AND (r.requested_start IS NULL
+                   OR (r.requested_start < %(end)s AND r.requested_start > %(start)s - r.duration))))
+    """  # noqa: S608
+    params = {"owner": getattr(tenant if limit.scope == "tenant" else team, "pk", None),
+              "states": sorted(QUOTA_STATES | WAITING_STATES), "model": limit.gpu_model_id,
+              "start": window_start, "end": window_end}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        whole, slots = cursor.fetchone()
+    return (whole or 0) + (slots or 0)
+
+
+def _gpus_counted_orm(tenant, team, limit: QuotaLimit, window_start: datetime, window_end: datetime) -> float:
     owned = Q(tenant=tenant) if limit.scope == "tenant" else Q(team=team)
     reservations = Reservation.objects.filter(owned, state__in=QUOTA_STATES | WAITING_STATES)
     if limit.gpu_model_id:
