@@ -213,7 +213,8 @@ def _gpus_counted_postgresql(tenant, team, limit: QuotaLimit, window_start: date
                OR (r.starts_at IS NULL AND (r.requested_start IS NULL
                    OR (r.requested_start < %(end)s AND r.requested_start > %(start)s - r.duration))))
     """  # noqa: S608
-    params = {"owner": getattr(tenant if limit.scope == "tenant" else team, "pk", None),
+    owner = tenant if limit.scope == "tenant" else team  # a model or its id (the scheduler passes ids)
+    params = {"owner": getattr(owner, "pk", owner),
               "states": sorted(QUOTA_STATES | WAITING_STATES), "model": limit.gpu_model_id,
               "start": window_start, "end": window_end}
     with connection.cursor() as cursor:

@@ -57,6 +57,7 @@ def test_the_written_statement_counts_what_the_orm_counts(world):
             written = admission._gpus_counted_postgresql(tenant, team, limit, start, end)
             orm = admission._gpus_counted_orm(tenant, team, limit, start, end)
             assert written == pytest.approx(orm), (limit, start)
+            assert admission._gpus_counted_postgresql(tenant.pk, team.pk, limit, start, end) == written  # by id
             seen.add(round(written, 3))
     assert len(seen) >= 6  # the windows and scopes do tell the work apart
     added = admission._gpus_counted_postgresql(tenant, team, everything, *ever) - before
