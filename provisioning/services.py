@@ -130,13 +130,16 @@ def reservation_create(*, actor, ask: admission.Ask, team=None) -> Reservation:
         billing_term=ask.billing_term, spot_max_price=ask.spot_max_price, eviction_policy=ask.eviction_policy,
         urgency=ask.urgency, ssh_public_key=ask.ssh_public_key, vpc=ask.vpc,
     )
-    # Scored before it is stored (one INSERT, no UPDATE after): it has waited nothing yet.
+    # Scored, and placed when it can be, before it is stored: one INSERT in the state it ends in
+    # (it has waited nothing yet).
     breakdown = _score(reservation, now=now, recent=True, waited_s=0.0)
     reservation.score, reservation.score_breakdown = breakdown.total, breakdown.as_dict()
-    reservation.save(force_insert=True)
-    placed = _fast_path(reservation, now, regions={region.slug: region for region in ask.regions})
+    placement = _fast_path(reservation, now)
+    placed = placement is not None and _insert_scheduled(
+        reservation, placement, region=next(r for r in ask.regions if r.slug == placement.region))
     if not placed:
-        _move(reservation, R.QUEUED, reason="Waiting for the scheduler.")
+        reservation.state, reservation.state_reason = R.QUEUED, "Waiting for the scheduler."
+        reservation.save(force_insert=True)
     Operation.objects.create(
         tenant=tenant, reservation=reservation, kind=OperationKind.PLACE, step="place",
         state=OperationState.SUCCEEDED if placed else OperationState.PENDING, progress=100 if placed else 0,
@@ -159,16 +162,16 @@ def team_for(actor, team):
     return team
 
 
-def _fast_path(reservation: Reservation, now: datetime, *, regions: dict[str, Region]) -> bool:
-    """Place a start-now reservation inside the request when nothing queued outranks it."""
+def _fast_path(reservation: Reservation, now: datetime) -> Placement | None:
+    """Where a start-now reservation goes at once when nothing queued outranks it (None: it waits)."""
     starts_now = reservation.requested_start is None or reservation.requested_start <= now + timedelta(seconds=1)
     if not starts_now:
-        return False
+        return None
     wanted = set(reservation.regions)
     competitors = Reservation.objects.filter(state=R.QUEUED, gpu_model_id=reservation.gpu_model_id,
                                              score__gt=reservation.score).values_list("regions", flat=True)[:1000]
     if any(wanted & set(regions) for regions in competitors):
-        return False  # queued work of higher priority wants this capacity: the scheduler decides
+        return None  # queued work of higher priority wants this capacity: the scheduler decides
     request = request_for(reservation, now)
     # Only the request's pool: five times less to load than the whole region (the fast path is
     # on every create). The headroom is then a share of that pool's GPUs of the model. On-demand
@@ -178,20 +181,37 @@ def _fast_path(reservation: Reservation, now: datetime, *, regions: dict[str, Re
     # settle it does it load the pool with what holds it (and may evict spot work). Fractional
     # slots need the shared GPUs to pack onto.
     placement = None
-    where = {"now": now, "until": request.end, "regions": request.regions, "gpu_model_ids": request.gpu_model_ids,
-             "pool": pool_of(request.kind)}
     if request.on_demand and request.slots_per_gpu == 1:
         placement = _place_on_free(request, now)
     if placement is None:
+        where = {"now": now, "until": request.end, "regions": request.regions,
+                 "gpu_model_ids": request.gpu_model_ids, "pool": pool_of(request.kind)}
         placement = Planner(load_snapshot(**where), headroom=settings.MERIDIAN_HEADROOM).place(request)
-    if placement is None:
-        return False
+    return placement
+
+
+def _insert_scheduled(reservation: Reservation, placement: Placement, *, region: Region) -> bool:
+    """
+    Store a new reservation already ``scheduled`` on the fast path's placement: its INSERT, the
+    spot work it evicts and its GPUs in one savepoint. False when the database finds the capacity
+    taken (a race lost): nothing of it stays, and the caller stores it queued for the scheduler.
+    """
     try:
-        # The snapshot has just read the GPUs allocatable, in this transaction (``checked``).
-        reservation_schedule(reservation=reservation, placement=placement, actor=None, creating=True,
-                             region=regions[placement.region], checked=True)
+        with transaction.atomic():
+            reservation.state, reservation.state_reason = R.SCHEDULED, ""
+            reservation.scheduled_at = timezone.now()  # state_changed_at and submitted_at: set by the INSERT
+            reservation.starts_at, reservation.ends_at, reservation.region = placement.start, placement.end, region
+            reservation.save(force_insert=True)
+            for eviction in placement.evictions:
+                reservation_evict(victim_id=eviction.victim_reservation_id, by=reservation, at=eviction.at)
+            # The snapshot has just read the GPUs allocatable, in this transaction (``checked``).
+            allocation_bind(reservation=reservation, assignments=list(placement.assignments),
+                            starts_at=placement.start, ends_at=placement.end, checked=True)
     except CapacityTaken:
-        return False  # lost the race for this capacity: the scheduler re-plans it next cycle
+        reservation.scheduled_at = None
+        reservation.starts_at = reservation.ends_at = reservation.region = None
+        return False
+    lifecycle.provision_when_due([reservation])
     return True
 
 
@@ -218,15 +238,13 @@ def _place_on_free(request, now: datetime) -> Placement | None:
 
 @transaction.atomic
 def reservation_schedule(
-    *, reservation: Reservation, placement: Placement, actor=None, creating: bool = False,
-    region: Region | None = None, checked: bool = False,
+    *, reservation: Reservation, placement: Placement, actor=None, region: Region | None = None,
+    checked: bool = False,
 ) -> None:
     """
     Bind the placement's GPUs and move the reservation to ``scheduled``; evict the spot work the
     placement displaces. All or nothing: CapacityTaken when the database finds a clash. The
     scheduler passes the region and ``checked`` (GPUs verified allocatable for the whole cycle).
-    ``creating``: the fast path, inside the create, which audits the reservation and opens its
-    place operation (already succeeded) afterwards.
     """
     region = region or Region.objects.get(slug=placement.region)
     for eviction in placement.evictions:
@@ -235,10 +253,9 @@ def reservation_schedule(
                     ends_at=placement.end, checked=checked)
     _move(reservation, R.SCHEDULED, only_from={R.PENDING, R.QUEUED}, reason="", scheduled_at=timezone.now(),
           starts_at=placement.start, ends_at=placement.end, region=region, score=reservation.score)
-    if not creating:
-        Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE).exclude(
-            state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
-        audit_record(actor=actor, action="reservation.schedule", target=reservation, after=_snap(reservation))
+    Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE).exclude(
+        state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
+    audit_record(actor=actor, action="reservation.schedule", target=reservation, after=_snap(reservation))
     lifecycle.provision_when_due([reservation])
 
 

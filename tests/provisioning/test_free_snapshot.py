@@ -110,7 +110,7 @@ def test_one_statement_reads_what_the_orm_reads(world, fleet, django_assert_num_
 
 
 def test_a_create_placed_at_once_writes_each_row_once(world, fleet):
-    """Scored before the INSERT, its operation opened already succeeded: no UPDATE comes back to them."""
+    """Scored and placed before the INSERT, its operation opened already succeeded: no UPDATE comes back to them."""
     from django.test.utils import CaptureQueriesContext
 
     from tests.world import vm_offering
@@ -122,7 +122,8 @@ def test_a_create_placed_at_once_writes_each_row_once(world, fleet):
     assert response.json()["state"] == "scheduled", response.json()
     statements = [q["sql"] for q in queries.captured_queries]
     assert not [s for s in statements if s.startswith('UPDATE "provisioning_operation"')]
-    assert len([s for s in statements if s.startswith('UPDATE "provisioning_reservation"')]) == 1  # -> scheduled
+    assert not [s for s in statements if s.startswith('UPDATE "provisioning_reservation"')]  # born scheduled
+    assert len([s for s in statements if s.startswith('INSERT INTO "provisioning_reservation"')]) == 1
     assert len([s for s in statements if s.startswith('SELECT "cloud_region"')]) <= 1  # the ask's, not again
     reservation = Reservation.objects.get(pk=response.json()["id"])
     stored = reservation.score
