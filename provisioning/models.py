@@ -27,7 +27,7 @@ from .choices import (
     StepState,
     VPCState,
 )
-from .transitions import HOLDING_STATES, TERMINAL_STATES
+from .transitions import HOLDING_STATES, QUOTA_STATES, TERMINAL_STATES, WAITING_STATES
 
 
 class Reservation(TeamOwnedModel):
@@ -78,6 +78,9 @@ class Reservation(TeamOwnedModel):
             # The queue in its order with the ids in the index: the scheduler reads it every cycle
             # from the index alone (no row of the table's history visited).
             models.Index(fields=["submitted_at", "id"], name="reservation_queued_idx", condition=Q(state="queued")),
+            # What counts against a tenant's quotas, on every create: its live work only, not its history.
+            models.Index(fields=["tenant", "gpu_model"], name="reservation_live_owner_idx",
+                         condition=Q(state__in=sorted(QUOTA_STATES | WAITING_STATES))),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(state__in=ReservationState.values), name="reservation_state_valid"),
