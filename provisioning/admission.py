@@ -202,12 +202,12 @@ def _gpus_counted_postgresql(tenant, team, limit: QuotaLimit, window_start: date
     ORM's expressions cost twice what PostgreSQL takes to answer.
     """
     reservation, offering = Reservation._meta.db_table, Offering._meta.db_table
-    owner = "tenant_id" if limit.scope == "tenant" else "team_id"
+    column = "tenant_id" if limit.scope == "tenant" else "team_id"
     # Only table and column names are formatted in; every value is a parameter.
     sql = f"""
         SELECT SUM(r.gpus), SUM(r.units::float / o.slots_per_gpu) FILTER (WHERE r.gpus = 0)
         FROM {reservation} r JOIN {offering} o ON o.id = r.offering_id
-        WHERE r.{owner} = %(owner)s AND r.state = ANY(%(states)s)
+        WHERE r.{column} = %(owner)s AND r.state = ANY(%(states)s)
           AND (%(model)s::uuid IS NULL OR r.gpu_model_id = %(model)s::uuid)
           AND ((r.starts_at < %(end)s AND r.ends_at > %(start)s)
                OR (r.starts_at IS NULL AND (r.requested_start IS NULL

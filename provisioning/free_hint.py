@@ -42,11 +42,10 @@ class FreeHint:
         """Free capacity to plan ``request`` on, best guess first: the hinted nodes, then a read of the pool."""
         key = _key(request)
         chosen = self._choose(key, request)
-        if chosen:
-            snapshot = free_snapshot(request, now=now, nodes=chosen)
+        if chosen and (snapshot := free_snapshot(request, now=now, nodes=chosen)) is not None:
             self._saw(key, chosen, snapshot)
-            if snapshot is not None:
-                yield snapshot
+            yield snapshot
+        # Nothing hinted, or the hinted nodes no longer hold it: the pool is read, and hinted anew.
         snapshot = free_snapshot(request, now=now, spare=HINT_SPARE)
         self._remember(key, snapshot)
         if snapshot is not None:
@@ -75,9 +74,9 @@ class FreeHint:
         # Two more than it needs (a count may have gone stale); bare metal: of the tightest leaf only.
         return choose_nodes(rows, request, spare=2, leaves=1)
 
-    def _saw(self, key: tuple, chosen: list, snapshot: Snapshot | None) -> None:
+    def _saw(self, key: tuple, chosen: list, snapshot: Snapshot) -> None:
         """An exact read of the hinted nodes: their free counts now (those it did not return have none)."""
-        seen = {node.node_id: len(node.gpus) for node in snapshot.nodes} if snapshot else {}
+        seen = {node.node_id: len(node.gpus) for node in snapshot.nodes}
         with self._lock:
             entry = self._pools.get(key)
             if entry is None:

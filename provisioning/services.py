@@ -33,7 +33,7 @@ from .choices import BillingTerm, EvictionPolicy, OperationKind, OperationState
 from .choices import ReservationState as R
 from .free_hint import FREE_HINT
 from .models import Operation, Reservation
-from .plan_types import Placement
+from .plan_types import Placement, Request
 from .planner import Planner
 from .priority import ScoreInputs, Weights, score
 from .snapshot import load_snapshot, pool_of, request_for
@@ -215,7 +215,7 @@ def _insert_scheduled(reservation: Reservation, placement: Placement, *, region:
     return True
 
 
-def _place_on_free(request, now: datetime) -> Placement | None:
+def _place_on_free(request: Request, now: datetime) -> Placement | None:
     """
     The fast path's placement from free capacity alone, region by region in the order asked:
     the candidates are chosen by fit, and a tighter fit in a later region must not take work
