@@ -18,6 +18,8 @@ from provisioning import free_hint
 from provisioning.allocations import allocation_bind
 from provisioning.models import Allocation, Reservation
 from provisioning.plan_types import Assignment
+from tenants.choices import QuotaResource
+from tenants.models import Quota
 from tests.provisioning.factories import make_reservation, offering
 from tests.world import small_fleet, vm_offering
 
@@ -81,6 +83,28 @@ def test_bare_metal_reads_a_few_whole_free_nodes_of_the_tightest_leaf(world, fle
     assert 1 <= len(hinted) <= 3 and Node.objects.filter(pk__in=hinted).values("leaf_id").distinct().count() == 1
     leaves = Node.objects.filter(pk__in=[node_of(first["id"]), node_of(second["id"])]).values("leaf_id")
     assert leaves.distinct().count() == 1  # the second went where the first did: the tightest leaf
+
+
+def test_bare_metal_creates_go_on_from_one_read_of_the_pool_leaf_by_leaf(world):
+    """The read of the pool keeps whole-free nodes beyond the two smallest leaves: the creates after
+    it read only hinted nodes, and fill the smallest leaf before they start on the next."""
+    Reservation.objects.all().delete()
+    small_fleet(96)  # three leaves of 32 nodes
+    metal = Node.objects.filter(pool="bare_metal", is_spare=False).order_by("hostname")
+    by_leaf = {}
+    for node in metal:
+        by_leaf.setdefault(node.leaf_id, []).append(node.pk)
+    assert len(by_leaf) == 3
+    kept = {leaf: nodes[:size] for (leaf, nodes), size in zip(by_leaf.items(), (4, 2, 3), strict=True)}
+    metal.exclude(pk__in=[pk for nodes in kept.values() for pk in nodes]).update(state="maintenance")
+    Quota.objects.update_or_create(tenant=world.t1.tenant, team=None, resource=QuotaResource.GPUS, gpu_model=None,
+                                   defaults={"limit": 1000})
+    with mock.patch.object(free_hint, "free_snapshot", wraps=free_hint.free_snapshot) as spy:
+        made = [create(world, nodes=1) for _ in range(9)]
+    assert reads(spy) == ["pool"] + ["hinted"] * 8
+    assert len({node_of(r["id"]) for r in made}) == 9
+    leaves = [Node.objects.get(pk=node_of(r["id"])).leaf_id for r in made]
+    assert leaves == [leaf for leaf in sorted(kept, key=lambda leaf: len(kept[leaf])) for _ in kept[leaf]]
 
 
 def test_gpus_taken_behind_the_hints_back_are_never_placed_on(world, fleet):
