@@ -405,6 +405,10 @@ MERIDIAN_ENCRYPTION_KEYS = env.list("MERIDIAN_ENCRYPTION_KEYS", default=[]) or [
 ]
 # API tokens never live longer than this; a token without an expiry is allowed.
 MERIDIAN_TOKEN_MAX_TTL = timedelta(days=env.int("MERIDIAN_TOKEN_MAX_TTL_DAYS", default=365))
+# How long a process reuses what a token resolved to (its user, roles: tenants/token_cache.py)
+# while no token, user, membership or team changed anywhere; the longest a change the cache was
+# not told of (a hand-written UPDATE) goes unseen. 0: every request reads the database.
+MERIDIAN_AUTH_CACHE_SECONDS = env.float("MERIDIAN_AUTH_CACHE_SECONDS", default=10.0)
 MERIDIAN_INVITATION_TTL = timedelta(days=env.int("MERIDIAN_INVITATION_TTL_DAYS", default=7))
 # Limits when no Quota row exists for a tenant (teams without a row share their tenant's).
 MERIDIAN_DEFAULT_QUOTAS = {

@@ -7,3 +7,6 @@ class TenantsConfig(AppConfig):
 
     def ready(self):
         from .api import schema  # noqa: F401 -- registers the OpenAPI auth scheme
+        from .token_cache import connect_signals
+
+        connect_signals()

@@ -32,15 +32,25 @@ def token_revoked():
     return AuthenticationFailed(TOKEN_REVOKED, code="token_revoked")
 
 
-def authenticate_token(raw: str) -> APIToken:
-    """The live token for ``raw``, or AuthenticationFailed saying why not."""
+def token_prefix(raw: str) -> str:
+    """The prefix of a well-formed token (what it is looked up by), or AuthenticationFailed."""
     match = TOKEN_FORMAT.match(raw)
     if match is None:
         raise token_invalid()
-    token = (
-        APIToken.objects.select_related("user", "tenant", "team").filter(prefix=match["prefix"]).first()
-    )
-    if token is None or not token.matches(raw) or not token.user.is_active:
+    return match["prefix"]
+
+
+def authenticate_token(raw: str) -> APIToken:
+    """The live token for ``raw``, or AuthenticationFailed saying why not."""
+    token = APIToken.objects.select_related("user", "tenant", "team").filter(prefix=token_prefix(raw)).first()
+    if token is None:
+        raise token_invalid()
+    return check_token(token, raw)
+
+
+def check_token(token: APIToken, raw: str) -> APIToken:
+    """``token`` (the row of ``raw``'s prefix) if ``raw`` is its secret and it is live; else AuthenticationFailed."""
+    if not token.matches(raw) or not token.user.is_active:
         raise token_invalid()
     if token.revoked_at is not None:
         raise token_revoked()
@@ -50,6 +60,7 @@ def authenticate_token(raw: str) -> APIToken:
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
         # Coarse on purpose: one write a minute per token, not one per request.
         APIToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
     return token
 
 
@@ -66,8 +77,11 @@ class APITokenAuthentication(BaseAuthentication):
             raw = parts[1].decode("ascii")
         except UnicodeDecodeError:
             raise token_invalid() from None
-        token = authenticate_token(raw)
-        return token.user, token
+        from .principals import principal_for_bearer
+
+        # The principal too, from the same remembered rows (tenants.token_cache): PrincipalMixin uses it.
+        request.bearer_principal = principal = principal_for_bearer(raw)
+        return principal.user, principal.token
 
     def authenticate_header(self, request):
         return 'Bearer realm="meridian"'

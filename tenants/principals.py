@@ -1,13 +1,15 @@
 """Who a request acts as: built from the token or the session, and the user's current roles."""
 
+import time
 import uuid
 
 from rest_framework.exceptions import NotFound
 
-from .authentication import token_revoked
+from .authentication import authenticate_token, check_token, token_prefix, token_revoked
 from .choices import PlatformRole, TenantRole
 from .models import APIToken, Membership, TeamMembership, User
 from .scoping import Principal
+from .token_cache import TOKENS, Resolved, copies, read_epoch
 
 TENANT_HEADER = "X-Meridian-Tenant"
 
@@ -22,21 +24,47 @@ def principal_for_token(token: APIToken) -> Principal:
     demotion or a removal takes effect on the next request. A token whose user left the tenant
     (or the token's team, or lost the platform role) no longer works.
     """
-    user = token.user
+    return _principal(token, *_roles(token))
+
+
+def principal_for_bearer(raw: str) -> Principal:
+    """
+    ``principal_for_token(authenticate_token(raw))``, from rows this process read a moment ago
+    when nothing that decides them has changed since (tenants.token_cache): the secret, expiry
+    and revocation are checked against them on every request.
+    """
+    prefix = token_prefix(raw)
+    epoch = read_epoch()  # before the rows are read: a change committed meanwhile replaces it
+    entry = TOKENS.get(prefix, epoch)
+    if entry is None:
+        token = authenticate_token(raw)
+        entry = Resolved(token, *_roles(token), epoch=epoch, loaded_at=time.monotonic())
+        TOKENS.put(prefix, entry)
+    else:
+        check_token(entry.token, raw)
+    return _principal(copies(entry.token), entry.role, dict(entry.team_roles))
+
+
+def _roles(token: APIToken) -> tuple[TenantRole | None, dict]:
+    """The token's user's role in the token's tenant and team roles there (None and {} for a platform token)."""
     if token.tenant_id is None:
-        if user.platform_role == PlatformRole.NONE:
+        if token.user.platform_role == PlatformRole.NONE:
             raise token_revoked()
-        return Principal(user=user, token=token, scope=token.scope)
-    membership = Membership.objects.filter(tenant_id=token.tenant_id, user=user).first()
+        return None, {}
+    membership = Membership.objects.filter(tenant_id=token.tenant_id, user=token.user).first()
     if membership is None:
         raise token_revoked()
-    team_roles = load_team_roles(user, token.tenant_id)
+    team_roles = load_team_roles(token.user, token.tenant_id)
     if token.team_id and token.team_id not in team_roles and not TenantRole(membership.role).at_least(TenantRole.ADMIN):
         raise token_revoked()
-    return Principal(
-        user=user, tenant=token.tenant, role=TenantRole(membership.role), token=token, scope=token.scope,
-        team=token.team, team_roles=team_roles,
-    )
+    return TenantRole(membership.role), team_roles
+
+
+def _principal(token: APIToken, role: TenantRole | None, team_roles: dict) -> Principal:
+    if token.tenant_id is None:
+        return Principal(user=token.user, token=token, scope=token.scope)
+    return Principal(user=token.user, tenant=token.tenant, role=role, token=token, scope=token.scope,
+                     team=token.team, team_roles=team_roles)
 
 
 def principal_for_session(user: User, tenant_hint: str | None) -> Principal:
@@ -74,5 +102,5 @@ def principal_for_request(request) -> Principal | None:
     if not request.user or not request.user.is_authenticated:
         return None
     if isinstance(request.auth, APIToken):
-        return principal_for_token(request.auth)
+        return getattr(request, "bearer_principal", None) or principal_for_token(request.auth)
     return principal_for_session(request.user, request.headers.get(TENANT_HEADER))

@@ -29,7 +29,7 @@ CHANGE = "change"
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request acts as, computed afresh on every request from the current memberships."""
+    """Who a request acts as, from the current memberships (a token's: see tenants.token_cache)."""
 
     user: User
     tenant: Tenant | None = None

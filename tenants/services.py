@@ -23,6 +23,7 @@ from security.audit import audit_record, snapshot
 from .choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
 from .models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User, secret_digest
 from .scoping import Principal
+from .token_cache import auth_changed
 
 TOKEN_PREFIX = "mrd_"
 INVITATION_PREFIX = "mri_"
@@ -190,7 +191,7 @@ def membership_remove(*, actor: Principal, membership: Membership) -> None:
                  before=snapshot(membership, ["user", "role"]))
     TeamMembership.objects.filter(team__tenant=tenant, user=user).delete()
     APIToken.objects.filter(tenant=tenant, user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
-    membership.delete()
+    membership.delete()  # its signal tells every process's token cache (tenants.token_cache)
 
 
 def _check_team_manager(actor: Principal, team: Team) -> None:
@@ -422,6 +423,7 @@ def token_revoke(*, actor: Principal, token: APIToken) -> None:
     """
     now = timezone.now()
     updated = APIToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=now)
+    auth_changed()  # an UPDATE sends no signal: every process's token cache is told here
     if updated:
         children = APIToken.objects.filter(parent=token, revoked_at__isnull=True).update(revoked_at=now)
         audit_record(actor=actor, action="api_token.revoke", target=token,

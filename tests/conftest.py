@@ -15,10 +15,12 @@ def _clear_cache():
 
     from provisioning.admission import REGION_SIZES
     from provisioning.free_hint import FREE_HINT
+    from tenants.token_cache import TOKENS
 
     cache.clear()
     FREE_HINT.clear()  # per process: a test starts with nothing remembered by another
     REGION_SIZES.clear()
+    TOKENS.clear()
     yield
 
 
