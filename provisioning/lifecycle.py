@@ -48,6 +48,7 @@ from .choices import ReservationState as R
 from .drivers import NotYet, drivers_for
 from .models import Allocation, Instance, Operation, Reservation, StepRun
 from .network import ports_abandon
+from .start_sender import StartSender
 from .steps import PIPELINES, Context, NodeFault
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def provision_when_due(reservations) -> None:
     soon = timezone.now() + timedelta(seconds=1)
     due = [str(r.pk) for r in reservations if r.starts_at and r.starts_at <= soon]
     if due:
-        transaction.on_commit(lambda: _publish_starts(due))
+        transaction.on_commit(lambda: START_SENDER.send(due))
 
 
 def _publish_starts(reservation_ids: list[str]) -> None:
@@ -130,6 +131,10 @@ def _publish_starts(reservation_ids: list[str]) -> None:
     with app.producer_or_acquire() as producer:  # one connection for the lot
         for first in range(0, len(reservation_ids), STARTS_PER_TASK):
             reservation_start_many.apply_async((reservation_ids[first:first + STARTS_PER_TASK],), producer=producer)
+
+
+# Sends them from a thread of its own: the commit that made them due does not wait on the broker.
+START_SENDER = StartSender(lambda reservation_ids: _publish_starts(reservation_ids))
 
 
 def reservations_start(reservation_ids: list[str]) -> int:
