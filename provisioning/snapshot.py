@@ -307,11 +307,13 @@ _FREE_BEST_FIT_SQL = _free_sql("SELECT node_id FROM per_node WHERE free >= %(g)s
 # Bare metal: the whole-free nodes of the leaves that hold the gang, fewest whole-free nodes first:
 # two leaves at least, and more until ``take`` nodes are chosen (choose_nodes, leaves=2). The
 # fast path's hint keeps them all: taken leaf by leaf, a read of two small leaves lasted a few creates.
+# The leaves as an array (computed once): as an IN subquery PostgreSQL planned the window eight
+# times slower.
 _FREE_BARE_METAL_SQL = _free_sql(
-    "SELECT node_id FROM per_node WHERE free = %(g)s AND leaf_id IN ("
+    "SELECT node_id FROM per_node WHERE free = %(g)s AND leaf_id = ANY(ARRAY("
     "SELECT leaf_id FROM (SELECT leaf_id, count(*) AS whole, row_number() OVER w AS rank, "
     "sum(count(*)) OVER w AS running FROM per_node WHERE free = %(g)s GROUP BY leaf_id "
     "HAVING count(*) >= %(units)s WINDOW w AS (ORDER BY count(*), leaf_id::text)) AS leaves "
-    "WHERE rank <= 2 OR running - whole < %(take)s)")
+    "WHERE rank <= 2 OR running - whole < %(take)s))")
 # The nodes a recent read chose (free_hint): those with a free GPU, counted again now.
 _FREE_ON_NODES_SQL = _free_sql("SELECT node_id FROM per_node", on_nodes=True)
