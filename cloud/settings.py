@@ -440,10 +440,6 @@ MERIDIAN_HEADROOM = env.float("MERIDIAN_HEADROOM", default=0.10)
 # How long the fast path trusts the nodes a recent read of a pool chose (provisioning/free_hint.py):
 # creates within it count only those nodes' free GPUs again, not the whole pool's. 0 turns it off.
 MERIDIAN_FAST_PATH_HINT_SECONDS = env.float("MERIDIAN_FAST_PATH_HINT_SECONDS", default=2.0)
-# Start messages of reservations due now go out from a thread of each process, after the commit
-# (provisioning/start_sender.py): a create or a scheduler cycle does not wait on the broker. A
-# message lost with its process is made up for by the lifecycle tick. Off: sent in the committing thread.
-MERIDIAN_SEND_STARTS_IN_BACKGROUND = env.bool("MERIDIAN_SEND_STARTS_IN_BACKGROUND", default=True)
 MERIDIAN_SCHEDULER_INTERVAL = env.float("MERIDIAN_SCHEDULER_INTERVAL_SECONDS", default=0.5)
 # How many of the ranked queue one cycle tries to place (Slurm's default_queue_depth): the whole
 # queue is ranked every cycle, but planning stops here so a cycle stays short; the rest waits.

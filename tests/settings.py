@@ -25,6 +25,3 @@ WHITENOISE_AUTOREFRESH = True
 # One cache per test process (the embedded default's file cache would be shared by the xdist
 # workers, which clear it between tests).
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "meridian-tests"}}
-# Start messages in the committing thread: a test reads what was published when its request returns
-# (tests/provisioning/test_start_sender.py covers the sending thread).
-MERIDIAN_SEND_STARTS_IN_BACKGROUND = False
