@@ -3,12 +3,10 @@ Who a bearer token acts as, remembered by each process for a few seconds.
 
 Resolving a token is three queries (the token with its user, tenant and team; the membership;
 the team roles): on a small API call a quarter of its time. A process keeps what they returned
-for MERIDIAN_AUTH_CACHE_SECONDS, and only while the *auth epoch* is the one it read before it
-loaded them. The epoch is a random value in the shared cache (Redis in a deployment, the file
-cache when embedded) that every change to a token, a user, a membership, a team membership, a
-team or a tenant replaces: when the change is made and again after its commit (a request between
-the two could read the old rows under the new epoch). So a revocation, a demotion or a removal
-is seen by the next request in every process, as when every request read the database.
+for MERIDIAN_AUTH_CACHE_SECONDS, and only while the auth epoch (cloud.epochs) is the one it read
+before it loaded them: every change to a token, a user, a membership, a team membership, a team
+or a tenant replaces it. So a revocation, a demotion or a removal is seen by the next request in
+every process, as when every request read the database.
 
 What is checked on every request all the same: the raw token against its digest, expiry, and
 the once-a-minute ``last_used_at`` write. Every request gets its own copies of the model
@@ -19,42 +17,24 @@ cache cannot be read, nothing is remembered: every request reads the database.
 from __future__ import annotations
 
 import copy
-import logging
-import secrets
 import threading
 import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.core.cache import cache
-from django.db import transaction
-from django.db.models.signals import post_delete, post_save
 
-log = logging.getLogger(__name__)
+from cloud.epochs import UNREADABLE, Epoch
 
-EPOCH_KEY = "meridian:auth-epoch"
-_UNREADABLE = object()  # the epoch when the cache cannot be read: matches nothing
+AUTH_EPOCH = Epoch("meridian:auth-epoch")
 
 
 def read_epoch():
-    try:
-        return cache.get(EPOCH_KEY)
-    except Exception:  # noqa: BLE001 -- the cache being down must not stop authentication
-        return _UNREADABLE
+    return AUTH_EPOCH.read()
 
 
 def auth_changed() -> None:
-    """Forget every process's remembered tokens: now, and again when the current transaction commits."""
-    _new_epoch()
-    transaction.on_commit(_new_epoch)
-
-
-def _new_epoch() -> None:
-    try:
-        cache.set(EPOCH_KEY, secrets.token_hex(8), None)
-    except Exception:  # noqa: BLE001 -- a cache that cannot be written is mostly one that cannot be read
-        log.warning("The auth epoch could not be written: processes may use a token's old roles for up to "
-                    "MERIDIAN_AUTH_CACHE_SECONDS (%s s).", settings.MERIDIAN_AUTH_CACHE_SECONDS, exc_info=True)
+    """Forget every process's remembered tokens (a change no model signal tells of, e.g. an UPDATE)."""
+    AUTH_EPOCH.changed()
 
 
 @dataclass(frozen=True)
@@ -77,14 +57,14 @@ class TokenCache:
 
     def get(self, prefix: str, epoch) -> Resolved | None:
         entry = self._entries.get(prefix)
-        if entry is None or epoch is _UNREADABLE or entry.epoch != epoch:
+        if entry is None or epoch is UNREADABLE or entry.epoch != epoch:
             return None
         if time.monotonic() - entry.loaded_at > settings.MERIDIAN_AUTH_CACHE_SECONDS:
             return None
         return entry
 
     def put(self, prefix: str, entry: Resolved) -> None:
-        if entry.epoch is _UNREADABLE or settings.MERIDIAN_AUTH_CACHE_SECONDS <= 0:
+        if entry.epoch is UNREADABLE or settings.MERIDIAN_AUTH_CACHE_SECONDS <= 0:
             return
         with self._lock:
             self._entries[prefix] = entry
@@ -110,10 +90,4 @@ def connect_signals() -> None:
     """Every saved or deleted row that decides what a token may do changes the epoch."""
     from .models import APIToken, Membership, Team, TeamMembership, Tenant, User
 
-    for model in (APIToken, User, Membership, TeamMembership, Team, Tenant):
-        post_save.connect(_changed, sender=model, dispatch_uid=f"token-cache-save-{model.__name__}")
-        post_delete.connect(_changed, sender=model, dispatch_uid=f"token-cache-delete-{model.__name__}")
-
-
-def _changed(sender, instance, **kwargs) -> None:
-    auth_changed()
+    AUTH_EPOCH.watch(APIToken, User, Membership, TeamMembership, Team, Tenant)
