@@ -4,3 +4,8 @@ from django.apps import AppConfig
 class CloudConfig(AppConfig):
     name = "cloud"
     verbose_name = "Inventory"
+
+    def ready(self):
+        from .catalogue_cache import watch_catalogue
+
+        watch_catalogue()

@@ -410,6 +410,9 @@ MERIDIAN_TOKEN_MAX_TTL = timedelta(days=env.int("MERIDIAN_TOKEN_MAX_TTL_DAYS", d
 # while no token, user, membership or team changed anywhere; the longest a change the cache was
 # not told of (a hand-written UPDATE) goes unseen. 0: every request reads the database.
 MERIDIAN_AUTH_CACHE_SECONDS = env.float("MERIDIAN_AUTH_CACHE_SECONDS", default=10.0)
+# Likewise the offerings and regions a create names by slug (cloud/catalogue_cache.py), while no
+# offering, region or GPU model changed. 0: every create reads them.
+MERIDIAN_CATALOGUE_CACHE_SECONDS = env.float("MERIDIAN_CATALOGUE_CACHE_SECONDS", default=30.0)
 MERIDIAN_INVITATION_TTL = timedelta(days=env.int("MERIDIAN_INVITATION_TTL_DAYS", default=7))
 # Limits when no Quota row exists for a tenant (teams without a row share their tenant's).
 MERIDIAN_DEFAULT_QUOTAS = {

@@ -13,6 +13,7 @@ from tests.world import World, build_world
 def _clear_cache():
     from django.core.cache import cache
 
+    from cloud.catalogue_cache import CATALOGUE
     from provisioning.admission import REGION_SIZES
     from provisioning.free_hint import FREE_HINT
     from tenants.token_cache import TOKENS
@@ -21,6 +22,7 @@ def _clear_cache():
     FREE_HINT.clear()  # per process: a test starts with nothing remembered by another
     REGION_SIZES.clear()
     TOKENS.clear()
+    CATALOGUE.clear()
     yield
 
 

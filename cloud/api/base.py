@@ -10,10 +10,13 @@ The API's base classes: every view of /api/v1/ derives from one of them.
 - ``StrictSerializerMixin`` refuses unknown and read-only fields instead of ignoring them.
 """
 
+from django.core.exceptions import ObjectDoesNotExist
+from django.utils.encoding import smart_str
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.views import APIView
 
+from cloud.catalogue_cache import CATALOGUE
 from tenants.permissions import RolePolicy
 from tenants.principals import principal_for_request
 from tenants.scoping import CHANGE, VIEW
@@ -71,6 +74,27 @@ class ScopedRelatedField(serializers.PrimaryKeyRelatedField):
     def get_queryset(self):
         request = self.context["request"]
         return super().get_queryset().visible_to(getattr(request, "principal", None))
+
+
+class CatalogueSlugField(serializers.SlugRelatedField):
+    """
+    A catalogue row (offering, region) by slug, the lookup remembered per process while the
+    catalogue is unchanged (cloud.catalogue_cache). ``asked`` names the queryset (its filters).
+    """
+
+    def __init__(self, *, asked: str, **kwargs):
+        self.asked = asked
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            return super().to_internal_value(data)  # its own "invalid"
+        try:
+            return CATALOGUE.get(self.get_queryset(), self.slug_field, data, asked=self.asked)
+        except ObjectDoesNotExist:
+            self.fail("does_not_exist", slug_name=self.slug_field, value=smart_str(data))
+        except (TypeError, ValueError):
+            self.fail("invalid")
 
 
 class StrictIntegerField(serializers.IntegerField):

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from cloud.api.base import ScopedRelatedField, StrictIntegerField, StrictSerializer
+from cloud.api.base import CatalogueSlugField, ScopedRelatedField, StrictIntegerField, StrictSerializer
 from cloud.api.serializers import TELEMETRY_POINTS, TelemetryLatestSerializer, telemetry_points
 from cloud.choices import OfferingKind
 from cloud.models import Offering, Region
@@ -72,8 +72,8 @@ class UrgencyField(serializers.Field):
 class ReservationCreateSerializer(StrictSerializer):
     name = serializers.CharField(max_length=100)
     # With its GPU model: admission and the answer both name it.
-    offering = serializers.SlugRelatedField(slug_field="slug", required=False,
-                                            queryset=Offering.objects.select_related("gpu_model").filter(is_active=True))
+    offering = CatalogueSlugField(slug_field="slug", required=False, asked="offering on sale",
+                                  queryset=Offering.objects.select_related("gpu_model").filter(is_active=True))
     spec = SpecSerializer(required=False)
     gpus = StrictIntegerField(min_value=1, max_value=100_000, required=False,
                                     help_text="Whole GPUs, for VM and container offerings.")
@@ -81,8 +81,8 @@ class ReservationCreateSerializer(StrictSerializer):
                                      help_text="Whole nodes, for bare-metal offerings.")
     slots = StrictIntegerField(min_value=1, max_value=100_000, required=False,
                                      help_text="GPU slots, for fractional container offerings.")
-    regions = serializers.ListField(child=serializers.SlugRelatedField(slug_field="slug",
-                                                                       queryset=Region.objects.filter(is_active=True)),
+    regions = serializers.ListField(child=CatalogueSlugField(slug_field="slug", asked="region in service",
+                                                             queryset=Region.objects.filter(is_active=True)),
                                     min_length=1, max_length=MAX_REGIONS,
                                     help_text="Acceptable regions, preferred first.")
     start = serializers.DateTimeField(required=False, allow_null=True,
