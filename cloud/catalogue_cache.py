@@ -13,39 +13,26 @@ not remembered (it is looked up again, and a 400 costs its query).
 from __future__ import annotations
 
 import copy
-import threading
-import time
 
 from django.conf import settings
 
-from .epochs import UNREADABLE, Epoch
+from .epochs import Epoch, KeptUnder
 
 CATALOGUE_EPOCH = Epoch("meridian:catalogue-epoch")
 
 
 class SlugLookups:
-    """Per process, thread-safe: (what was asked, slug) -> the row, with the epoch it was read under."""
+    """Per process: (what was asked, slug) -> the row, kept under CATALOGUE_EPOCH."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._rows: dict[tuple, tuple] = {}
+        self._kept = KeptUnder(CATALOGUE_EPOCH, lambda: settings.MERIDIAN_CATALOGUE_CACHE_SECONDS)
 
     def get(self, queryset, slug_field: str, slug: str, *, asked: str):
         """``queryset.get(slug_field=slug)`` remembered under ``asked`` (one name per queryset); raises as get."""
-        epoch = CATALOGUE_EPOCH.read()
-        kept = self._rows.get((asked, slug))
-        if (kept is not None and epoch is not UNREADABLE and kept[0] == epoch
-                and time.monotonic() - kept[1] <= settings.MERIDIAN_CATALOGUE_CACHE_SECONDS):
-            return copy.copy(kept[2])
-        row = queryset.get(**{slug_field: slug})
-        if epoch is not UNREADABLE and settings.MERIDIAN_CATALOGUE_CACHE_SECONDS > 0:
-            with self._lock:
-                self._rows[(asked, slug)] = (epoch, time.monotonic(), copy.copy(row))
-        return row
+        return copy.copy(self._kept.get((asked, slug), lambda: queryset.get(**{slug_field: slug})))
 
     def clear(self) -> None:
-        with self._lock:
-            self._rows.clear()
+        self._kept.clear()
 
 
 CATALOGUE = SlugLookups()

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
+import time
+from collections.abc import Callable
 
 from django.core.cache import cache
 from django.db import transaction
@@ -56,3 +59,32 @@ class Epoch:
         except Exception:  # noqa: BLE001 -- a cache that cannot be written is mostly one that cannot be read
             log.warning("The epoch %s could not be written: processes may use rows they kept for a few seconds "
                         "more.", self.key, exc_info=True)
+
+
+class KeptUnder:
+    """
+    Per process, thread-safe: values loaded from the database by key, each kept with the value of
+    ``epoch`` read before it was loaded, and used while the epoch still has that value and for at
+    most ``seconds()`` (0: never kept).
+    """
+
+    def __init__(self, epoch: Epoch, seconds: Callable[[], float]):
+        self.epoch, self.seconds = epoch, seconds
+        self._lock = threading.Lock()
+        self._kept: dict = {}
+
+    def get(self, key, load: Callable[[], object]):
+        epoch = self.epoch.read()
+        kept = self._kept.get(key)
+        if (kept is not None and epoch is not UNREADABLE and kept[0] == epoch
+                and time.monotonic() - kept[1] <= self.seconds()):
+            return kept[2]
+        value = load()
+        if epoch is not UNREADABLE and self.seconds() > 0:
+            with self._lock:
+                self._kept[key] = (epoch, time.monotonic(), value)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()

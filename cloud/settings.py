@@ -413,6 +413,8 @@ MERIDIAN_AUTH_CACHE_SECONDS = env.float("MERIDIAN_AUTH_CACHE_SECONDS", default=1
 # Likewise the offerings and regions a create names by slug (cloud/catalogue_cache.py), while no
 # offering, region or GPU model changed. 0: every create reads them.
 MERIDIAN_CATALOGUE_CACHE_SECONDS = env.float("MERIDIAN_CATALOGUE_CACHE_SECONDS", default=30.0)
+# And the quota limits a create is checked against (tenants/quotas.py), while no quota row changed.
+MERIDIAN_QUOTA_CACHE_SECONDS = env.float("MERIDIAN_QUOTA_CACHE_SECONDS", default=30.0)
 MERIDIAN_INVITATION_TTL = timedelta(days=env.int("MERIDIAN_INVITATION_TTL_DAYS", default=7))
 # Limits when no Quota row exists for a tenant (teams without a row share their tenant's).
 MERIDIAN_DEFAULT_QUOTAS = {

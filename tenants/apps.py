@@ -7,6 +7,8 @@ class TenantsConfig(AppConfig):
 
     def ready(self):
         from .api import schema  # noqa: F401 -- registers the OpenAPI auth scheme
+        from .quotas import watch_quotas
         from .token_cache import connect_signals
 
         connect_signals()
+        watch_quotas()

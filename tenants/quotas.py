@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db.models import Q
 
+from cloud.epochs import Epoch, KeptUnder
 from cloud.errors import QuotaExceeded
 
 from .choices import QuotaResource
@@ -32,18 +33,40 @@ class QuotaLimit:
         return f"{self.resource}" + (" of this GPU model" if self.gpu_model_id else "")
 
 
+# Quota rows change when staff set them; each process keeps the limits it read while none changed.
+QUOTA_EPOCH = Epoch("meridian:quota-epoch")
+_KEPT_LIMITS = KeptUnder(QUOTA_EPOCH, lambda: settings.MERIDIAN_QUOTA_CACHE_SECONDS)
+
+
 def quota_limits(*, tenant: Tenant, resource: str, team: Team | None = None, gpu_model=None) -> list[QuotaLimit]:
     """
     Every limit that bounds a request for ``resource`` (of ``gpu_model``) by ``team`` of ``tenant``:
     the tenant's rows (per model and overall), the team's rows, and the default when the tenant
     has no row of its own for the resource. A team without rows is bounded by its tenant only.
+    Kept per process while no quota row changed anywhere (QUOTA_EPOCH, cloud.epochs): a limit
+    set or removed is seen by the next request in every process.
     """
+    tenant_id, team_id = getattr(tenant, "pk", tenant), getattr(team, "pk", team)
     model_id = getattr(gpu_model, "pk", gpu_model)
-    owners = Q(tenant=tenant, team__isnull=True)
-    if team is not None:
-        owners |= Q(team=team)
-    rows = Quota.objects.filter(owners, resource=resource).filter(Q(gpu_model__isnull=True) | Q(gpu_model=model_id))
-    return limits_from_rows(rows, resource=resource, team_id=getattr(team, "pk", team), gpu_model_id=model_id)
+
+    def load() -> list[QuotaLimit]:
+        owners = Q(tenant=tenant_id, team__isnull=True)
+        if team_id is not None:
+            owners |= Q(team=team_id)
+        rows = Quota.objects.filter(owners, resource=resource).filter(
+            Q(gpu_model__isnull=True) | Q(gpu_model=model_id))
+        return limits_from_rows(rows, resource=resource, team_id=team_id, gpu_model_id=model_id)
+
+    return list(_KEPT_LIMITS.get((tenant_id, team_id, model_id, resource), load))
+
+
+def forget_quota_limits() -> None:
+    """This process's kept limits (tests start from nothing)."""
+    _KEPT_LIMITS.clear()
+
+
+def watch_quotas() -> None:
+    QUOTA_EPOCH.watch(Quota)
 
 
 def quota_limits_many(*, tenant_ids, resource: str) -> Callable[..., list[QuotaLimit]]:

@@ -74,11 +74,11 @@ def retire_region(world):
 @pytest.mark.parametrize("where", ["this process", "another process"])
 def test_a_change_is_seen_by_the_next_create(world, fleet, change, where, django_capture_on_commit_callbacks):
     assert catalogue_reads(world) == 2
-    remembered = dict(CATALOGUE._rows)
+    remembered = dict(CATALOGUE._kept._kept)
     with django_capture_on_commit_callbacks(execute=True):
         field = change(world)
     if where == "another process":
-        CATALOGUE._rows = dict(remembered)
+        CATALOGUE._kept._kept = dict(remembered)
     response = create(world)
     assert response.status_code == 400, response.content
     assert response.json()["errors"][0]["attr"].startswith(field)
