@@ -22,3 +22,30 @@ def test_429_with_retry_after_once_a_token_uses_its_rate(world, settings):
     other = world.client("anon")
     other.credentials(HTTP_AUTHORIZATION=f"Bearer {other_token}")
     assert other.get("/api/v1/me/").status_code == 200, "each token has its own bucket"
+
+
+def test_the_previous_window_counts_by_the_share_of_it_still_within_a_period(world, settings):
+    """10/min: a full minute of requests leaves half the rate for the first half of the next minute."""
+    from unittest import mock
+
+    from cloud.api.throttling import PrincipalRateThrottle
+
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"principal": "10/min",
+                                                                                     "anonymous": "10/min"}}
+    client = world.client("t1_member")
+    clock = [60_000.0 * 60]  # the start of a window
+
+    with mock.patch.object(PrincipalRateThrottle, "timer", staticmethod(lambda: clock[0])):
+        for _ in range(10):
+            assert client.get("/api/v1/me/").status_code == 200
+        refused = client.get("/api/v1/me/")
+        assert refused.status_code == 429 and int(refused["Retry-After"]) == 60  # the next window
+        clock[0] += 90  # halfway through the next window: the last one weighs 0.5 -> 5 in the period
+        for _ in range(5):
+            assert client.get("/api/v1/me/").status_code == 200
+        refused = client.get("/api/v1/me/")
+        assert refused.status_code == 429
+        assert int(refused["Retry-After"]) == 1  # 5 + 10 * (1 - elapsed) < 10 just after halfway
+        clock[0] += 6  # 10 % of the window later: 5 + 10 * 0.4 = 9 -> one more
+        assert client.get("/api/v1/me/").status_code == 200
+        assert client.get("/api/v1/me/").status_code == 429
