@@ -1,6 +1,5 @@
 """Who a request acts as: built from the token or the session, and the user's current roles."""
 
-import time
 import uuid
 
 from rest_framework.exceptions import NotFound
@@ -9,7 +8,7 @@ from .authentication import authenticate_token, check_token, token_prefix, token
 from .choices import PlatformRole, TenantRole
 from .models import APIToken, Membership, TeamMembership, User
 from .scoping import Principal
-from .token_cache import TOKENS, Resolved, copies, read_epoch
+from .token_cache import TOKENS, copies
 
 TENANT_HEADER = "X-Meridian-Tenant"
 
@@ -33,16 +32,13 @@ def principal_for_bearer(raw: str) -> Principal:
     when nothing that decides them has changed since (tenants.token_cache): the secret, expiry
     and revocation are checked against them on every request.
     """
-    prefix = token_prefix(raw)
-    epoch = read_epoch()  # before the rows are read: a change committed meanwhile replaces it
-    entry = TOKENS.get(prefix, epoch)
-    if entry is None:
+    def resolve():
         token = authenticate_token(raw)
-        entry = Resolved(token, *_roles(token), epoch=epoch, loaded_at=time.monotonic())
-        TOKENS.put(prefix, entry)
-    else:
-        check_token(entry.token, raw)
-    return _principal(copies(entry.token), entry.role, dict(entry.team_roles))
+        return (token, *_roles(token))
+
+    token, role, team_roles = TOKENS.get(token_prefix(raw), resolve)
+    check_token(token, raw)  # another secret under a remembered prefix, expiry, the last-used write
+    return _principal(copies(token), role, dict(team_roles))
 
 
 def _roles(token: APIToken) -> tuple[TenantRole | None, dict]:

@@ -17,64 +17,19 @@ cache cannot be read, nothing is remembered: every request reads the database.
 from __future__ import annotations
 
 import copy
-import threading
-import time
-from dataclasses import dataclass
 
 from django.conf import settings
 
-from cloud.epochs import UNREADABLE, Epoch
+from cloud.epochs import Epoch, KeptUnder
 
 AUTH_EPOCH = Epoch("meridian:auth-epoch")
-
-
-def read_epoch():
-    return AUTH_EPOCH.read()
+# Token prefix -> (the token with its user, tenant and team; the tenant role; the team roles).
+TOKENS = KeptUnder(AUTH_EPOCH, lambda: settings.MERIDIAN_AUTH_CACHE_SECONDS)
 
 
 def auth_changed() -> None:
     """Forget every process's remembered tokens (a change no model signal tells of, e.g. an UPDATE)."""
     AUTH_EPOCH.changed()
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """What the three queries returned for one token: the token (user, tenant, team loaded) and its roles."""
-
-    token: object
-    role: object  # TenantRole, or None for a platform token
-    team_roles: dict
-    epoch: object
-    loaded_at: float
-
-
-class TokenCache:
-    """Per process, thread-safe: token prefix -> Resolved."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._entries: dict[str, Resolved] = {}
-
-    def get(self, prefix: str, epoch) -> Resolved | None:
-        entry = self._entries.get(prefix)
-        if entry is None or epoch is UNREADABLE or entry.epoch != epoch:
-            return None
-        if time.monotonic() - entry.loaded_at > settings.MERIDIAN_AUTH_CACHE_SECONDS:
-            return None
-        return entry
-
-    def put(self, prefix: str, entry: Resolved) -> None:
-        if entry.epoch is UNREADABLE or settings.MERIDIAN_AUTH_CACHE_SECONDS <= 0:
-            return
-        with self._lock:
-            self._entries[prefix] = entry
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-
-TOKENS = TokenCache()
 
 
 def copies(token):
