@@ -68,8 +68,8 @@ class KeptUnder:
     most ``seconds()`` (0: never kept).
     """
 
-    def __init__(self, epoch: Epoch, seconds: Callable[[], float]):
-        self.epoch, self.seconds = epoch, seconds
+    def __init__(self, epoch: Epoch, seconds: Callable[[], float], *, most: int = 10_000):
+        self.epoch, self.seconds, self.most = epoch, seconds, most
         self._lock = threading.Lock()
         self._kept: dict = {}
 
@@ -82,8 +82,17 @@ class KeptUnder:
         value = load()
         if epoch is not UNREADABLE and self.seconds() > 0:
             with self._lock:
+                if len(self._kept) >= self.most:
+                    self._prune(epoch)
                 self._kept[key] = (epoch, time.monotonic(), value)
         return value
+
+    def _prune(self, epoch) -> None:
+        """At ``most`` values (a process that served many tokens, say): the stale go, or else all."""
+        oldest = time.monotonic() - self.seconds()
+        self._kept = {key: kept for key, kept in self._kept.items() if kept[0] == epoch and kept[1] >= oldest}
+        if len(self._kept) >= self.most:
+            self._kept = {}
 
     def clear(self) -> None:
         with self._lock:
