@@ -35,7 +35,7 @@ class QuotaLimit:
 
 # Quota rows change when staff set them; each process keeps the limits it read while none changed.
 QUOTA_EPOCH = Epoch("meridian:quota-epoch")
-_KEPT_LIMITS = KeptUnder(QUOTA_EPOCH, lambda: settings.MERIDIAN_QUOTA_CACHE_SECONDS)
+KEPT_LIMITS = KeptUnder(QUOTA_EPOCH, lambda: settings.MERIDIAN_QUOTA_CACHE_SECONDS)
 
 
 def quota_limits(*, tenant: Tenant, resource: str, team: Team | None = None, gpu_model=None) -> list[QuotaLimit]:
@@ -57,12 +57,7 @@ def quota_limits(*, tenant: Tenant, resource: str, team: Team | None = None, gpu
             Q(gpu_model__isnull=True) | Q(gpu_model=model_id))
         return limits_from_rows(rows, resource=resource, team_id=team_id, gpu_model_id=model_id)
 
-    return list(_KEPT_LIMITS.get((tenant_id, team_id, model_id, resource), load))
-
-
-def forget_quota_limits() -> None:
-    """This process's kept limits (tests start from nothing)."""
-    _KEPT_LIMITS.clear()
+    return list(KEPT_LIMITS.get((tenant_id, team_id, model_id, resource), load))
 
 
 def watch_quotas() -> None:

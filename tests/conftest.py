@@ -16,7 +16,7 @@ def _clear_cache():
     from cloud.catalogue_cache import CATALOGUE
     from provisioning.admission import REGION_SIZES
     from provisioning.free_hint import FREE_HINT
-    from tenants.quotas import forget_quota_limits
+    from tenants.quotas import KEPT_LIMITS
     from tenants.token_cache import TOKENS
 
     cache.clear()
@@ -24,7 +24,7 @@ def _clear_cache():
     REGION_SIZES.clear()
     TOKENS.clear()
     CATALOGUE.clear()
-    forget_quota_limits()
+    KEPT_LIMITS.clear()
     yield
 
 

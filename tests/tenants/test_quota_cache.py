@@ -53,11 +53,11 @@ def test_a_repeat_create_reads_no_quota_rows(world, fleet, settings):
 def test_a_lowered_limit_refuses_the_next_create(world, fleet, where, django_capture_on_commit_callbacks):
     set_limit(world, 100)
     assert create(world).status_code == 201
-    kept = dict(quotas._KEPT_LIMITS._kept)
+    kept = dict(quotas.KEPT_LIMITS._kept)
     with django_capture_on_commit_callbacks(execute=True):
         set_limit(world, 1)
     if where == "another process":
-        quotas._KEPT_LIMITS._kept = dict(kept)
+        quotas.KEPT_LIMITS._kept = dict(kept)
     response = create(world)
     assert response.status_code == 409, response.content
     assert response.json()["errors"][0]["meta"]["limit"] == 1
@@ -69,12 +69,12 @@ def test_a_removed_limit_gives_way_to_the_default_at_once(world, fleet, where, s
     settings.MERIDIAN_DEFAULT_QUOTAS = {**settings.MERIDIAN_DEFAULT_QUOTAS, "gpus": 2}
     set_limit(world, 100)
     assert create(world, gpus=1).status_code == 201
-    kept = dict(quotas._KEPT_LIMITS._kept)
+    kept = dict(quotas.KEPT_LIMITS._kept)
     quota = Quota.objects.get(tenant=world.t1.tenant, team=None, resource=QuotaResource.GPUS)
     with django_capture_on_commit_callbacks(execute=True):
         services.quota_delete(actor=world.principal("platform_admin"), quota=quota)
     if where == "another process":
-        quotas._KEPT_LIMITS._kept = dict(kept)
+        quotas.KEPT_LIMITS._kept = dict(kept)
     response = create(world, gpus=2)
     assert response.status_code == 409, response.content
     assert response.json()["errors"][0]["meta"]["limit"] == 2
