@@ -49,3 +49,27 @@ def test_the_previous_window_counts_by_the_share_of_it_still_within_a_period(wor
         clock[0] += 6  # 10 % of the window later: 5 + 10 * 0.4 = 9 -> one more
         assert client.get("/api/v1/me/").status_code == 200
         assert client.get("/api/v1/me/").status_code == 429
+
+
+def test_an_hourly_count_outlives_the_caches_default_expiry(world, settings, tmp_path):
+    """On the embedded default's file cache, whose incr writes the counter again with a five-minute
+    expiry, an idle spell inside an hourly window must not forget the window's requests."""
+    from unittest import mock
+
+    import time_machine
+    from django.core.cache.backends.filebased import FileBasedCache
+
+    from cloud.api.throttling import PrincipalRateThrottle
+
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"principal": "3/hour",
+                                                                                     "anonymous": "3/hour"}}
+    files = FileBasedCache(str(tmp_path / "cache"), {})
+    assert files.default_timeout == 300
+    client = world.client("t1_member")
+    start = 3600.0 * 500_000  # the start of an hourly window
+    with mock.patch.object(PrincipalRateThrottle, "cache", files):
+        with time_machine.travel(start, tick=False):
+            for _ in range(3):
+                assert client.get("/api/v1/me/").status_code == 200
+        with time_machine.travel(start + 600, tick=False):  # ten idle minutes, the same window
+            assert client.get("/api/v1/me/").status_code == 429

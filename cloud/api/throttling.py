@@ -8,7 +8,6 @@ per request. DRF's own throttle keeps a log of every request time in the period 
 writes all of it on each request: at 1,200 a minute, kilobytes per request.
 """
 
-from django.core.cache import cache
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
@@ -17,7 +16,6 @@ class PrincipalRateThrottle(SimpleRateThrottle):
     """One bucket per token: a leaked or runaway token cannot starve its user's other tokens."""
 
     scope = "principal"
-    cache = cache
 
     def __init__(self):
         # Rates are read per request, not at import, so settings changes apply (and tests can raise them).
@@ -40,12 +38,21 @@ class PrincipalRateThrottle(SimpleRateThrottle):
         if in_period >= self.num_requests:
             self.wait_s = self._wait(counts.get(previous, 0), counts.get(current, 0), elapsed)
             return False
-        try:
-            self.cache.incr(current)
-        except ValueError:  # the window's first request
-            if not self.cache.add(current, 1, timeout=2 * self.duration):
-                self.cache.incr(current)  # another request made it meanwhile
+        self._count(current)
         return True
+
+    def _count(self, key: str) -> None:
+        """One more request in ``key``'s window; the counter lives two periods (the previous window is read)."""
+        try:
+            self.cache.incr(key)
+        except ValueError:  # the window's first request
+            if self.cache.add(key, 1, timeout=2 * self.duration):
+                return
+            self.cache.incr(key)  # another request made it meanwhile
+        if 2 * self.duration > self.cache.default_timeout:
+            # Some backends' incr (the file cache's) writes the value again with their default
+            # expiry: an hourly window's counter would be gone after five idle minutes.
+            self.cache.touch(key, 2 * self.duration)
 
     def _wait(self, previous: int, current: int, elapsed: float) -> float:
         """Seconds until the weighted count falls below the limit again (a second at least: Retry-After says it)."""
