@@ -8,7 +8,7 @@ class TenantsConfig(AppConfig):
     def ready(self):
         from .api import schema  # noqa: F401 -- registers the OpenAPI auth scheme
         from .quotas import watch_quotas
-        from .token_cache import connect_signals
+        from .token_cache import watch_auth
 
-        connect_signals()
+        watch_auth()
         watch_quotas()

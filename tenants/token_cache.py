@@ -41,7 +41,7 @@ def copies(token):
     return mine
 
 
-def connect_signals() -> None:
+def watch_auth() -> None:
     """Every saved or deleted row that decides what a token may do changes the epoch."""
     from .models import APIToken, Membership, Team, TeamMembership, Tenant, User
 
