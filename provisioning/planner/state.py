@@ -144,6 +144,18 @@ class GpuState:
         return [k for k in range(n) if not taken[k]]
 
 
+def changed_span(old: list[Entry], new: list[Entry]) -> tuple[int, int]:
+    """``[lo, hi)``: the instants covered by the allocations in one list and not the other (empty if none)."""
+    lo, hi = FOREVER, -FOREVER
+    for x in old:
+        if x not in new:
+            lo, hi = min(lo, x.start), max(hi, x.end)
+    for x in new:
+        if x not in old:
+            lo, hi = min(lo, x.start), max(hi, x.end)
+    return lo, hi
+
+
 class NodeState:
     __slots__ = ("node_id", "region", "leaf", "pool", "gpus", "size", "clean", "busy", "busy_min", "ahead",
                  "ahead_min")
@@ -418,12 +430,17 @@ class Capacity:
 
     def set_entries(self, gpu: GpuState, entries: list[Entry], *, journal: bool = True) -> None:
         """Replace one GPU's allocations, keeping every summary and index over it in step."""
+        old = gpu.entries
         if journal:
-            old = gpu.entries
             self.journal.append(lambda: self.set_entries(gpu, old, journal=False))
         pool = gpu.node.pool
         load = self._load.get((pool.region, pool.model, pool.kind))
-        before = [(t, gpu.busy_at(t)) for t in load] if load else ()
+        before = ()
+        if load:
+            # Only an instant inside an allocation that came or went can turn busy or idle: asking
+            # every kept instant, twice, was most of what a change cost.
+            lo, hi = changed_span(old, entries)
+            before = [(t, gpu.busy_at(t)) for t in load if lo <= t < hi]
         old_layouts = gpu.layouts
         gpu.entries = entries
         gpu.refresh(self.origin)

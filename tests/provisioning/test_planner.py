@@ -609,3 +609,37 @@ def test_a_plan_leaves_its_index_to_be_freed_without_the_cyclic_collector():
     finally:
         gc.enable()
     assert result.placements and unreachable == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "reload", "remove", "undo"]), st.integers(0, 7),
+                          st.integers(-3, 12), st.integers(1, 8)), max_size=25))
+def test_busy_counts_kept_for_headroom_match_a_recount_after_any_change(changes):
+    """
+    The index keeps, per region, model and pool, how many GPUs are busy at the instants headroom
+    asks about; a change counts again only instants inside an allocation that came or went.
+    """
+    from provisioning.planner.state import TICK, Capacity, Entry
+
+    fleet = snapshot(shared(2, gpus=4))
+    held = occupy(fleet.nodes[0].gpus[0], fleet.nodes[1].gpus[2], start=NOW - HOUR, end=NOW + 3 * HOUR)
+    capacity = Capacity(fleet)
+    group = (REGION, H100, SHARED_POOL)
+    gpus = [capacity.gpus[g.gpu_id] for n in fleet.nodes for g in n.gpus]
+    instants = [capacity.ticks(NOW + k * HOUR) for k in range(12)]
+    for t in instants:
+        capacity.free_at(group, t)  # asked once: counted and kept from now on
+    for kind, k, start_h, hours in changes:
+        gpu = gpus[k]
+        s = capacity.ticks(NOW + start_h * HOUR)
+        if kind == "add":
+            capacity.add(gpu, Entry(s, s + hours * HOUR // TICK, 0, MEM, uuid.uuid4()))
+        elif kind == "reload":
+            capacity.reload(gpu, [Busy(held, NOW + start_h * HOUR, NOW + (start_h + hours) * HOUR, 0, MEM)])
+        elif kind == "remove" and gpu.entries:
+            capacity.remove_owner(gpu, gpu.entries[0].owner)
+        elif kind == "undo" and capacity.journal:
+            capacity.journal.pop()()
+    for t in instants:
+        busy = sum(g.busy_at(t) for g in gpus)
+        assert capacity.free_at(group, t) == len(gpus) - busy
