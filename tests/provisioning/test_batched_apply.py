@@ -144,6 +144,30 @@ def test_update_rows_writes_each_rows_own_values(world, fleet, vendor):
     assert stored == {row.pk: (round(0.1 * (i + 1), 3), f"reason {i}") for i, row in enumerate(rows)}
 
 
+@pytest.mark.parametrize("vendor", ["postgresql", "sqlite"])
+def test_update_rows_writes_nulls_times_and_foreign_keys_row_by_row(world, fleet, vendor):
+    region = Region.objects.first()
+    rows = [make_reservation(world, state="queued") for _ in range(3)]
+    now = timezone.now()
+    for i, row in enumerate(rows):
+        row.scheduled_at = now + timedelta(minutes=i) if i else None
+        row.region = region if i == 1 else None
+        row.starts_at = None  # a column of nulls only
+    with mock.patch.object(connection, "vendor", vendor):
+        update_rows(Reservation, rows, ["scheduled_at", "region", "starts_at"])
+    fresh = Reservation.objects.filter(pk__in=[r.pk for r in rows])
+    stored = {r.pk: (r.scheduled_at, r.region_id, r.starts_at) for r in fresh}
+    assert stored == {rows[0].pk: (None, None, None), rows[1].pk: (now + timedelta(minutes=1), region.pk, None),
+                      rows[2].pk: (now + timedelta(minutes=2), None, None)}
+
+
+def test_update_rows_refuses_a_json_field_before_writing_anything(world, fleet):
+    event = AuditEvent.objects.first() or AuditEvent(pk=1)
+    with pytest.raises(TypeError, match="JSON"):
+        update_rows(AuditEvent, [event], [next(f.name for f in AuditEvent._meta.fields
+                                               if f.get_internal_type() == "JSONField")])
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="COPY is PostgreSQL's")
 def test_copy_rows_refuses_a_field_that_prepares_its_own_values(world, fleet):
     """An encrypted field written by COPY would land in clear text: refused before anything is sent."""
