@@ -15,12 +15,14 @@ topology, never a double booking: the database still refuses overlapping allocat
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
 from datetime import datetime
 from typing import NamedTuple
 from uuid import UUID
 
+from django.db import connection
 from django.db.models import Count, Max
 
 from cloud.models import GPU, Node
@@ -127,6 +129,27 @@ def node_capacity(node: NodeShape, blocked_gpus: set, busy: dict, models: set | 
 
 def blocked_now() -> tuple[set, set]:
     """The nodes and GPUs that may not take work now: load_snapshot's rules (snapshot.py), as exceptions."""
-    nodes = set(Node.objects.exclude(pk__in=sellable_nodes().values("pk")).values_list("id", flat=True))
-    gpus = set(GPU.objects.exclude(SELLABLE_GPU).values_list("id", flat=True))
+    sql, params = _blocked_statement(connection.vendor)
+    nodes, gpus = set(), set()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for is_gpu, pk in cursor.fetchall():
+            (gpus if is_gpu else nodes).add(pk if isinstance(pk, UUID) else UUID(pk))
     return nodes, gpus
+
+
+@functools.cache
+def _blocked_statement(vendor: str) -> tuple[str, tuple]:
+    """
+    ``blocked_now``'s two questions as one statement, built by the ORM from the same rules once
+    per process: compiling them took as long as running them, every cycle. The parameters are
+    the rules' own constants.
+    """
+    nodes = Node.objects.order_by().exclude(pk__in=sellable_nodes().order_by().values("pk")).values("id")
+    gpus = GPU.objects.order_by().exclude(SELLABLE_GPU).values("id")
+    nodes_sql, nodes_params = nodes.query.sql_with_params()
+    gpus_sql, gpus_params = gpus.query.sql_with_params()
+    # Only the ORM's own SQL is formatted in.
+    sql = (f"SELECT 0 AS is_gpu, q.id FROM ({nodes_sql}) AS q "  # noqa: S608
+           f"UNION ALL SELECT 1, q.id FROM ({gpus_sql}) AS q")
+    return sql, (*nodes_params, *gpus_params)

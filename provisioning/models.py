@@ -192,7 +192,14 @@ class Operation(TenantOwnedModel):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["state", "updated_at"], name="operation_stuck_idx")]
+        indexes = [
+            models.Index(fields=["state", "updated_at"], name="operation_stuck_idx"),
+            # Nodes being attested are not sold: every snapshot and fast-path read asks, and without
+            # this the question scanned every operation ever recorded (one per reservation).
+            models.Index(fields=["node"], name="operation_attesting_idx",
+                         condition=Q(kind=OperationKind.ATTEST,
+                                     state__in=[OperationState.PENDING, OperationState.RUNNING])),
+        ]
 
     def __str__(self):
         return f"{self.kind} {self.state} ({self.reservation_id or self.node_id})"
