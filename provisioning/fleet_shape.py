@@ -23,7 +23,6 @@ from typing import NamedTuple
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import Count, Max
 
 from cloud.models import GPU, Node
 
@@ -97,8 +96,7 @@ class FleetShape:
 
     def refresh(self) -> None:
         """Read the shape again if it is older than ``refresh_s`` or hardware was added or removed."""
-        # Hardware added or removed changes one of these (removing one and adding another too).
-        counts = (*Node.objects.aggregate(n=Count("pk"), newest=Max("created_at")).values(), GPU.objects.count())
+        counts = _hardware_counts()
         if counts == self.counts and time.monotonic() - self.read_at < self.refresh_s:
             return
         gpus = defaultdict(list)
@@ -113,6 +111,21 @@ class FleetShape:
         if nodes != self.nodes:
             self.nodes, self.version = nodes, self.version + 1
         self.counts, self.read_at = counts, time.monotonic()
+
+
+def _hardware_counts() -> tuple:
+    """
+    What hardware added or removed changes (removing one and adding another too): the nodes,
+    the newest node's enrolment, the GPUs. One round trip; it is asked every cycle.
+    """
+    qn = connection.ops.quote_name
+    nodes, gpus = qn(Node._meta.db_table), qn(GPU._meta.db_table)
+    created = qn(Node._meta.get_field("created_at").column)
+    with connection.cursor() as cursor:
+        # Only quoted names from the models' metadata are formatted in.
+        cursor.execute(f"SELECT (SELECT count(*) FROM {nodes}), (SELECT max({created}) FROM {nodes}), "  # noqa: S608
+                       f"(SELECT count(*) FROM {gpus})")
+        return tuple(cursor.fetchone())
 
 
 def node_capacity(node: NodeShape, blocked_gpus: set, busy: dict, models: set | None = None) -> NodeCapacity | None:

@@ -10,9 +10,12 @@ so a cycle reads what changed rather than everything (each part says how it stay
 
 from __future__ import annotations
 
+import functools
 import gc
+import itertools
 import logging
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -32,6 +35,7 @@ from .choices import ReservationState as R
 from .fleet_shape import FleetShape
 from .kept_capacity import KeptCapacity
 from .models import Reservation
+from .plan_types import Request
 from .planner import plan
 from .priority import Weights, rank
 from .services import reservation_schedule, reservation_schedule_many, weights
@@ -259,19 +263,28 @@ class LoopMemory:
 
 def _queued_ids() -> list[str]:
     """The ids of the queued reservations as strings: the oldest MAX_QUEUE at most, in no particular order."""
-    oldest = Reservation.objects.filter(state=R.QUEUED).order_by("submitted_at")[:MAX_QUEUE]
     if connection.vendor != "postgresql":
-        return [str(pk) for pk in oldest.values_list("id", flat=True)]
-    # One text of 36-character ids: 10,000 UUID objects made and hashed each cycle cost more
-    # than the query. Not ordered again inside the aggregate: that second sort was half of the
-    # statement, and ranking orders the queue anyway. Only the ORM's own SQL is formatted in;
-    # every value is a parameter.
-    subquery, params = oldest.values("id").query.sql_with_params()
+        return [str(pk) for pk in _oldest_queued().values_list("id", flat=True)]
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT string_agg(id::text, '') FROM ({subquery}) AS q",  # noqa: S608
-                       params)
+        cursor.execute(*_queued_ids_statement())
         joined = cursor.fetchone()[0] or ""
     return [joined[i:i + 36] for i in range(0, len(joined), 36)]
+
+
+def _oldest_queued():
+    return Reservation.objects.filter(state=R.QUEUED).order_by("submitted_at")[:MAX_QUEUE]
+
+
+@functools.cache
+def _queued_ids_statement() -> tuple[str, tuple]:
+    """
+    One text of 36-character ids: 10,000 UUID objects made and hashed each cycle cost more than
+    the query. Not ordered again inside the aggregate: that second sort was half of the
+    statement, and ranking orders the queue anyway. Built by the ORM once per process; only its
+    own SQL is formatted in, every value is a parameter.
+    """
+    subquery, params = _oldest_queued().values("id").query.sql_with_params()
+    return f"SELECT string_agg(id::text, '') FROM ({subquery}) AS q", params  # noqa: S608
 
 
 def rank_queue(queued: list[tuple], owners: list[tuple], now: datetime, w: Weights,
@@ -343,20 +356,13 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     if not ranked:
         return report
     lap("rank")
-    requests = []
-    for reservation_id, total in ranked:
-        reservation = by_id.get(reservation_id)
-        if reservation is None or reservation.state != R.QUEUED:
-            continue  # moved on between reading the ids and loading the row
-        if memory.over_quota and memory.left_out(reservation):
-            continue  # its owner was over quota a moment ago: it keeps its place and its reason
-        reservation.score = total
-        requests.append(request_for(reservation, now))
-    if not requests:
+    requests = _requests(ranked, by_id, memory, now)
+    first = next(requests, None)
+    if first is None:
         return report
     capacity = memory.capacity.for_cycle(now)  # the whole sellable fleet, kept by the loop
     lap("snapshot")
-    result = plan(None, requests, headroom=settings.MERIDIAN_HEADROOM, capacity=capacity,
+    result = plan(None, itertools.chain([first], requests), headroom=settings.MERIDIAN_HEADROOM, capacity=capacity,
                   max_placements=memory.budget.placements((time.perf_counter() - began) * 1000))
     lap("plan")
     report.cut_short = result.cut_short
@@ -378,6 +384,21 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     memory.budget.learn(plan_ms=report.timings_ms["plan"], apply_ms=report.timings_ms["apply"],
                         placed=len(result.placements))
     return report
+
+
+def _requests(ranked: list[tuple], by_id: dict, memory: LoopMemory, now: datetime) -> Iterator[Request]:
+    """
+    The planner's requests in ranked order, each made when planning reaches it: a budgeted cycle
+    tries a hundred or so of the thousand it ranked, and making the rest was wasted.
+    """
+    for reservation_id, total in ranked:
+        reservation = by_id.get(reservation_id)
+        if reservation is None or reservation.state != R.QUEUED:
+            continue  # moved on between reading the ids and loading the row
+        if memory.over_quota and memory.left_out(reservation):
+            continue  # its owner was over quota a moment ago: it keeps its place and its reason
+        reservation.score = total
+        yield request_for(reservation, now)
 
 
 def _apply_batch(placements, by_id, over_quota, refused, regions, result, report) -> None:

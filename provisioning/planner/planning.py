@@ -10,7 +10,7 @@ preempt, the same order is tried again with lower-priority spot work as possible
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from uuid import UUID
 
 from ..plan_types import (
@@ -317,7 +317,7 @@ class Planner:
         )
 
 
-def plan(snapshot: Snapshot | None, queue: Sequence[Request], *, headroom: float = 0.10,
+def plan(snapshot: Snapshot | None, queue: Iterable[Request], *, headroom: float = 0.10,
          model_names: Mapping[UUID, str] | None = None, max_placements: int | None = None,
          capacity: Capacity | None = None) -> Plan:
     """

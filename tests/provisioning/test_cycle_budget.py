@@ -4,8 +4,11 @@ max_sched_time): a cycle plans only as many placements as the time left can comm
 from the cycles before; what it does not plan waits for the next cycle, queued as it was.
 """
 
+from unittest import mock
+
 import pytest
 
+from provisioning import scheduler
 from provisioning.models import Reservation
 from provisioning.scheduler import CycleBudget, LoopMemory, run_cycle
 from tests.provisioning.factories import make_reservation, offering
@@ -74,3 +77,17 @@ def test_a_cycle_over_budget_places_its_floor_and_leaves_the_rest_queued(world, 
     assert sorted(states) == ["queued"] * 4 + ["scheduled"] * 2
     memory.budget.budget_ms = 0  # no budget: the rest in one cycle
     assert run_cycle(memory=memory).placed == 4
+
+
+def test_a_budgeted_cycle_makes_requests_only_for_what_it_tries(world, fleet):
+    chosen = offering("vm", 1)
+    for _ in range(6):
+        make_reservation(world, state="queued", offering=chosen)
+    memory = LoopMemory(record_refresh_s=3600, shape_refresh_s=3600, budget_ms=0.001)
+    memory.budget.floor, memory.budget.share = 2, 0.0
+
+    with mock.patch.object(scheduler, "request_for", wraps=scheduler.request_for) as made:
+        report = run_cycle(memory=memory)
+
+    assert report.placed == 2 and report.cut_short
+    assert made.call_count == 3  # two placed, and the one that found the budget spent
