@@ -3,6 +3,7 @@
 import threading
 import uuid
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.db import connection, connections
@@ -13,11 +14,12 @@ from cloud.models import GPU
 from provisioning.admission import Ask
 from provisioning.models import Allocation, IdempotencyKey, Operation, Reservation
 from provisioning.scheduler import LoopMemory, run_cycle
-from provisioning.services import reservation_create
+from provisioning.services import _outranked, reservation_create
 from security.models import AuditEvent
 from tenants.choices import QuotaResource, TenantRole
 from tenants.models import Membership, Quota, Tenant
 from tenants.scoping import Principal
+from tests.provisioning.factories import make_reservation
 from tests.provisioning.test_allocations import OVERLAPPING_PAIRS
 from tests.provisioning.test_kept_capacity import fresh_index, index_view
 from tests.world import make_user, small_fleet, unique, vm_offering
@@ -52,6 +54,38 @@ def test_a_reservation_that_fits_now_is_scheduled_inside_the_request(world, flee
     assert reservation.allocations.count() == 1
     assert AuditEvent.objects.count() == events + 1
     assert Operation.objects.get(reservation=reservation).state == "succeeded"
+
+
+@pytest.mark.parametrize(("score", "regions", "placed"), [
+    (0.99, ["us-east-1"], False),  # higher priority, same region: the scheduler decides
+    (0.99, ["eu-west-1", "us-east-1"], False),  # it would take this region second
+    (0.99, ["eu-west-1"], True),  # higher priority elsewhere: no competitor here
+    (0.0, ["us-east-1"], True),  # lower priority: placed at once
+])
+def test_the_fast_path_leaves_capacity_to_queued_work_of_higher_priority_in_its_regions(
+        world, fleet, score, regions, placed):
+    waiting = make_reservation(world, side="t2", state="queued", offering=vm_offering(), score=score)
+    Reservation.objects.filter(pk=waiting.pk).update(regions=regions)
+    response = world.client("t1_member").post(URL, body(gpus=1), format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["state"] == ("scheduled" if placed else "queued")
+
+
+@pytest.mark.parametrize("vendor", ["postgresql", "sqlite"])
+def test_queued_work_outranks_a_create_only_with_a_higher_score_the_same_model_and_a_shared_region(
+        world, fleet, vendor):
+    waiting = make_reservation(world, side="t2", state="queued", offering=vm_offering(), score=0.5)
+    Reservation.objects.filter(pk=waiting.pk).update(regions=["eu-west-1", "us-east-1"])
+
+    def outranks(score=0.4, regions=("us-east-1",), model=waiting.gpu_model_id):
+        with mock.patch.object(connection, "vendor", vendor):
+            return _outranked(Reservation(score=score, regions=list(regions), gpu_model_id=model))
+
+    assert outranks()
+    assert outranks(regions=("ap-south-1", "eu-west-1"))
+    assert not outranks(score=0.5)
+    assert not outranks(regions=("ap-south-1",))
+    assert not outranks(model=uuid.uuid4())  # another GPU model
 
 
 def test_a_reservation_that_does_not_fit_now_waits_and_the_scheduler_places_it_later(world, fleet):
