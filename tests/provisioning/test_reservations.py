@@ -326,6 +326,45 @@ def test_racing_creates_and_the_scheduler_never_double_book_the_last_8_gpus(worl
         assert cursor.fetchone()[0] == 0
 
 
+@pytest.mark.django_db(transaction=True)
+def test_racing_creates_of_one_tenant_never_both_pass_its_quota(world):
+    """Twelve creates of 4 GPUs at once under a quota of 8: exactly two are admitted, the rest are 409s."""
+    from cloud.errors import QuotaExceeded
+    from cloud.models import Region
+
+    small_fleet(4)
+    tenant = Tenant.objects.create(name="Quota racer", slug=unique("racer"))
+    user = make_user(f"{unique('racer')}@example.com")
+    Membership.objects.create(tenant=tenant, user=user, role=TenantRole.MEMBER)
+    Quota.objects.create(tenant=tenant, resource=QuotaResource.GPUS, limit=8)
+    principal = Principal(user=user, tenant=tenant, role=TenantRole.MEMBER)
+    region, offering = Region.objects.get(slug="us-east-1"), vm_offering(4)
+    start = timezone.now() + timedelta(days=1)  # advance work: the quota, not the capacity, decides
+    outcomes, errors, ready = [], [], threading.Barrier(12)
+
+    def create():
+        try:
+            ask = Ask(name="race", offering=offering, units=1, regions=(region,), duration=timedelta(hours=1),
+                      requested_start=start)
+            ready.wait()
+            outcomes.append(reservation_create(actor=principal, ask=ask).state)
+        except QuotaExceeded:
+            outcomes.append("409")
+        except Exception as exc:  # noqa: BLE001 -- any other failure fails the test
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=create) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(outcomes) == ["409"] * 10 + ["queued"] * 2
+    assert Reservation.objects.filter(tenant=tenant).count() == 2
+
+
 @pytest.mark.parametrize("key", ["not a key", "ssh-foo AAAAB3NzaC1yc2E", "ecdsa-sha2-nistp999 AAAA"])
 def test_an_ssh_key_of_an_unknown_type_is_a_400_not_a_500(world, fleet, key):
     response = world.client("t1_member").post(URL, body(ssh_public_key=key), format="json")
