@@ -47,10 +47,10 @@ MAX_QUEUE = 20_000
 # What ranking reads of every queued reservation (in this order), and what planning and applying
 # read of those ranked high enough to be planned this cycle.
 RANKING_COLUMNS = ["id", "tenant_id", "team_id", "gpu_model_id", "submitted_at", "urgency"]
-QUEUE_COLUMNS = ["id", "tenant_id", "team_id", "name", "gpu_model_id", "offering", "submitted_at", "urgency", "units",
-                 "gpus", "regions", "requested_start", "duration", "billing_term", "eviction_policy", "score",
-                 "state", "state_reason", "offering__kind", "offering__gpus_per_unit", "offering__slots_per_gpu",
-                 "offering__gpu_model_id", "vpc__fabric"]
+# The offering is set from the cycle's own read of the offerings (QueueMirror.whole), not joined.
+QUEUE_COLUMNS = ["id", "tenant_id", "team_id", "name", "gpu_model_id", "offering_id", "submitted_at", "urgency",
+                 "units", "gpus", "regions", "requested_start", "duration", "billing_term", "eviction_policy", "score",
+                 "state", "state_reason", "vpc__fabric"]
 MIRROR_BY_IDS = 2000  # the most rows the queue mirror reads by id; more are read by one scan
 OFFERING_COLUMNS = ["id", "kind", "gpus_per_unit", "slots_per_gpu", "gpu_model_id"]
 WAITING_REASONS_PER_CYCLE = 200
@@ -155,8 +155,7 @@ class QueueMirror:
         self.rows = {pk: self.rows[pk] for pk in ids if pk in self.rows}
         missing = [pk for pk in ids if pk not in self.rows]
         if missing:
-            self.rows.update(Reservation.objects.select_related("offering", "vpc").only(*QUEUE_COLUMNS)
-                             .in_bulk(missing))
+            self.rows.update(Reservation.objects.select_related("vpc").only(*QUEUE_COLUMNS).in_bulk(missing))
         offerings = Offering.objects.only(*OFFERING_COLUMNS).in_bulk({r.offering_id for r in self.rows.values()})
         for reservation in self.rows.values():
             reservation.offering = offerings[reservation.offering_id]
