@@ -88,6 +88,17 @@ def test_queued_work_outranks_a_create_only_with_a_higher_score_the_same_model_a
     assert not outranks(model=uuid.uuid4())  # another GPU model
 
 
+def test_query_filters_narrow_lists_and_leave_one_reservation_found_by_its_id(world, fleet):
+    client = world.client("t1_member")
+    created = client.post(URL, body(gpus=1), format="json").json()
+    listed = client.get(URL, {"state": "cancelled"}).json()
+    assert created["id"] not in {r["id"] for r in listed["results"]}
+    one = client.get(f"{URL}{created['id']}/", {"state": "cancelled", "ordering": "nonsense"})
+    assert one.status_code == 200 and one.json()["id"] == created["id"]
+    # Scoping is the queryset's, not a filter's: the other tenant still cannot see it.
+    assert world.client("t2_member").get(f"{URL}{created['id']}/").status_code == 404
+
+
 def test_a_reservation_that_does_not_fit_now_waits_and_the_scheduler_places_it_later(world, fleet):
     """With the shared host full the next one queues; after a release the scheduler places it."""
     client = world.client("t1_owner")
