@@ -445,6 +445,9 @@ MERIDIAN_HEADROOM = env.float("MERIDIAN_HEADROOM", default=0.10)
 # How long the fast path trusts the nodes a recent read of a pool chose (provisioning/free_hint.py):
 # creates within it count only those nodes' free GPUs again, not the whole pool's. 0 turns it off.
 MERIDIAN_FAST_PATH_HINT_SECONDS = env.float("MERIDIAN_FAST_PATH_HINT_SECONDS", default=2.0)
+# How long the process's start sender (provisioning/start_sender.py) waits for more starts before
+# it publishes: those placed within it share a message. 0 sends each as it comes.
+MERIDIAN_START_LINGER_MS = env.float("MERIDIAN_START_LINGER_MS", default=50.0)
 MERIDIAN_SCHEDULER_INTERVAL = env.float("MERIDIAN_SCHEDULER_INTERVAL_SECONDS", default=0.5)
 # How many of the ranked queue one cycle tries to place (Slurm's default_queue_depth): the whole
 # queue is ranked every cycle, but planning stops here so a cycle stays short; the rest waits.

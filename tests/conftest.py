@@ -26,6 +26,9 @@ def _clear_cache():
     CATALOGUE.clear()
     KEPT_LIMITS.clear()
     yield
+    from provisioning.lifecycle import START_SENDER
+
+    START_SENDER.flush()  # a test's start messages leave before the next test stands in for the broker
 
 
 @pytest.fixture

@@ -289,6 +289,7 @@ def test_work_due_now_is_started_a_few_reservations_per_message(db, monkeypatch,
     later = mock.Mock(pk="later", starts_at=now + timedelta(hours=1))
     with django_capture_on_commit_callbacks(execute=True):
         lifecycle.provision_when_due(due + [later])
+    assert lifecycle.START_SENDER.flush()
     assert [len(chunk) for chunk in sent] == [lifecycle.STARTS_PER_TASK, lifecycle.STARTS_PER_TASK, 1]
     assert [rid for chunk in sent for rid in chunk] == [str(r.pk) for r in due]
 

@@ -1,15 +1,19 @@
 """
-The start message of a reservation placed at once goes out after the commit; a broker that
-refuses it costs a few seconds (the lifecycle tick starts the reservation), never an error for a
-create whose reservation exists.
+The start message of a reservation placed at once goes out after the commit, from the process's
+sender thread (the answer does not wait for the broker); a broker that refuses it costs a few
+seconds (the lifecycle tick starts the reservation), never an error for a create whose
+reservation exists.
 """
 
+import os
+import threading
 from unittest import mock
 
 import pytest
 
 from provisioning import lifecycle
 from provisioning.models import Reservation
+from provisioning.start_sender import StartSender
 from tests.world import small_fleet, vm_offering
 
 URL = "/api/v1/reservations/"
@@ -35,6 +39,7 @@ def test_the_start_goes_out_after_the_commit(world, fleet, django_capture_on_com
         assert sent == []  # not before the commit
         for callback in callbacks:
             callback()
+        assert lifecycle.START_SENDER.flush()
     assert response.status_code == 201 and response.json()["state"] == "scheduled"
     assert sent == [[response.json()["id"]]]
 
@@ -44,8 +49,10 @@ def test_a_broker_that_refuses_the_start_is_not_an_error_and_the_tick_starts_it(
     def refused(ids):
         raise ConnectionError("the broker is down")
 
-    with mock.patch.object(lifecycle, "_publish_starts", refused), django_capture_on_commit_callbacks(execute=True):
-        response = create(world)
+    with mock.patch.object(lifecycle, "_publish_starts", refused):
+        with django_capture_on_commit_callbacks(execute=True):
+            response = create(world)
+        assert lifecycle.START_SENDER.flush()  # the callbacks ran as the inner block closed
     assert response.status_code == 201, response.content
     assert "the lifecycle tick starts them" in caplog.text
     reservation = Reservation.objects.get(pk=response.json()["id"])
@@ -53,3 +60,75 @@ def test_a_broker_that_refuses_the_start_is_not_an_error_and_the_tick_starts_it(
     report = lifecycle.tick()
     assert report["started"] == 1
     assert Reservation.objects.get(pk=reservation.pk).state == "provisioning"
+
+
+class Recorder:
+    """A publish that records what it got and, while ``held`` is clear, waits (a slow broker)."""
+
+    def __init__(self, held=True):
+        self.got, self.held, self.entered = [], threading.Event(), threading.Event()
+        if held:
+            self.held.set()
+
+    def __call__(self, ids):
+        self.entered.set()
+        assert self.held.wait(5)
+        if "bad" in ids:
+            raise ConnectionError("refused")
+        self.got.append(list(ids))
+
+
+def test_the_sender_publishes_in_order_and_batches_what_came_while_it_was_busy():
+    publish = Recorder(held=False)
+    sender = StartSender(publish)
+    sender.send(["a"])
+    assert publish.entered.wait(5)  # "a" is out, the broker slow
+    sender.send(["b", "c"])
+    sender.send(["d"])
+    assert not sender.flush(timeout=0.05)  # still out
+    publish.held.set()
+    assert sender.flush()
+    assert publish.got == [["a"], ["b", "c", "d"]]
+
+
+def test_starts_sent_within_the_linger_leave_together_and_a_full_batch_leaves_at_once():
+    publish = Recorder()
+    sender = StartSender(publish, linger_s=0.2, batch=3)
+    sender.send(["a"])
+    sender.send(["b"])
+    assert sender.flush()
+    assert publish.got == [["a", "b"]]
+    sender.linger_s = 30.0
+    sender.send(["c", "d"])
+    sender.send(["e"])
+    assert sender.flush(timeout=5)  # three waiting: no 30-second linger
+    assert publish.got == [["a", "b"], ["c", "d", "e"]]
+
+
+def test_a_publish_that_raises_leaves_the_sender_sending(caplog):
+    publish = Recorder()
+    sender = StartSender(publish)
+    sender.send(["bad"])
+    assert sender.flush()
+    sender.send(["good"])
+    assert sender.flush()
+    assert publish.got == [["good"]]
+    assert "the lifecycle tick starts them" in caplog.text
+
+
+def test_a_forked_child_sends_its_own_starts_and_not_a_copy_of_the_parents():
+    publish = Recorder(held=False)
+    sender = StartSender(publish)
+    sender.send(["parent-out"])
+    assert publish.entered.wait(5)
+    sender.send(["parent-waiting"])
+    child = os.fork()
+    if child == 0:  # pragma: no cover -- runs in the child, which reports by its exit status
+        publish.held.set()
+        sender.send(["child"])
+        os._exit(0 if sender.flush() and publish.got == [["child"]] else 1)
+    _, status = os.waitpid(child, 0)
+    publish.held.set()
+    assert sender.flush()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert publish.got == [["parent-out"], ["parent-waiting"]]
