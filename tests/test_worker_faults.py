@@ -32,6 +32,7 @@ from django.conf import settings
 from kombu import Connection
 
 from cloud.models import Node
+from provisioning import lifecycle
 from provisioning.drivers.simulated import Simulated
 from provisioning.models import Allocation, Instance, Operation, Reservation, SimulatedDevice, StepRun
 from provisioning.steps import PIPELINES
@@ -277,7 +278,9 @@ def test_a_worker_killed_while_writing_the_image_is_redelivered_and_provisions_o
         "ssh_public_key": SSH_KEY, "nodes": 1}, format="json")
     assert response.status_code == 201, response.json()
     pk = response.json()["id"]
-    # The API's commit published the start, through RabbitMQ (publisher confirms), to our queue...
+    # The API's commit handed the start to the process's sender, which published it through
+    # RabbitMQ (publisher confirms) to our queue...
+    assert lifecycle.START_SENDER.flush()
     assert [(task, key) for task, key, _ in published] == [("provisioning.reservation_start_many", queue)]
     start_id = published[0][2]
 
