@@ -104,7 +104,9 @@ def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> i
     """
     ``allocation_bind`` for many reservations in one statement, all or nothing: one clash
     anywhere raises CapacityTaken for the lot (the scheduler then binds that batch one by one).
-    Returns how many allocations were made.
+    Returns how many allocations were made. A clash leaves the transaction to be rolled back:
+    the caller's own savepoint (the fast path's, a scheduler batch's, a replacement's) undoes it,
+    and a second savepoint here would cost two more round trips on every create.
     """
     if not connection.in_atomic_block:
         raise RuntimeError("allocation_bind must run inside the transaction that schedules the reservation.")
@@ -117,7 +119,7 @@ def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> i
     rows = [(b.reservation.pk, a.gpu_id, a.node_id, a.mem_lo, a.mem_hi, b.starts_at, b.ends_at)
             for b in bindings for a in b.assignments]
     try:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):  # on a clash: marked for rollback, up to the caller's savepoint
             _insert(rows)
         return len(rows)
     except IntegrityError as exc:

@@ -56,6 +56,32 @@ def test_a_reservation_that_fits_now_is_scheduled_inside_the_request(world, flee
     assert Operation.objects.get(reservation=reservation).state == "succeeded"
 
 
+def test_a_fast_path_that_loses_its_gpus_at_the_database_stores_the_reservation_queued(world, fleet):
+    """Another writer takes a planned GPU between the plan and the INSERT: queued, nothing of the placement kept."""
+    from provisioning import services
+
+    rival = make_reservation(world, side="t2", state="scheduled")
+    planned = services._fast_path
+
+    def taken_meanwhile(reservation, now):
+        placement = planned(reservation, now)
+        first = placement.assignments[0]
+        Allocation.objects.create(reservation=rival, gpu_id=first.gpu_id, node_id=first.node_id, mem_lo=first.mem_lo,
+                                  mem_hi=first.mem_hi, starts_at=placement.start, ends_at=placement.end)
+        return placement
+
+    with mock.patch.object(services, "_fast_path", taken_meanwhile):
+        response = world.client("t1_member").post(URL, body(gpus=1), format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["state"] == "queued"
+    reservation = Reservation.objects.get(pk=response.json()["id"])
+    assert (reservation.state, reservation.starts_at, reservation.region_id) == ("queued", None, None)
+    assert not reservation.allocations.exists()
+    assert Operation.objects.get(reservation=reservation).state == "pending"
+    assert AuditEvent.objects.filter(action="reservation.create", target_id=str(reservation.pk)).count() == 1
+    assert Allocation.objects.filter(reservation=rival).count() == 1  # the other writer's hold stands
+
+
 @pytest.mark.parametrize(("score", "regions", "placed"), [
     (0.99, ["us-east-1"], False),  # higher priority, same region: the scheduler decides
     (0.99, ["eu-west-1", "us-east-1"], False),  # it would take this region second
