@@ -8,8 +8,12 @@ BENCH_SERIES_SECONDS, 20, or BENCH_CLAIMS requests) of:
   - a 1-GPU VM, an 8-GPU VM (one shared host's 8 GPUs) and a whole 8-GPU bare-metal node;
   - the capacity query ``GET /api/v1/offerings/`` (every offering with its availability).
 
-A thread in the bench releases what was placed more than a second ago (directly in the
-database, as a finished reservation would), so capacity never runs out. Exceptions in the
+The server runs on the embedded defaults for the broker and the cache (files in its data
+folder): a placed create's start message leaves from the process's start sender after the
+answer (provisioning/start_sender.py), and the API throttle counts in the file cache. Set
+CELERY_BROKER_URL (RabbitMQ, publisher confirms) and REDIS_URL to measure those instead. A thread
+in the bench releases what was placed more than a second ago (directly in the database, as a
+finished reservation would), so capacity never runs out. Exceptions in the
 server's log are counted (a 5xx is a bug). Then, in-process, BENCH_BREAKDOWN (40) creates per
 kind with a timer around each step of ``services.reservation_create``: where the time goes.
 
