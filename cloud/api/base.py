@@ -10,6 +10,8 @@ The API's base classes: every view of /api/v1/ derives from one of them.
 - ``StrictSerializerMixin`` refuses unknown and read-only fields instead of ignoring them.
 """
 
+import copy
+
 from django.core.exceptions import ObjectDoesNotExist
 from django.utils.encoding import smart_str
 from rest_framework import mixins, serializers, viewsets
@@ -76,7 +78,26 @@ class PlatformViewSet(ScopedViewSet):
     """Viewset of a platform-owned model (inventory, catalogue)."""
 
 
-class ScopedRelatedField(serializers.PrimaryKeyRelatedField):
+class QuerysetSharedOnCopy:
+    """
+    A related field whose copies share its queryset. DRF copies a serializer's declared fields
+    for every instance it makes (``Field.__deepcopy__`` makes each again from its arguments,
+    deep-copied), and deep-copying a queryset copies its whole query: the four of a create's
+    fields cost more than the rest of its validation. The queryset is never changed in place
+    (``RelatedField.get_queryset`` clones it before every use), so it is shared as DRF shares
+    validators.
+    """
+
+    SHARED = ("queryset", "validators", "regex")
+
+    def __deepcopy__(self, memo):
+        args = [copy.deepcopy(item, memo) for item in self._args]
+        kwargs = {key: value if key in self.SHARED else copy.deepcopy(value, memo)
+                  for key, value in self._kwargs.items()}
+        return self.__class__(*args, **kwargs)
+
+
+class ScopedRelatedField(QuerysetSharedOnCopy, serializers.PrimaryKeyRelatedField):
     """A related object by id, looked up only among the objects the principal can see."""
 
     def get_queryset(self):
@@ -84,7 +105,7 @@ class ScopedRelatedField(serializers.PrimaryKeyRelatedField):
         return super().get_queryset().visible_to(getattr(request, "principal", None))
 
 
-class CatalogueSlugField(serializers.SlugRelatedField):
+class CatalogueSlugField(QuerysetSharedOnCopy, serializers.SlugRelatedField):
     """
     A catalogue row (offering, region) by slug, the lookup remembered per process while the
     catalogue is unchanged (cloud.catalogue_cache). ``asked`` names the queryset (its filters).
