@@ -10,8 +10,6 @@ The API's base classes: every view of /api/v1/ derives from one of them.
 - ``StrictSerializerMixin`` refuses unknown and read-only fields instead of ignoring them.
 """
 
-import copy
-
 from django.core.exceptions import ObjectDoesNotExist
 from django.utils.encoding import smart_str
 from rest_framework import mixins, serializers, viewsets
@@ -85,16 +83,14 @@ class QuerysetSharedOnCopy:
     deep-copied), and deep-copying a queryset copies its whole query: the four of a create's
     fields cost more than the rest of its validation. The queryset is never changed in place
     (``RelatedField.get_queryset`` clones it before every use), so it is shared as DRF shares
-    validators.
+    validators: put in the copy's memo, DRF's own copying hands back the same object.
     """
 
-    SHARED = ("queryset", "validators", "regex")
-
     def __deepcopy__(self, memo):
-        args = [copy.deepcopy(item, memo) for item in self._args]
-        kwargs = {key: value if key in self.SHARED else copy.deepcopy(value, memo)
-                  for key, value in self._kwargs.items()}
-        return self.__class__(*args, **kwargs)
+        queryset = self._kwargs.get("queryset")
+        if queryset is not None:
+            memo[id(queryset)] = queryset
+        return super().__deepcopy__(memo)
 
 
 class ScopedRelatedField(QuerysetSharedOnCopy, serializers.PrimaryKeyRelatedField):
