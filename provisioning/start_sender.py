@@ -49,10 +49,18 @@ class StartSender:
     def send(self, reservation_ids: list[str]) -> None:
         with self._ready:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="start-sender", daemon=True)
-                self._thread.start()
-            self._waiting.extend(reservation_ids)
-            self._ready.notify_all()
+                thread = threading.Thread(target=self._run, name="start-sender", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had (interpreter shutdown, a thread limit)
+                    thread = None
+                self._thread = thread
+            if self._thread is not None:
+                self._waiting.extend(reservation_ids)
+                self._ready.notify_all()
+                return
+        # Sent here, as before the sender: a commit's callback must not fail for want of a thread.
+        self._publish_guarded(list(reservation_ids))
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until everything handed over was published (or refused); False if ``timeout`` ran out first."""
@@ -68,11 +76,14 @@ class StartSender:
                     ready.wait_for(lambda: len(self._waiting) >= self.batch, self.linger_s)
                 batch, self._waiting, self._busy = self._waiting, [], True
             try:
-                self._publish(batch)
-            except Exception:  # the thread must live on; ``publish`` reports its own failures
-                log.exception("Sending the start of %d reservations failed; the lifecycle tick starts them.",
-                              len(batch))
+                self._publish_guarded(batch)
             finally:
                 with ready:
                     self._busy = False
                     ready.notify_all()
+
+    def _publish_guarded(self, batch: list[str]) -> None:
+        try:
+            self._publish(batch)
+        except Exception:  # the sender must live on; ``publish`` reports its own failures
+            log.exception("Sending the start of %d reservations failed; the lifecycle tick starts them.", len(batch))

@@ -116,6 +116,17 @@ def test_a_publish_that_raises_leaves_the_sender_sending(caplog):
     assert "the lifecycle tick starts them" in caplog.text
 
 
+def test_without_a_thread_to_be_had_the_start_is_sent_at_once():
+    publish = Recorder()
+    sender = StartSender(publish)
+    with mock.patch.object(threading.Thread, "start", side_effect=RuntimeError("can't start new thread")):
+        sender.send(["now"])  # no error for the commit whose callback this is
+    assert publish.got == [["now"]]
+    sender.send(["later"])  # a thread again once one can be had
+    assert sender.flush()
+    assert publish.got == [["now"], ["later"]]
+
+
 def test_a_forked_child_sends_its_own_starts_and_not_a_copy_of_the_parents():
     publish = Recorder(held=False)
     sender = StartSender(publish)
