@@ -467,10 +467,12 @@ MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS = env.float("MERIDIAN_SCHEDULER_CYCLE_BUDGET_
 # (at most 0.9: placing cannot be the whole cycle).
 MERIDIAN_SCHEDULER_PLACING_SHARE = env.float("MERIDIAN_SCHEDULER_PLACING_SHARE", default=0.4)
 # Allocations that ended longer ago than this leave the no-overlap constraint (the lifecycle tick
-# archives them; their rows stay as history). Far longer than any clock skew between the
-# processes that allocate: a new allocation never starts before the moment it is made.
+# archives them; their rows stay as history), whose index would otherwise grow with every
+# release and slow each placement. Nothing is bound to start more than half of it ago (a plan
+# that old is re-planned), which leaves the other half for clock skew between the processes that
+# allocate and the one that archives: keep it well above the skew NTP allows.
 MERIDIAN_ALLOCATION_ARCHIVE_AFTER = timedelta(
-    minutes=env.float("MERIDIAN_ALLOCATION_ARCHIVE_AFTER_MINUTES", default=60.0))
+    seconds=env.float("MERIDIAN_ALLOCATION_ARCHIVE_AFTER_SECONDS", default=20.0))
 # How long the scheduler loop reuses the teams' records (fulfilment, load, usage) between
 # cycles, like Slurm's PriorityCalcPeriod; the age term and urgency are fresh every cycle.
 MERIDIAN_SCHEDULER_RECORD_REFRESH = env.float("MERIDIAN_SCHEDULER_RECORD_REFRESH_SECONDS", default=5.0)

@@ -61,6 +61,20 @@ def nodes_held_back(node_ids) -> set:
     return node_ids - set(fine.values_list("pk", flat=True))
 
 
+def _check_fresh(bindings: list[Binding]) -> None:
+    """
+    Allocations that ended MERIDIAN_ALLOCATION_ARCHIVE_AFTER ago leave the no-overlap constraint
+    (``allocations_archive``), so nothing bound may start that far back: a plan that would (one
+    made, then kept waiting for its commit) could overlap one the constraint no longer sees. Half
+    the horizon is the limit, which leaves the other half for clocks that disagree between the
+    processes that allocate and archive. Such a plan is stale: re-planned, as after a lost race.
+    """
+    oldest = min((b.starts_at for b in bindings), default=None)
+    if oldest is not None and oldest < timezone.now() - settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER / 2:
+        raise CapacityTaken("The plan is too old to bind (it starts before what the no-overlap rule still "
+                            "holds); it is planned again.")
+
+
 def _check_allocatable(gpu_ids: list) -> None:
     refused = unallocatable(gpu_ids)
     if refused:
@@ -110,6 +124,7 @@ def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> i
     """
     if not connection.in_atomic_block:
         raise RuntimeError("allocation_bind must run inside the transaction that schedules the reservation.")
+    _check_fresh(bindings)
     if not checked:
         _check_allocatable([a.gpu_id for b in bindings for a in b.assignments])
     if connection.vendor != "postgresql":
@@ -167,8 +182,9 @@ def allocation_end(*, reservation: Reservation, at: datetime) -> int:
 def allocations_archive(*, now: datetime | None = None) -> int:
     """
     Archive the allocations that ended more than MERIDIAN_ALLOCATION_ARCHIVE_AFTER ago: they
-    leave the no-overlap constraint (their history stays). A new allocation never starts before
-    the moment it is made, so one that ended that long ago can clash with none. Returns how many.
+    leave the no-overlap constraint (their history stays). Nothing is bound to start more than
+    half that long ago (``_check_fresh``), so one that ended that long ago can clash with none.
+    Returns how many.
     """
     horizon = (now or timezone.now()) - settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER
     return Allocation.objects.filter(ends_at__lt=horizon, archived=False).update(archived=True)

@@ -389,6 +389,8 @@ def _stop_emptied(reservation) -> None:
 
 def _place(reservation, where: Node, missing: int, now: datetime) -> list[Pick]:
     """Pick and bind capacity for up to ``missing`` units, start their provisioning; the picks, or none."""
+    # A tick's moment may be seconds old by the time it gets here; capacity is taken from when it is bound.
+    now = max(now, timezone.now())
     exclude: set = set()
     for _ in range(BIND_TRIES):
         picks = pick(reservation, where, missing, start=now, end=reservation.ends_at, exclude=exclude)

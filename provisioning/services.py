@@ -118,9 +118,11 @@ def reservation_create(*, actor, ask: admission.Ask, team=None) -> Reservation:
     if ask.vpc is not None and ask.vpc.team_id is not None and ask.vpc.team_id != getattr(team, "pk", None):
         raise admission.invalid("vpc", f"VPC {ask.vpc.name} belongs to a team; book the reservation for that team.",
                                 code="vpc_team")
-    now = timezone.now()
-    admission.check_never_fits(ask, now)
+    admission.check_never_fits(ask, timezone.now())
     tenant = _lock_tenant(actor.tenant)
+    # Taken once the lock is held: a create that waited for others of its tenant binds from now,
+    # not from when it arrived (nothing may be bound to start long ago: allocations._check_fresh).
+    now = timezone.now()
     admission.check_quota(tenant=tenant, team=team, ask=ask, window_start=max(ask.requested_start or now, now))
     reservation = Reservation(
         tenant=tenant, team=team, name=ask.name, created_by=actor.user, offering=ask.offering,

@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 from cloud.models import GPUModel, Offering
-from provisioning.models import Reservation
+from provisioning.models import Allocation, Reservation
 from tests.world import World, unique
 
 
@@ -23,3 +23,14 @@ def make_reservation(world: World, *, side="t1", units=1, state="pending", **fie
         tenant=world.side(side).tenant, name=unique("reservation"), offering=chosen, gpu_model=chosen.gpu_model,
         units=units, gpus=gpus, regions=["us-east-1"], duration=timedelta(hours=1), state=state, **fields,
     )
+
+
+def held(reservation: Reservation, gpus, *, start, end) -> list[Allocation]:
+    """
+    Whole ``gpus`` held by ``reservation`` over ``[start, end)``, written as they stand: history
+    and work that began a while ago included, which binding refuses to start (PostgreSQL's
+    exclusion constraint still checks them).
+    """
+    return Allocation.objects.bulk_create(
+        Allocation(reservation=reservation, gpu_id=g.pk, node_id=g.node_id, mem_lo=0, mem_hi=g.memory_mib,
+                   starts_at=start, ends_at=end) for g in gpus)

@@ -7,14 +7,14 @@ made. Only what ended before any new allocation can start is archived.
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from cloud.models import GPU
 from provisioning.allocations import CapacityTaken, allocation_bind, allocations_archive
 from provisioning.lifecycle import tick
 from provisioning.models import Allocation
-from tests.provisioning.factories import make_reservation
+from tests.provisioning.factories import held, make_reservation
 from tests.provisioning.test_allocations import whole
 from tests.world import small_fleet
 
@@ -28,6 +28,11 @@ def gpus(world):
 
 
 def hold(world, gpu, start, end):
+    with transaction.atomic():  # a clash undoes only itself
+        return held(make_reservation(world), [gpu], start=start, end=end)[0]
+
+
+def bind(world, gpu, start, end):
     reservation = make_reservation(world)
     with transaction.atomic():
         allocation_bind(reservation=reservation, assignments=[whole(gpu)], starts_at=start, ends_at=end)
@@ -55,15 +60,34 @@ def test_an_archived_allocation_leaves_the_constraint_and_a_live_one_does_not(wo
     settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER = HOUR
     now = timezone.now()
     old = hold(world, gpus[0], now - 5 * HOUR, now - 2 * HOUR)
-    with pytest.raises(CapacityTaken):  # not yet archived: the same stretch of the past is refused
+    with pytest.raises(IntegrityError):  # not yet archived: the same stretch of the past is refused
         hold(world, gpus[0], now - 4 * HOUR, now - 3 * HOUR)
     allocations_archive(now=now)
-    # Only history could ever meet it now (nothing new starts in the past); written here by hand.
+    # Only history could ever meet it now (nothing is bound to start in the past); written by hand.
     assert hold(world, gpus[0], now - 4 * HOUR, now - 3 * HOUR).archived is False
     assert Allocation.objects.get(pk=old.pk).archived
-    hold(world, gpus[1], now, now + HOUR)
+    bind(world, gpus[1], now, now + HOUR)
     with pytest.raises(CapacityTaken):
-        hold(world, gpus[1], now + HOUR / 2, now + 2 * HOUR)
+        bind(world, gpus[1], now + HOUR / 2, now + 2 * HOUR)
+
+
+def test_nothing_is_bound_to_start_before_half_the_horizon(world, gpus, settings):
+    """
+    A plan kept waiting for its commit could otherwise overlap an allocation that was archived
+    meanwhile, which the constraint no longer sees: it is refused as stale, and writes nothing.
+    """
+    settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER = timedelta(seconds=20)
+    now = timezone.now()
+    old = hold(world, gpus[0], now - timedelta(seconds=90), now - timedelta(seconds=30))
+    assert allocations_archive(now=now) == 1
+    stale = make_reservation(world)
+    with pytest.raises(CapacityTaken, match="too old"), transaction.atomic():
+        allocation_bind(reservation=stale, assignments=[whole(gpus[0])], starts_at=now - timedelta(seconds=40),
+                        ends_at=now + HOUR)
+    assert not Allocation.objects.filter(reservation=stale).exists()
+    assert Allocation.objects.get(pk=old.pk).archived
+    # A plan made a moment ago binds (the scheduler's cycle and the fast path take their time).
+    assert bind(world, gpus[0], timezone.now() - timedelta(seconds=5), now + HOUR).reservation_id
 
 
 def test_the_lifecycle_tick_archives_by_the_clock(world, gpus, settings):

@@ -104,7 +104,7 @@ def test_ending_early_frees_the_rest_of_the_window(world, gpus):
     now = timezone.now()
     held = make_reservation(world)
     with transaction.atomic():
-        allocation_bind(reservation=held, assignments=[whole(gpus[3])], starts_at=now - timedelta(hours=1),
+        allocation_bind(reservation=held, assignments=[whole(gpus[3])], starts_at=now - timedelta(seconds=5),
                         ends_at=now + timedelta(hours=5))
         allocation_end(reservation=held, at=now)
         allocation_bind(reservation=make_reservation(world), assignments=[whole(gpus[3])], starts_at=now,

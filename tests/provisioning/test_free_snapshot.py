@@ -10,18 +10,17 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPU, Fabric, GPUModel, Node
-from provisioning.allocations import allocation_bind
 from provisioning.choices import OperationKind, OperationState
 from provisioning.models import Operation, Reservation
-from provisioning.plan_types import Assignment, Request
+from provisioning.plan_types import Request
 from provisioning.snapshot import free_candidates, free_snapshot, load_snapshot, pool_of
-from tests.provisioning.factories import make_reservation
+from tests.provisioning.factories import held, make_reservation
 from tests.world import h100
 
 
@@ -34,10 +33,7 @@ def fleet(world):
 
 
 def hold(world, gpus, *, start, end):
-    holder = make_reservation(world, state="scheduled")
-    with transaction.atomic():
-        allocation_bind(reservation=holder, starts_at=start, ends_at=end, assignments=[
-            Assignment(node_id=g.node_id, gpu_id=g.pk, mem_lo=0, mem_hi=g.memory_mib) for g in gpus])
+    held(make_reservation(world, state="scheduled"), gpus, start=start, end=end)
 
 
 def ask(kind, units, gpus_per_unit, *, now, model=None, fabric=None, hours=2):

@@ -8,19 +8,16 @@ from datetime import timedelta
 from unittest import mock
 
 import pytest
-from django.db import transaction
 from django.utils import timezone
 
 from cloud.models import GPU, Node
-from provisioning.allocations import allocation_bind
 from provisioning.choices import OperationKind, OperationState
 from provisioning.fleet_shape import FleetShape
 from provisioning.models import Operation, Reservation
-from provisioning.plan_types import Assignment
 from provisioning.scheduler import LoopMemory, QueueMirror, run_cycle
 from provisioning.services import reservation_cancel
 from provisioning.snapshot import load_snapshot
-from tests.provisioning.factories import make_reservation, offering
+from tests.provisioning.factories import held, make_reservation, offering
 from tests.world import h100, small_fleet
 
 
@@ -39,9 +36,7 @@ def view(snapshot):
 
 def hold(world, gpus, *, start, end, term="on_demand", score=0.3):
     holder = make_reservation(world, state="scheduled", billing_term=term, score=score)
-    with transaction.atomic():
-        allocation_bind(reservation=holder, starts_at=start, ends_at=end, assignments=[
-            Assignment(node_id=g.node_id, gpu_id=g.pk, mem_lo=0, mem_hi=g.memory_mib) for g in gpus])
+    held(holder, gpus, start=start, end=end)
     return holder
 
 
