@@ -10,6 +10,7 @@ so a cycle reads what changed rather than everything (each part says how it stay
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import itertools
@@ -35,7 +36,7 @@ from .choices import ReservationState as R
 from .fleet_shape import FleetShape
 from .kept_capacity import KeptCapacity
 from .models import Reservation
-from .plan_types import Request
+from .plan_types import Placement, Request
 from .planner import plan
 from .priority import Weights, rank
 from .services import reservation_schedule, reservation_schedule_many, weights
@@ -370,6 +371,7 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     # Checked once for the cycle: placements on a node held back since the snapshot are refused.
     refused = nodes_held_back({a.node_id for p in result.placements for a in p.assignments})
     regions = {r.slug: r for r in Region.objects.filter(slug__in={p.region for p in result.placements})}
+    result.placements = _bound_from_now(result.placements, planned_at=now)
     # Placements commit in batches, one transaction and a few statements each (a cycle pays for
     # a few commits, not one per placement); a batch that meets a lost race is redone one by one.
     for batch_start in range(0, len(result.placements), APPLY_BATCH):
@@ -383,6 +385,23 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     memory.budget.learn(plan_ms=report.timings_ms["plan"], apply_ms=report.timings_ms["apply"],
                         placed=len(result.placements))
     return report
+
+
+def _bound_from_now(placements: list[Placement], *, planned_at: datetime) -> list[Placement]:
+    """
+    The placements, the work planned to start at ``planned_at`` moved to start now when the cycle
+    has run long since (a slow host, a stalled database). Bound from a moment that far back it
+    would be refused as stale (allocations._check_fresh), and cycles that all ran as long would
+    place nothing. Such a window is moved whole: the database's constraint refuses it if the time
+    added at its end clashes, and that placement is planned again.
+    """
+    lag = timezone.now() - planned_at
+    if lag < settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER / 4:
+        return placements
+    return [dataclasses.replace(p, start=p.start + lag, end=p.end + lag,
+                                evictions=tuple(dataclasses.replace(e, at=max(e.at, p.start + lag))
+                                                for e in p.evictions))
+            if p.start <= planned_at else p for p in placements]
 
 
 def _requests(ranked: list[tuple], by_id: dict, memory: LoopMemory, now: datetime) -> Iterator[Request]:

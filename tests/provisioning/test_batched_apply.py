@@ -314,3 +314,21 @@ def test_one_start_that_fails_does_not_stop_the_others(monkeypatch, caplog):
     assert tried == [["a", "bad", "c"], ["a"], ["bad"], ["c"]]
     assert "Starting reservation bad failed" in caplog.text
     assert sent == [(["a", "c"], "define_domain")]  # the started go on together, in one message
+
+
+def test_a_cycle_that_ran_long_binds_its_start_now_work_from_when_it_commits(world, fleet, settings):
+    """
+    Bound from the cycle's moment, work planned more than half the archive horizon ago would be
+    refused as stale (and a host whose every cycle ran that long would place nothing): a cycle
+    that ran long moves such windows, whole, to start when they are bound.
+    """
+    settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER = timedelta(seconds=20)
+    ids = [make_reservation(world, state="queued", offering=vm_offering(1)).pk for _ in range(2)]
+    planned_at = timezone.now() - timedelta(seconds=12)
+    report = run_cycle(now=planned_at)
+    assert (report.placed, report.conflicts) == (2, 0)
+    for reservation in Reservation.objects.filter(pk__in=ids):
+        assert reservation.state == "scheduled"
+        assert reservation.starts_at >= planned_at + timedelta(seconds=12)
+        assert reservation.ends_at - reservation.starts_at == reservation.duration
+        assert reservation.allocations.get().starts_at == reservation.starts_at
