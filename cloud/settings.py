@@ -471,8 +471,14 @@ MERIDIAN_SCHEDULER_PLACING_SHARE = env.float("MERIDIAN_SCHEDULER_PLACING_SHARE",
 # release and slow each placement. Nothing is bound to start more than half of it ago (a plan
 # that old is re-planned), which leaves the other half for clock skew between the processes that
 # allocate and the one that archives: keep it well above the skew NTP allows.
-MERIDIAN_ALLOCATION_ARCHIVE_AFTER = timedelta(
-    seconds=env.float("MERIDIAN_ALLOCATION_ARCHIVE_AFTER_SECONDS", default=20.0))
+if "MERIDIAN_ALLOCATION_ARCHIVE_AFTER_MINUTES" in os.environ:
+    raise ImproperlyConfigured("MERIDIAN_ALLOCATION_ARCHIVE_AFTER_MINUTES is now "
+                               "MERIDIAN_ALLOCATION_ARCHIVE_AFTER_SECONDS (default 20): set that one instead.")
+_archive_after_s = env.float("MERIDIAN_ALLOCATION_ARCHIVE_AFTER_SECONDS", default=20.0)
+if _archive_after_s < 10:
+    raise ImproperlyConfigured("MERIDIAN_ALLOCATION_ARCHIVE_AFTER_SECONDS must be at least 10: a create or a "
+                               "scheduler cycle may take a few seconds from its plan to its commit.")
+MERIDIAN_ALLOCATION_ARCHIVE_AFTER = timedelta(seconds=_archive_after_s)
 # How long the scheduler loop reuses the teams' records (fulfilment, load, usage) between
 # cycles, like Slurm's PriorityCalcPeriod; the age term and urgency are fresh every cycle.
 MERIDIAN_SCHEDULER_RECORD_REFRESH = env.float("MERIDIAN_SCHEDULER_RECORD_REFRESH_SECONDS", default=5.0)

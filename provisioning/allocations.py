@@ -136,6 +136,9 @@ def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> i
     try:
         with transaction.atomic(savepoint=False):  # on a clash: marked for rollback, up to the caller's savepoint
             _insert(rows)
+            # Again: an insert that waited on another's clashing row checks the constraint after the
+            # wait, against what is archived by then.
+            _check_fresh(bindings)
         return len(rows)
     except IntegrityError as exc:
         raise CapacityTaken() from exc
@@ -196,7 +199,7 @@ def allocation_extend(*, reservation: Reservation, new_end: datetime) -> None:
     CapacityTaken when another allocation holds that memory in the extra time.
     """
     # Only what it holds now: allocations ended earlier (a previous attempt) stay as history.
-    rows = list(Allocation.objects.filter(reservation=reservation, ends_at__gt=timezone.now()))
+    rows = list(Allocation.objects.filter(reservation=reservation, ends_at__gt=timezone.now(), archived=False))
     if not rows:
         raise CapacityTaken("The reservation holds no capacity to extend.")
     if connection.vendor != "postgresql":

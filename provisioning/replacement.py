@@ -294,7 +294,9 @@ def reservation_replace(reservation_id, *, now: datetime | None = None) -> str:
     lacks, an attempt is under way), ``restored``, ``waiting`` (no capacity), ``failed`` (waited
     too long) or ``skipped`` (it moved on, or has no open incident).
     """
-    now = now or timezone.now()
+    # A tick's moment may be seconds old by the time it gets here: capacity is taken from now on
+    # (nothing may be bound to start long ago: allocations._check_fresh).
+    now = max(now or timezone.now(), timezone.now())
     reservation = (Reservation.objects.select_for_update(of=("self",)).select_related("offering", "tenant", "team")
                    .filter(pk=reservation_id).first())
     if reservation is None:
@@ -389,8 +391,6 @@ def _stop_emptied(reservation) -> None:
 
 def _place(reservation, where: Node, missing: int, now: datetime) -> list[Pick]:
     """Pick and bind capacity for up to ``missing`` units, start their provisioning; the picks, or none."""
-    # A tick's moment may be seconds old by the time it gets here; capacity is taken from when it is bound.
-    now = max(now, timezone.now())
     exclude: set = set()
     for _ in range(BIND_TRIES):
         picks = pick(reservation, where, missing, start=now, end=reservation.ends_at, exclude=exclude)

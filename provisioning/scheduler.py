@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
@@ -366,12 +366,12 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
                   max_placements=memory.budget.placements((time.perf_counter() - began) * 1000))
     lap("plan")
     report.cut_short = result.cut_short
+    now, result.placements = _bound_from_now(result.placements, planned_at=now)
     over_quota = _owners_over_quota([by_id[p.reservation_id] for p in result.placements], now)
     memory.note_over_quota(over_quota)
     # Checked once for the cycle: placements on a node held back since the snapshot are refused.
     refused = nodes_held_back({a.node_id for p in result.placements for a in p.assignments})
     regions = {r.slug: r for r in Region.objects.filter(slug__in={p.region for p in result.placements})}
-    result.placements = _bound_from_now(result.placements, planned_at=now)
     # Placements commit in batches, one transaction and a few statements each (a cycle pays for
     # a few commits, not one per placement); a batch that meets a lost race is redone one by one.
     for batch_start in range(0, len(result.placements), APPLY_BATCH):
@@ -387,21 +387,25 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     return report
 
 
-def _bound_from_now(placements: list[Placement], *, planned_at: datetime) -> list[Placement]:
+def _bound_from_now(placements: list[Placement], *, planned_at: datetime) -> tuple[datetime, list[Placement]]:
     """
-    The placements, the work planned to start at ``planned_at`` moved to start now when the cycle
-    has run long since (a slow host, a stalled database). Bound from a moment that far back it
-    would be refused as stale (allocations._check_fresh), and cycles that all ran as long would
-    place nothing. Such a window is moved whole: the database's constraint refuses it if the time
-    added at its end clashes, and that placement is planned again.
+    The moment the cycle binds from, and its placements: when the cycle has run long since
+    ``planned_at`` (a slow host, a stalled database), work planned to start before now is moved,
+    window and evictions alike, to start now. Bound from a moment that far back it would be
+    refused as stale (allocations._check_fresh), and cycles that all ran as long would place
+    nothing. The database's constraint refuses a moved window whose added end clashes, and that
+    placement is planned again. A short lag moves nothing: backfill that ends as a held window
+    begins would clash.
     """
-    lag = timezone.now() - planned_at
-    if lag < settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER / 4:
-        return placements
-    return [dataclasses.replace(p, start=p.start + lag, end=p.end + lag,
-                                evictions=tuple(dataclasses.replace(e, at=max(e.at, p.start + lag))
-                                                for e in p.evictions))
-            if p.start <= planned_at else p for p in placements]
+    moment = timezone.now()
+    if moment - planned_at < settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER / 4:
+        return planned_at, placements
+    return moment, [_moved(p, moment - p.start) if p.start < moment else p for p in placements]
+
+
+def _moved(placement: Placement, by: timedelta) -> Placement:
+    return dataclasses.replace(placement, start=placement.start + by, end=placement.end + by,
+                               evictions=tuple(dataclasses.replace(e, at=e.at + by) for e in placement.evictions))
 
 
 def _requests(ranked: list[tuple], by_id: dict, memory: LoopMemory, now: datetime) -> Iterator[Request]:

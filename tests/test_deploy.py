@@ -83,3 +83,14 @@ def test_api_docs_are_served_offline():
     assert assets and all(a.startswith("/static/") for a in assets), assets
     # Nothing fetched from elsewhere (a plain "cdn" search also matched the random CSRF token in the page).
     assert not re.search(r"(?:https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", page), re.findall(r"(?:https?:)?//[^\s\"']+", page)
+
+
+@pytest.mark.parametrize(("env_extra", "says"), [
+    ({"MERIDIAN_ALLOCATION_ARCHIVE_AFTER_MINUTES": "60"}, "is now MERIDIAN_ALLOCATION_ARCHIVE_AFTER_SECONDS"),
+    ({"MERIDIAN_ALLOCATION_ARCHIVE_AFTER_SECONDS": "5"}, "must be at least 10"),
+])
+def test_an_archive_horizon_that_is_renamed_or_too_short_stops_the_start(tmp_path, env_extra, says):
+    """Silently taken, the old minutes would be read as the default and 5 s would queue creates that waited a little."""
+    result = manage("check", env_extra=env_extra, tmp_path=tmp_path)
+    assert result.returncode != 0
+    assert says in result.stderr

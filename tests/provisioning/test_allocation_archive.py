@@ -5,13 +5,14 @@ made. Only what ended before any new allocation can start is archived.
 """
 
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from cloud.models import GPU
-from provisioning.allocations import CapacityTaken, allocation_bind, allocations_archive
+from provisioning.allocations import CapacityTaken, allocation_bind, allocation_extend, allocations_archive
 from provisioning.lifecycle import tick
 from provisioning.models import Allocation
 from tests.provisioning.factories import held, make_reservation
@@ -123,3 +124,30 @@ def test_what_holds_capacity_now_is_read_from_the_index_of_live_allocations(worl
         cursor.execute("EXPLAIN " + sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "allocation_live_end_idx" in plan, plan
+
+
+def test_an_insert_that_waited_past_half_the_horizon_is_refused_after_it(world, gpus, settings):
+    """
+    An insert that waits on another's clashing row checks the constraint after the wait, when an
+    allocation it overlaps may have been archived: freshness is checked again once it is in.
+    """
+    settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER = timedelta(seconds=20)
+    planned = timezone.now()
+    stale = make_reservation(world)
+    clock = iter([planned])  # before the insert; after it, as after a long wait
+    with (mock.patch("provisioning.allocations.timezone.now",
+                     side_effect=lambda: next(clock, planned + timedelta(seconds=15))),
+          pytest.raises(CapacityTaken, match="too old"), transaction.atomic()):
+        allocation_bind(reservation=stale, assignments=[whole(gpus[0])], starts_at=planned, ends_at=planned + HOUR)
+    assert not Allocation.objects.filter(reservation=stale).exists()
+
+
+def test_extending_never_touches_an_archived_allocation(world, gpus, settings):
+    """Archived rows are out of the constraint: lengthened, they could overlap what it lets in."""
+    settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER = timedelta(seconds=20)
+    now = timezone.now()
+    old = hold(world, gpus[0], now - HOUR, now + HOUR)  # archived by hand: as if a clock had run far ahead
+    Allocation.objects.filter(pk=old.pk).update(archived=True)
+    with pytest.raises(CapacityTaken, match="no capacity to extend"), transaction.atomic():
+        allocation_extend(reservation=old.reservation, new_end=now + 2 * HOUR)
+    assert Allocation.objects.get(pk=old.pk).ends_at == now + HOUR

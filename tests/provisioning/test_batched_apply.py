@@ -4,6 +4,7 @@ same guarantees as one by one (no overlap, state moves only from waiting, audite
 closed), and a batch that meets a lost race is redone one by one.
 """
 
+import uuid
 from datetime import timedelta
 from unittest import mock
 
@@ -17,7 +18,7 @@ from provisioning import scheduler
 from provisioning.admission import quota_suspects
 from provisioning.allocations import Binding, CapacityTaken, allocation_bind, allocation_bind_many
 from provisioning.models import Allocation, Operation, Reservation
-from provisioning.plan_types import Assignment
+from provisioning.plan_types import Assignment, Eviction, Placement
 from provisioning.scheduler import TeamRecords, run_cycle
 from security.models import AuditEvent
 from tenants.choices import QuotaResource
@@ -332,3 +333,24 @@ def test_a_cycle_that_ran_long_binds_its_start_now_work_from_when_it_commits(wor
         assert reservation.starts_at >= planned_at + timedelta(seconds=12)
         assert reservation.ends_at - reservation.starts_at == reservation.duration
         assert reservation.allocations.get().starts_at == reservation.starts_at
+
+
+def test_a_long_cycle_moves_every_window_that_would_start_in_the_past_and_nothing_else(settings):
+    settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER = timedelta(seconds=20)
+    planned_at = timezone.now() - timedelta(seconds=12)
+
+    def placement(start, evict_at=None):
+        evictions = (Eviction(uuid.uuid4(), uuid.uuid4(), evict_at, "spot"),) if evict_at else ()
+        return Placement(uuid.uuid4(), "us-east-1", start, start + timedelta(hours=1), (), 1, evictions)
+
+    now_work = placement(planned_at, evict_at=planned_at)  # start-now work that evicts spot work at once
+    missed = placement(planned_at + timedelta(seconds=4))  # a start the cycle's length overtook
+    ahead = placement(planned_at + timedelta(hours=1))
+    moment, moved = scheduler._bound_from_now([now_work, missed, ahead], planned_at=planned_at)
+    assert moment - planned_at >= timedelta(seconds=12)
+    assert [p.start for p in moved] == [moment, moment, ahead.start]
+    assert all(p.end - p.start == timedelta(hours=1) for p in moved)
+    assert moved[0].evictions[0].at == moment
+    # A short lag moves nothing: backfill that ends as a held window begins would clash.
+    recent = timezone.now() - timedelta(seconds=2)
+    assert scheduler._bound_from_now([placement(recent)], planned_at=recent)[1][0].start == recent
