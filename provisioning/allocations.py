@@ -65,7 +65,7 @@ def _check_fresh(bindings: list[Binding]) -> None:
     """
     Allocations that ended MERIDIAN_ALLOCATION_ARCHIVE_AFTER ago leave the no-overlap constraint
     (``allocations_archive``), so nothing bound may start that far back: a plan that would (one
-    made, then kept waiting for its commit) could overlap one the constraint no longer sees. Half
+    made, then kept waiting for its insert) could overlap one the constraint no longer sees. Half
     the horizon is the limit, which leaves the other half for clocks that disagree between the
     processes that allocate and archive. Such a plan is stale: re-planned, as after a lost race.
     """
@@ -124,7 +124,6 @@ def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> i
     """
     if not connection.in_atomic_block:
         raise RuntimeError("allocation_bind must run inside the transaction that schedules the reservation.")
-    _check_fresh(bindings)
     if not checked:
         _check_allocatable([a.gpu_id for b in bindings for a in b.assignments])
     if connection.vendor != "postgresql":
@@ -136,8 +135,8 @@ def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> i
     try:
         with transaction.atomic(savepoint=False):  # on a clash: marked for rollback, up to the caller's savepoint
             _insert(rows)
-            # Again: an insert that waited on another's clashing row checks the constraint after the
-            # wait, against what is archived by then.
+            # Once in, not before: an insert that waited on another's clashing row checks the
+            # constraint after the wait, against what is archived by then.
             _check_fresh(bindings)
         return len(rows)
     except IntegrityError as exc:

@@ -12,6 +12,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from cloud.models import GPU
+from provisioning import allocations
 from provisioning.allocations import CapacityTaken, allocation_bind, allocation_extend, allocations_archive
 from provisioning.lifecycle import tick
 from provisioning.models import Allocation
@@ -134,9 +135,15 @@ def test_an_insert_that_waited_past_half_the_horizon_is_refused_after_it(world, 
     settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER = timedelta(seconds=20)
     planned = timezone.now()
     stale = make_reservation(world)
-    clock = iter([planned])  # before the insert; after it, as after a long wait
-    with (mock.patch("provisioning.allocations.timezone.now",
-                     side_effect=lambda: next(clock, planned + timedelta(seconds=15))),
+    clock = [planned]
+    insert = allocations._insert
+
+    def waited_long(rows):
+        insert(rows)
+        clock[0] = planned + timedelta(seconds=15)
+
+    with (mock.patch("provisioning.allocations.timezone.now", side_effect=lambda: clock[0]),
+          mock.patch.object(allocations, "_insert", waited_long),
           pytest.raises(CapacityTaken, match="too old"), transaction.atomic()):
         allocation_bind(reservation=stale, assignments=[whole(gpus[0])], starts_at=planned, ends_at=planned + HOUR)
     assert not Allocation.objects.filter(reservation=stale).exists()
