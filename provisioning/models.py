@@ -128,10 +128,18 @@ class Allocation(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
-    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
+    # No foreign-key constraints in the database (db_constraint=False): PostgreSQL checks one per
+    # row and key at commit, locking the referenced row, and for a scheduler batch of a thousand
+    # rows that cost as much as the insert itself. Both writers insert rows only for what exists
+    # in their transaction (the fast path's reservation, inserted first; the scheduler's, locked
+    # first; GPUs and nodes read allocatable there), nothing deletes GPUs or nodes, and the ORM
+    # still applies CASCADE and PROTECT on delete.
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations",
+                                    db_constraint=False)
     # No index of its own: allocation_gpu_end_idx (and the exclusion constraint's) lead with gpu.
-    gpu = models.ForeignKey("cloud.GPU", on_delete=models.PROTECT, related_name="allocations", db_index=False)
-    node = models.ForeignKey("cloud.Node", on_delete=models.PROTECT, related_name="allocations")
+    gpu = models.ForeignKey("cloud.GPU", on_delete=models.PROTECT, related_name="allocations", db_index=False,
+                            db_constraint=False)
+    node = models.ForeignKey("cloud.Node", on_delete=models.PROTECT, related_name="allocations", db_constraint=False)
     mem_lo = models.PositiveIntegerField()
     mem_hi = models.PositiveIntegerField()
     starts_at = models.DateTimeField()

@@ -155,3 +155,25 @@ def test_200_racing_requests_for_8_gpus_allocate_exactly_8(world):
     with connection.cursor() as cursor:
         cursor.execute(OVERLAPPING_PAIRS)
         assert cursor.fetchone()[0] == 0
+
+
+def test_the_orm_keeps_what_the_dropped_foreign_keys_kept(world, gpus):
+    """
+    The allocation table has no foreign-key constraints (they cost as much as the insert): a GPU
+    or node that holds allocations still cannot be deleted, and a deleted reservation takes its
+    allocations with it.
+    """
+    from django.db.models import ProtectedError
+
+    now = timezone.now()
+    reservation = make_reservation(world)
+    with transaction.atomic():
+        allocation_bind(reservation=reservation, assignments=[whole(gpus[0])], starts_at=now,
+                        ends_at=now + timedelta(hours=1))
+    with pytest.raises(ProtectedError):
+        gpus[0].delete()
+    with pytest.raises(ProtectedError):
+        gpus[0].node.delete()
+    reservation.delete()
+    assert not Allocation.objects.filter(gpu=gpus[0]).exists()
+    assert GPU.objects.filter(pk=gpus[0].pk).exists()
