@@ -11,8 +11,10 @@ their decayed usage for MERIDIAN_SCHEDULER_USAGE_REFRESH_SECONDS, the fleet's sh
 rows, the planner's index caught up each cycle from the nodes whose allocations changed) and the
 cycle budget MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS (250 by default: a cycle plans only what the time
 left can commit; 0 turns it off), with MERIDIAN_SCHEDULER_PLACING_SHARE (0.4) of a
-cycle kept for placing when its fixed part fills the budget. Set the MERIDIAN_ variables to try
-other values.
+cycle kept for placing when its fixed part fills the budget. A cycle cut short by its budget
+leaves its ranking to the cycles after it for MERIDIAN_SCHEDULER_RERANK_SECONDS (1): the steady
+run says how many of its cycles ranked the queue afresh; the cycles at each fill level below all
+do (each is a full cycle from the same state). Set the MERIDIAN_ variables to try other values.
 
   1. At 0 %, 50 % and 90 % full (allocations inserted in bulk for scheduled reservations) with
      10,000 queued reservations of mixed sizes (1/2/4/8-GPU VMs, 1-2 GPU and MIG-slot containers,
@@ -345,6 +347,14 @@ def new_leader() -> float:
     return (time.perf_counter() - started) * 1000
 
 
+def rank_afresh() -> None:
+    """
+    The next cycle ranks the whole queue: a level's cycles each start from the same state, and a
+    cut-short cycle's ranking, kept by the loop for the cycles after it, would skip what was put back.
+    """
+    loop_memory().kept_ranking = None
+
+
 def timed_cycle():
     from provisioning.scheduler import run_cycle
 
@@ -527,6 +537,7 @@ def at_fill(world: World, fill: int, rng: random.Random) -> dict:
             len(cycles) >= 1 and time.perf_counter() - started + 2 * cycles[-1] / 1000 > FILL_BUDGET_S)
         if cycles:
             requeue(world)
+            rank_afresh()
         if last:
             ms, report, detail = instrumented_cycle()
         else:
@@ -563,6 +574,7 @@ def at_fill(world: World, fill: int, rng: random.Random) -> dict:
         print(f"      {ms:7.1f} ms  {sql}")
     if PROFILE:
         requeue(world)
+        rank_afresh()
         result["profile_top"] = profile_cycle()
     return result
 
@@ -578,7 +590,7 @@ def steady_run(world: World, rng: random.Random) -> dict:
     warm_ms, warm = timed_cycle()
     print(f"  steady run from {STEADY_FILL} % full ({held} GPUs held): warm-up cycle {warm_ms:.0f} ms, "
           f"placed {warm.placed}")
-    cycles, placed, conflicts, housekeeping, released = [], 0, 0, 0.0, 0
+    cycles, placed, conflicts, housekeeping, released, afresh = [], 0, 0, 0.0, 0, 0
     from provisioning.allocations import allocations_archive
 
     started = vacuumed = archived = time.perf_counter()
@@ -600,6 +612,7 @@ def steady_run(world: World, rng: random.Random) -> dict:
         cycles.append(ms)
         placed += report.placed
         conflicts += report.conflicts
+        afresh += report.ranked_afresh
         if time.perf_counter() >= next_print:
             next_print += 10
             elapsed = time.perf_counter() - started
@@ -610,7 +623,7 @@ def steady_run(world: World, rng: random.Random) -> dict:
     result = {
         "seconds": round(wall, 1), "fill_pct": STEADY_FILL, "gpus_held_by_fill": held, "queue": QUEUE,
         "hold_s": HOLD_S, "vacuum_every_s": VACUUM_S, "archive_after_s": archive_after_s(), "cycles": len(cycles),
-        "placed": placed,
+        "cycles_ranked_afresh": afresh, "placed": placed,
         "conflicts": conflicts, "released": released,
         "placements_per_s": round(placed / in_cycles, 1) if in_cycles else 0.0,
         "placements_per_s_wall": round(placed / wall, 1),
@@ -620,7 +633,8 @@ def steady_run(world: World, rng: random.Random) -> dict:
     }
     print(f"  steady {SECONDS:.0f} s at {STEADY_FILL} % + queue {QUEUE}: {placed} placed in {len(cycles)} cycles, "
           f"{result['placements_per_s']}/s of scheduler time ({result['placements_per_s_wall']}/s wall, "
-          f"target >= {TARGET_PLACEMENTS_PER_S:.0f}), cycle p99 {result['cycle_ms'].get('p99')} ms")
+          f"target >= {TARGET_PLACEMENTS_PER_S:.0f}), cycle p99 {result['cycle_ms'].get('p99')} ms, "
+          f"{afresh} of {len(cycles)} cycles ranked the queue afresh")
     return result
 
 

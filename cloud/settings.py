@@ -450,7 +450,8 @@ MERIDIAN_FAST_PATH_HINT_SECONDS = env.float("MERIDIAN_FAST_PATH_HINT_SECONDS", d
 MERIDIAN_START_LINGER_MS = env.float("MERIDIAN_START_LINGER_MS", default=50.0)
 MERIDIAN_SCHEDULER_INTERVAL = env.float("MERIDIAN_SCHEDULER_INTERVAL_SECONDS", default=0.5)
 # How many of the ranked queue one cycle tries to place (Slurm's default_queue_depth): the whole
-# queue is ranked every cycle, but planning stops here so a cycle stays short; the rest waits.
+# queue is ranked (every cycle, or every MERIDIAN_SCHEDULER_RERANK_SECONDS while cycles are cut
+# short), but planning stops here so a cycle stays short; the rest waits.
 MERIDIAN_SCHEDULER_QUEUE_DEPTH = env.int("MERIDIAN_SCHEDULER_QUEUE_DEPTH", default=1000)
 # How many placements one cycle commits at most: a cycle on an empty fleet would otherwise
 # commit a thousand at once and not see a cancellation or an urgent arrival for seconds.
@@ -466,6 +467,10 @@ MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS = env.float("MERIDIAN_SCHEDULER_CYCLE_BUDGET_
 # than placing a handful. 0: the budget holds and the floor of 25 placements is all that moves
 # (at most 0.9: placing cannot be the whole cycle).
 MERIDIAN_SCHEDULER_PLACING_SHARE = env.float("MERIDIAN_SCHEDULER_PLACING_SHARE", default=0.4)
+# How long the cycles after one cut short by its budget plan from the rest of its ranking before
+# the queue is read and ranked again (scheduler.LoopMemory): work that joins a busy queue is
+# ranked at most this much later. 0: every cycle ranks the whole queue.
+MERIDIAN_SCHEDULER_RERANK = env.float("MERIDIAN_SCHEDULER_RERANK_SECONDS", default=1.0)
 # Allocations that ended longer ago than this leave the no-overlap constraint (the lifecycle tick
 # archives them; their rows stay as history), whose index would otherwise grow with every
 # release and slow each placement. Nothing is bound to start more than half of it ago (a plan

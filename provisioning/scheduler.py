@@ -68,6 +68,9 @@ class CycleReport:
     # The cycle stopped at the most placements its budget allowed, with ranked work not yet tried:
     # the loop goes on at once instead of waiting out its interval.
     cut_short: bool = False
+    # Whether it ranked the queue afresh, or planned from the rest of the ranking of the cut-short
+    # cycle before it (LoopMemory.rerank_s).
+    ranked_afresh: bool = True
     timings_ms: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -204,11 +207,31 @@ class CycleBudget:
             self.commit_ms_each += self.FOLLOW * (apply_ms / placed - self.commit_ms_each)
 
 
+@dataclass
+class KeptRanking:
+    """A cycle's ranking of the queue: how many waited, and the best-ranked ``(id, score)``."""
+
+    at: float  # time.monotonic() when it was ranked
+    queued: int
+    ranked: list[tuple]
+
+
 class LoopMemory:
-    """What the scheduler loop keeps between cycles; a fresh one reads everything."""
+    """
+    What the scheduler loop keeps between cycles; a fresh one reads everything.
+
+    A cycle cut short by its budget leaves ranked work it did not reach; the cycles right after
+    it plan from the rest of that ranking for ``rerank_s`` seconds instead of reading and ranking
+    the whole queue again (on a busy queue that was a fifth of every cycle, time a cycle then
+    spends placing). Only the order is reused: the capacity, quotas and states are read every
+    cycle, and what left the queue meanwhile (cancelled, placed by the fast path) is refused when
+    its placement is applied, as a lost race is. Work that joined the queue waits for the next
+    ranking, at most ``rerank_s`` later; a cycle that is not cut short ranks afresh next time.
+    """
 
     def __init__(self, *, record_refresh_s: float = 0.0, usage_refresh_s: float | None = None,
-                 shape_refresh_s: float = 0.0, budget_ms: float = 0.0, index_rebuild_s: float = 0.0):
+                 shape_refresh_s: float = 0.0, budget_ms: float = 0.0, index_rebuild_s: float = 0.0,
+                 rerank_s: float = 0.0):
         self.records = TeamRecords(refresh_s=record_refresh_s, usage_refresh_s=usage_refresh_s)
         self.shape = FleetShape(refresh_s=shape_refresh_s)
         self.capacity = KeptCapacity(self.shape, rebuild_s=index_rebuild_s)
@@ -219,6 +242,9 @@ class LoopMemory:
         # (as long as their records are kept): refused again and again, it would take the
         # places of a budgeted cycle that others could use.
         self.over_quota: dict[tuple, float] = {}
+        self.rerank_s = rerank_s
+        self.last_ranking: KeptRanking | None = None  # the latest ranking made
+        self.kept_ranking: KeptRanking | None = None  # the one the next cycles may plan from
 
     def note_over_quota(self, owners) -> None:
         until = time.monotonic() + self.records.refresh_s
@@ -243,14 +269,31 @@ class LoopMemory:
     def ranked_queue(self, now: datetime) -> tuple[int, list[tuple], dict]:
         """
         How many wait, the best-ranked MERIDIAN_SCHEDULER_QUEUE_DEPTH as ``(id, score)`` and their
-        whole rows by id: ranked from a few columns of every queued reservation.
+        whole rows by id: ranked from a few columns of every queued reservation, or the rest of
+        the kept ranking (``kept``) while it may serve.
         """
+        if (kept := self.kept()) is not None:
+            rows = self.queue.rows  # those handed to services since were forgotten
+            ranked = [entry for entry in kept.ranked if entry[0] in rows]
+            return kept.queued - (len(kept.ranked) - len(ranked)), ranked, rows
         queued = self.queue.queued()
         if not queued:
             return 0, [], {}
         ranked = rank_queue(queued, self.queue.owners, now, weights(),
                             self.records)[:settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH]
+        self.last_ranking = KeptRanking(at=time.monotonic(), queued=len(queued), ranked=ranked)
         return len(queued), ranked, self.queue.whole([reservation_id for reservation_id, _ in ranked])
+
+    def kept(self) -> KeptRanking | None:
+        """The ranking the next cycle plans from, or None: it ranks the queue afresh."""
+        kept = self.kept_ranking
+        if kept is not None and time.monotonic() - kept.at >= self.rerank_s:
+            kept = self.kept_ranking = None
+        return kept
+
+    def cycle_ended(self, *, cut_short: bool) -> None:
+        """Keep the latest ranking for the next cycles when this one left ranked work unreached."""
+        self.kept_ranking = self.last_ranking if cut_short and self.rerank_s > 0 else None
 
     @classmethod
     def for_loop(cls) -> LoopMemory:
@@ -258,7 +301,8 @@ class LoopMemory:
                    usage_refresh_s=settings.MERIDIAN_SCHEDULER_USAGE_REFRESH,
                    shape_refresh_s=settings.MERIDIAN_SCHEDULER_SHAPE_REFRESH,
                    budget_ms=settings.MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS,
-                   index_rebuild_s=settings.MERIDIAN_SCHEDULER_INDEX_REBUILD)
+                   index_rebuild_s=settings.MERIDIAN_SCHEDULER_INDEX_REBUILD,
+                   rerank_s=settings.MERIDIAN_SCHEDULER_RERANK)
 
 
 def _queued_ids() -> list[str]:
@@ -352,7 +396,9 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
         report.timings_ms[name] = round((time.perf_counter() - clock) * 1000, 2)
         clock = time.perf_counter()
 
+    report.ranked_afresh = memory.kept() is None
     report.queued, ranked, by_id = memory.ranked_queue(now)
+    memory.cycle_ended(cut_short=False)  # until it is known to be cut short
     if not ranked:
         return report
     lap("rank")
@@ -366,6 +412,7 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
                   max_placements=memory.budget.placements((time.perf_counter() - began) * 1000))
     lap("plan")
     report.cut_short = result.cut_short
+    memory.cycle_ended(cut_short=result.cut_short)
     now, result.placements = _bound_from_now(result.placements, planned_at=now)
     over_quota = _owners_over_quota([by_id[p.reservation_id] for p in result.placements], now)
     memory.note_over_quota(over_quota)

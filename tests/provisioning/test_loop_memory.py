@@ -13,7 +13,7 @@ from django.utils import timezone
 from cloud.models import GPU, Node
 from provisioning.choices import OperationKind, OperationState
 from provisioning.fleet_shape import FleetShape
-from provisioning.models import Operation, Reservation
+from provisioning.models import Allocation, Operation, Reservation
 from provisioning.scheduler import LoopMemory, QueueMirror, run_cycle
 from provisioning.services import reservation_cancel
 from provisioning.snapshot import load_snapshot
@@ -201,3 +201,75 @@ def test_a_cycle_cut_short_by_its_budget_is_followed_at_once(world, fleet, setti
     assert set(Reservation.objects.filter(pk__in=[r.pk for r in waiting]).values_list("state", flat=True)) == {
         "scheduled"}
     assert len(sleeps) == 1 and sleeps[0] > 25
+
+
+def cut_short_memory(rerank_s=3600.0) -> LoopMemory:
+    """A memory whose cycles place two each (a budget already spent, no placing share) and keep their ranking."""
+    memory = LoopMemory(record_refresh_s=3600, shape_refresh_s=3600, budget_ms=0.001, rerank_s=rerank_s)
+    memory.budget.floor, memory.budget.share = 2, 0.0
+    return memory
+
+
+def test_the_cycles_after_one_cut_short_plan_from_its_ranking(world, fleet):
+    chosen = offering("vm", 1)
+    waiting = [make_reservation(world, state="queued", offering=chosen, urgency=0.1 * i) for i in range(6)]
+    memory = cut_short_memory()
+
+    first = run_cycle(memory=memory)
+    assert first.cut_short and first.ranked_afresh and first.placed == 2
+    # Joined since: the most urgent of all, but not in the ranking the next cycle plans from.
+    urgent = make_reservation(world, state="queued", offering=chosen, urgency=1.0)
+    second = run_cycle(memory=memory)
+    assert not second.ranked_afresh and second.placed == 2 and second.queued == 4
+    urgent.refresh_from_db()
+    assert urgent.state == "queued"
+    scheduled = set(Reservation.objects.filter(state="scheduled").values_list("pk", flat=True))
+    assert scheduled == {r.pk for r in waiting[2:]}  # the four most urgent of the first ranking
+
+    memory.kept_ranking.at -= 3600  # the ranking has served its time: the next cycle ranks afresh
+    third = run_cycle(memory=memory)
+    assert third.ranked_afresh and third.queued == 3
+    urgent.refresh_from_db()
+    assert urgent.state == "scheduled"
+
+
+def test_a_kept_ranking_never_places_what_left_the_queue(world, fleet):
+    chosen = offering("vm", 1)
+    waiting = [make_reservation(world, state="queued", offering=chosen, urgency=0.1 * i) for i in range(6)]
+    memory = cut_short_memory()
+    assert run_cycle(memory=memory).placed == 2
+    # The next two of the ranking: one cancelled by its tenant, one placed elsewhere meanwhile.
+    reservation_cancel(actor=None, reservation=waiting[3])
+    Reservation.objects.filter(pk=waiting[2].pk).update(state="scheduled")
+
+    report = run_cycle(memory=memory)
+
+    assert not report.ranked_afresh and report.placed == 0 and report.conflicts == 2
+    assert not Allocation.objects.filter(reservation__in=waiting[2:4]).exists()
+    assert Reservation.objects.get(pk=waiting[3].pk).state == "cancelled"
+    # Refused like a lost race, they are out of the kept ranking: the cycle after places the next two.
+    assert run_cycle(memory=memory).placed == 2
+    assert set(Reservation.objects.filter(pk__in=[r.pk for r in waiting[:2]]).values_list("state", flat=True)) == {
+        "scheduled"}
+
+
+def test_a_cycle_that_reaches_all_its_work_leaves_no_ranking(world, fleet):
+    chosen = offering("vm", 1)
+    make_reservation(world, state="queued", offering=chosen)
+    memory = LoopMemory(record_refresh_s=3600, shape_refresh_s=3600, rerank_s=3600)
+    report = run_cycle(memory=memory)
+    assert report.placed == 1 and not report.cut_short
+    assert memory.kept_ranking is None
+    late = make_reservation(world, state="queued", offering=chosen)
+    assert run_cycle(memory=memory).ranked_afresh
+    late.refresh_from_db()
+    assert late.state == "scheduled"
+
+
+def test_without_a_rerank_interval_every_cycle_ranks_afresh(world, fleet):
+    chosen = offering("vm", 1)
+    for i in range(6):
+        make_reservation(world, state="queued", offering=chosen, urgency=0.1 * i)
+    memory = cut_short_memory(rerank_s=0.0)
+    reports = [run_cycle(memory=memory) for _ in range(3)]
+    assert all(r.ranked_afresh and r.placed == 2 for r in reports)
