@@ -245,6 +245,7 @@ class LoopMemory:
         self.rerank_s = rerank_s
         self.last_ranking: KeptRanking | None = None  # the latest ranking made
         self.kept_ranking: KeptRanking | None = None  # the one the next cycles may plan from
+        self.ranked_afresh = True  # whether the last ranked_queue ranked, or reused kept_ranking
 
     def note_over_quota(self, owners) -> None:
         until = time.monotonic() + self.records.refresh_s
@@ -272,7 +273,9 @@ class LoopMemory:
         whole rows by id: ranked from a few columns of every queued reservation, or the rest of
         the kept ranking (``kept``) while it may serve.
         """
-        if (kept := self.kept()) is not None:
+        kept = self.kept()
+        self.ranked_afresh = kept is None
+        if kept is not None:
             rows = self.queue.rows  # those handed to services since were forgotten
             ranked = [entry for entry in kept.ranked if entry[0] in rows]
             return kept.queued - (len(kept.ranked) - len(ranked)), ranked, rows
@@ -396,8 +399,8 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
         report.timings_ms[name] = round((time.perf_counter() - clock) * 1000, 2)
         clock = time.perf_counter()
 
-    report.ranked_afresh = memory.kept() is None
     report.queued, ranked, by_id = memory.ranked_queue(now)
+    report.ranked_afresh = memory.ranked_afresh
     memory.cycle_ended(cut_short=False)  # until it is known to be cut short
     if not ranked:
         return report
