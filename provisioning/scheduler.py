@@ -271,14 +271,15 @@ class LoopMemory:
         """
         How many wait, the best-ranked MERIDIAN_SCHEDULER_QUEUE_DEPTH as ``(id, score)`` and their
         whole rows by id: ranked from a few columns of every queued reservation, or the rest of
-        the kept ranking (``kept``) while it may serve.
+        the kept ranking while it serves (``rerank_s``) and holds work not yet handed on.
         """
-        kept = self.kept()
-        self.ranked_afresh = kept is None
-        if kept is not None:
+        kept = self.kept_ranking
+        if kept is not None and time.monotonic() - kept.at < self.rerank_s:
             rows = self.queue.rows  # those handed to services since were forgotten
-            ranked = [entry for entry in kept.ranked if entry[0] in rows]
-            return kept.queued - (len(kept.ranked) - len(ranked)), ranked, rows
+            if ranked := [entry for entry in kept.ranked if entry[0] in rows]:
+                self.ranked_afresh = False
+                return kept.queued - (len(kept.ranked) - len(ranked)), ranked, rows
+        self.ranked_afresh = True
         queued = self.queue.queued()
         if not queued:
             return 0, [], {}
@@ -286,13 +287,6 @@ class LoopMemory:
                             self.records)[:settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH]
         self.last_ranking = KeptRanking(at=time.monotonic(), queued=len(queued), ranked=ranked)
         return len(queued), ranked, self.queue.whole([reservation_id for reservation_id, _ in ranked])
-
-    def kept(self) -> KeptRanking | None:
-        """The ranking the next cycle plans from, or None: it ranks the queue afresh."""
-        kept = self.kept_ranking
-        if kept is not None and time.monotonic() - kept.at >= self.rerank_s:
-            kept = self.kept_ranking = None
-        return kept
 
     def cycle_ended(self, *, cut_short: bool) -> None:
         """Keep the latest ranking for the next cycles when this one left ranked work unreached."""
@@ -377,6 +371,7 @@ def run_cycle(*, now: datetime | None = None, memory: LoopMemory | None = None) 
     with collector_paused():
         try:
             report = _cycle(now or timezone.now(), memory)
+            memory.cycle_ended(cut_short=report.cut_short)
         finally:
             if not kept:
                 memory.capacity.dispose()  # freed at once, not left to the collector
@@ -401,7 +396,6 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
 
     report.queued, ranked, by_id = memory.ranked_queue(now)
     report.ranked_afresh = memory.ranked_afresh
-    memory.cycle_ended(cut_short=False)  # until it is known to be cut short
     if not ranked:
         return report
     lap("rank")
@@ -415,7 +409,6 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
                   max_placements=memory.budget.placements((time.perf_counter() - began) * 1000))
     lap("plan")
     report.cut_short = result.cut_short
-    memory.cycle_ended(cut_short=result.cut_short)
     now, result.placements = _bound_from_now(result.placements, planned_at=now)
     over_quota = _owners_over_quota([by_id[p.reservation_id] for p in result.placements], now)
     memory.note_over_quota(over_quota)
