@@ -458,9 +458,10 @@ MERIDIAN_SCHEDULER_QUEUE_DEPTH = env.int("MERIDIAN_SCHEDULER_QUEUE_DEPTH", defau
 MERIDIAN_SCHEDULER_MAX_PLACEMENTS = env.int("MERIDIAN_SCHEDULER_MAX_PLACEMENTS", default=400)
 # How long one cycle of the scheduler loop should take, in milliseconds (0: no limit but the
 # one above), like Slurm's max_sched_time: the loop plans only as many placements as it can
-# commit in the time left, from what the last cycles took. A short cycle sees a cancellation or
-# an urgent arrival sooner; a long one spreads its fixed costs (ranking the whole queue, the
-# snapshot) over more placements.
+# commit in the time left, from what the last cycles took, and stops committing between batches
+# of 100 when it runs slower than that (the rest stays queued for the next cycle). A short cycle
+# sees a cancellation or an urgent arrival sooner; a long one spreads its fixed costs (ranking
+# the whole queue, the snapshot) over more placements.
 MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS = env.float("MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS", default=250.0)
 # The least share of a cycle spent placing (committing) when ranking, the snapshot and planning
 # alone fill the budget (a slow host, a large fleet): the cycle then runs over the budget rather

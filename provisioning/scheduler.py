@@ -15,6 +15,7 @@ import functools
 import gc
 import itertools
 import logging
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -197,9 +198,17 @@ class CycleBudget:
     def placements(self, spent_ms: float) -> int:
         if self.budget_ms <= 0:
             return self.ceiling
+        return max(self.floor, min(self.ceiling, int(self._room(spent_ms) / self.commit_ms_each)))
+
+    def ends_at(self, spent_ms: float) -> float:
+        """How far into the cycle (ms) its commits should end: the budget, or later by placing's share."""
+        if self.budget_ms <= 0:
+            return math.inf
+        return spent_ms + self.plan_ms + self._room(spent_ms)
+
+    def _room(self, spent_ms: float) -> float:
         fixed = spent_ms + self.plan_ms
-        room = max(self.budget_ms - fixed, fixed * self.share / (1 - self.share))
-        return max(self.floor, min(self.ceiling, int(room / self.commit_ms_each)))
+        return max(self.budget_ms - fixed, fixed * self.share / (1 - self.share))
 
     def learn(self, *, plan_ms: float, apply_ms: float, placed: int) -> None:
         self.plan_ms += self.FOLLOW * (plan_ms - self.plan_ms)
@@ -405,8 +414,9 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
         return report
     capacity = memory.capacity.for_cycle(now)  # the whole sellable fleet, kept by the loop
     lap("snapshot")
+    spent_ms = (time.perf_counter() - began) * 1000
     result = plan(None, itertools.chain([first], requests), headroom=settings.MERIDIAN_HEADROOM, capacity=capacity,
-                  max_placements=memory.budget.placements((time.perf_counter() - began) * 1000))
+                  max_placements=memory.budget.placements(spent_ms))
     lap("plan")
     report.cut_short = result.cut_short
     now, result.placements = _bound_from_now(result.placements, planned_at=now)
@@ -417,10 +427,16 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     regions = {r.slug: r for r in Region.objects.filter(slug__in={p.region for p in result.placements})}
     # Placements commit in batches, one transaction and a few statements each (a cycle pays for
     # a few commits, not one per placement); a batch that meets a lost race is redone one by one.
+    ends_at_ms, applying = memory.budget.ends_at(spent_ms), time.perf_counter()
     for batch_start in range(0, len(result.placements), APPLY_BATCH):
+        batch = result.placements[batch_start:batch_start + APPLY_BATCH]
+        if batch_start and _would_overrun(began, applying, batch_start, len(batch), ends_at_ms):
+            # This cycle commits slower than the cycles before it did (a busy database): the
+            # rest of its plan is left, queued and first in the kept ranking, to the next cycle.
+            result.placements, report.cut_short = result.placements[:batch_start], True
+            break
         with transaction.atomic():
-            _apply_batch(result.placements[batch_start:batch_start + APPLY_BATCH], by_id, over_quota, refused,
-                         regions, result, report)
+            _apply_batch(batch, by_id, over_quota, refused, regions, result, report)
     _note_waiting([(by_id[rid], reason) for rid, reason in result.unplaced.items()])
     memory.queue.forget(p.reservation_id for p in result.placements)
     report.waiting = report.queued - report.placed
@@ -428,6 +444,13 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     memory.budget.learn(plan_ms=report.timings_ms["plan"], apply_ms=report.timings_ms["apply"],
                         placed=len(result.placements))
     return report
+
+
+def _would_overrun(began: float, applying: float, applied: int, batch: int, ends_at_ms: float) -> bool:
+    """Whether most of the next batch would commit after the cycle's end, at this cycle's pace so far."""
+    now = time.perf_counter()
+    each_ms = (now - applying) * 1000 / applied
+    return (now - began) * 1000 + each_ms * batch / 2 > ends_at_ms
 
 
 def _bound_from_now(placements: list[Placement], *, planned_at: datetime) -> tuple[datetime, list[Placement]]:

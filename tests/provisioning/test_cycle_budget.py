@@ -4,6 +4,7 @@ max_sched_time): a cycle plans only as many placements as the time left can comm
 from the cycles before; what it does not plan waits for the next cycle, queued as it was.
 """
 
+import time
 from unittest import mock
 
 import pytest
@@ -91,3 +92,42 @@ def test_a_budgeted_cycle_makes_requests_only_for_what_it_tries(world, fleet):
 
     assert report.placed == 2 and report.cut_short
     assert made.call_count == 3  # two placed, and the one that found the budget spent
+
+
+def test_a_cycle_that_commits_slower_than_planned_leaves_the_rest_of_its_plan_to_the_next(world, fleet):
+    chosen = offering("vm", 1)
+    waiting = [make_reservation(world, state="queued", offering=chosen) for _ in range(6)]
+    memory = LoopMemory(record_refresh_s=3600, shape_refresh_s=3600, budget_ms=200, rerank_s=60)
+    memory.budget.plan_ms, memory.budget.commit_ms_each = 1.0, 0.01  # it expects every commit to be quick
+    apply_batch = scheduler._apply_batch
+
+    def slow_batch(*args):
+        apply_batch(*args)
+        time.sleep(0.3)  # but each batch takes longer than the whole budget
+
+    with mock.patch.object(scheduler, "APPLY_BATCH", 2), mock.patch.object(scheduler, "_apply_batch", slow_batch):
+        report = run_cycle(memory=memory)
+
+    assert report.placed == 2 and report.waiting == 4 and report.cut_short
+    states = Reservation.objects.filter(pk__in=[r.pk for r in waiting]).values_list("state", flat=True)
+    assert sorted(states) == ["queued"] * 4 + ["scheduled"] * 2
+    follow = run_cycle(memory=memory)  # from the kept ranking, at the usual pace
+    assert follow.placed == 4 and not follow.ranked_afresh
+    assert not Reservation.objects.filter(pk__in=[r.pk for r in waiting], state="queued").exists()
+
+
+def test_without_a_budget_a_slow_cycle_commits_its_whole_plan(world, fleet):
+    chosen = offering("vm", 1)
+    for _ in range(6):
+        make_reservation(world, state="queued", offering=chosen)
+    memory = LoopMemory(record_refresh_s=3600, shape_refresh_s=3600, budget_ms=0)
+    apply_batch = scheduler._apply_batch
+
+    def slow_batch(*args):
+        apply_batch(*args)
+        time.sleep(0.05)
+
+    with mock.patch.object(scheduler, "APPLY_BATCH", 2), mock.patch.object(scheduler, "_apply_batch", slow_batch):
+        report = run_cycle(memory=memory)
+
+    assert report.placed == 6 and not report.cut_short
