@@ -18,7 +18,8 @@ server's log are counted (a 5xx is a bug). Then, in-process, BENCH_BREAKDOWN (40
 kind with a timer around each step of ``services.reservation_create``: where the time goes.
 
 OpenStack Placement beside it (shared/peers/openstack-placement.sh): BENCH_PLACEMENT=1 runs
-the peer after Meridian's figures (about 3 minutes: SQLite, flat, 1,280 nodes x 8 GPUs); or
+the peer after Meridian's figures (about 4 minutes: flat, 1,280 nodes x 8 GPUs, on its own
+PostgreSQL like Meridian's, the same database kind; BENCH_PLACEMENT_DB=sqlite for its default); or
 BENCH_PLACEMENT_RESULT=path/to/result-sqlite-flat.json reads a result it wrote. Either way the
 RESULT line then carries the ratios: claims per second against Placement's select+claim, and
 request latency against its ``GET /allocation_candidates`` for 1 and 8 GPUs (goal: 10x).
@@ -291,7 +292,8 @@ def placement_result() -> dict | None:
         script = PEERS / "openstack-placement.sh"
         work = os.environ.get("BENCH_PLACEMENT_WORK", "/tmp/placement-peer-bench")  # noqa: S108 -- the peer's folder
         print(f"running OpenStack Placement ({script}), WORK={work}: a few minutes")
-        env = dict(os.environ, WORK=work, PORT=os.environ.get("BENCH_PLACEMENT_PORT", "8792"))
+        env = dict(os.environ, WORK=work, PORT=os.environ.get("BENCH_PLACEMENT_PORT", "8792"),
+                   DB=os.environ.get("BENCH_PLACEMENT_DB", "postgres"))
         done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=1200)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not lines:
