@@ -1,7 +1,8 @@
 """
 The scheduler loop's cycle budget (MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS, like Slurm's
 max_sched_time): a cycle plans only as many placements as the time left can commit, learnt
-from the cycles before; what it does not plan waits for the next cycle, queued as it was.
+from the cycles before, and stops committing when its own pace falls behind; what it does not
+plan or commit waits for the next cycle, queued as it was.
 """
 
 import time
