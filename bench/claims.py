@@ -6,7 +6,9 @@ client threads it measures claims per second and p50/p99 latency (each series ru
 BENCH_SERIES_SECONDS, 20, or BENCH_CLAIMS requests) of:
 
   - a 1-GPU VM, an 8-GPU VM (one shared host's 8 GPUs) and a whole 8-GPU bare-metal node;
-  - the capacity query ``GET /api/v1/offerings/`` (every offering with its availability).
+  - the capacity queries ``GET /api/v1/offerings/`` (every offering with its availability) and,
+    from one client, ``GET /api/v1/offerings/{id}/`` for the 1-GPU and the 8-GPU VM offering
+    (one offering: how many units could start now in each region, counted over the whole fleet).
 
 The server runs on the embedded defaults for the broker and the cache (files in its data
 folder): a placed create's start message leaves from the process's start sender after the
@@ -22,7 +24,9 @@ the peer after Meridian's figures (about 4 minutes: flat, 1,280 nodes x 8 GPUs, 
 PostgreSQL like Meridian's, the same database kind; BENCH_PLACEMENT_DB=sqlite for its default); or
 BENCH_PLACEMENT_RESULT=path/to/result-sqlite-flat.json reads a result it wrote. Either way the
 RESULT line then carries the ratios: claims per second against Placement's select+claim, and
-request latency against its ``GET /allocation_candidates`` for 1 and 8 GPUs (goal: 10x).
+request latency against its ``GET /allocation_candidates`` for 1 and 8 GPUs (goal: 10x), and
+one offering's availability against ``allocation_candidates`` for as many GPUs, with limit=10 and
+without a limit (every candidate, as an exact count needs).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/meridian .venv/bin/python bench/claims.py
 
@@ -328,6 +332,13 @@ def ratios(meridian: dict, placement: dict) -> dict:
     if capacity and queries.get("gpu8_limit10", {}).get("median_ms"):
         out["latency x lower: GET offerings p50 vs Placement allocation_candidates 8 GPU p50"] = round(
             queries["gpu8_limit10"]["median_ms"] / capacity, 1)
+    for gpus in (1, 8):
+        ours = meridian["capacity_query"].get(f"one offering, {gpus} GPU VM, 1 client", {}).get("p50_ms")
+        for limit in ("limit10", "nolimit"):
+            ac = queries.get(f"gpu{gpus}_{limit}", {}).get("median_ms")
+            if ac and ours:
+                out[f"latency x lower: GET one offering {gpus} GPU VM p50 vs Placement allocation_candidates "
+                    f"{gpus} GPU {limit} p50"] = round(ac / ours, 1)
     out["goal_ratio"] = GOAL_RATIO
     return out
 
@@ -344,6 +355,11 @@ def main():
     setup_django(DB)
     token, bodies = prepare()
     from django.db import connections
+
+    from cloud.models import Offering
+
+    one_offering = {gpus: Offering.objects.get(slug=bodies[name]["offering"]).pk
+                    for gpus, name in ((1, "1 GPU VM"), (8, "8 GPU VM"))}
 
     connections.close_all()
     port = free_port()
@@ -363,6 +379,10 @@ def main():
             key = f"{clients} client{'s' if clients > 1 else ''}"
             capacity[key] = query_series(f"{base}/offerings/", token, clients, QUERIES)
             print(f"GET /offerings/ {key:20s} {capacity[key]}")
+        for gpus, offering_id in one_offering.items():
+            key = f"one offering, {gpus} GPU VM, 1 client"
+            capacity[key] = query_series(f"{base}/offerings/{offering_id}/", token, 1, QUERIES)
+            print(f"GET /offerings/{{id}}/ {gpus} GPU VM {capacity[key]}")
     finally:
         releaser.stopping.set()
         releaser.join()
