@@ -7,8 +7,10 @@ Spares, nodes that are not serving, unhealthy GPUs and GPUs held by a reservatio
 """
 
 from collections import defaultdict
+from uuid import UUID
 
-from django.db.models import Count, Exists, OuterRef, Subquery, UUIDField
+from django.db import connection
+from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery, UUIDField
 from django.utils import timezone
 
 from .choices import GPUState, Health, NodePool, NodeState, OfferingKind
@@ -27,35 +29,40 @@ def availability(offerings: list[Offering]) -> dict:
     # Whole available bare-metal nodes per (region, GPU model).
     nodes = defaultdict(int)
     if any(o.kind == OfferingKind.BARE_METAL for o in offerings):
-        # A node's GPUs are of one model (enrolment checks it): the node is counted under it, one
-        # row per node -- joining its GPUs made eight rows a node to sort and count distinct.
-        of_model = GPU.objects.filter(node=OuterRef("pk"), model_id__in=model_ids)
+        # A node's GPUs are of one model (enrolment checks it), so its first GPU names the node's
+        # model: one row per node, and one index probe a node rather than a pass over every GPU.
+        node_model = Subquery(GPU.objects.filter(node=OuterRef("pk")).order_by().values("model_id")[:1],
+                              output_field=UUIDField())  # typed: SQLite's text ids come back as UUIDs
         rows = (
-            Node.objects.filter(Exists(of_model), pool=NodePool.BARE_METAL, state=NodeState.AVAILABLE,
-                                is_spare=False, health__in=SELLABLE_HEALTH)
+            Node.objects.filter(pool=NodePool.BARE_METAL, state=NodeState.AVAILABLE, is_spare=False,
+                                health__in=SELLABLE_HEALTH)
+            .annotate(gpu_model=node_model)
+            .filter(gpu_model__in=model_ids)
             # a whole node sells only whole
             .exclude(Exists(GPU.objects.filter(node=OuterRef("pk"), health__in=[Health.FAILED, Health.UNKNOWN])))
             .exclude(Exists(held_now.filter(node=OuterRef("pk"))))
-            # typed, so SQLite's text ids come back as UUIDs like the offerings' model ids
-            .annotate(gpu_model=Subquery(of_model.order_by().values("model_id")[:1], output_field=UUIDField()))
             .values("region__slug", "gpu_model")
             .annotate(n=Count("id"))
         )
         for row in rows:
             nodes[(row["region__slug"], row["gpu_model"])] += row["n"]
-    # Available GPUs per shared host, kept per host because a unit cannot span hosts.
-    per_host = defaultdict(list)
+    # Shared hosts per (region, GPU model) by how many GPUs each has free: a unit cannot span hosts,
+    # so the count of hosts with n free is all the arithmetic needs -- a handful of rows (n is at
+    # most a host's GPUs) rather than one per host.
+    hosts_with_free = defaultdict(list)  # (region, model) -> [(free GPUs, hosts with that many)]
     if any(o.kind != OfferingKind.BARE_METAL for o in offerings):
-        rows = (
+        per_host = (
             GPU.objects.filter(node__pool=NodePool.SHARED, node__state=NodeState.IN_SERVICE, node__is_spare=False,
                                state=GPUState.AVAILABLE, health__in=SELLABLE_HEALTH, model_id__in=model_ids)
             .exclude(Exists(held_now.filter(gpu=OuterRef("pk"))))
             .values("node_id", "node__region__slug", "model_id")
             .annotate(n=Count("id"))
         )
-        for row in rows:
-            per_host[(row["node__region__slug"], row["model_id"])].append(row["n"])
-    regions = {region for region, _ in nodes} | {region for region, _ in per_host}
+        for region, model, free, hosts in _histogram(per_host, ("node__region__slug", "model_id", "n")):
+            # SQLite hands the model id back as its stored hex text
+            model = model if isinstance(model, UUID) else UUID(model)
+            hosts_with_free[(region, model)].append((free, hosts))
+    regions = {region for region, _ in nodes} | {region for region, _ in hosts_with_free}
 
     result = {}
     for offering in offerings:
@@ -66,10 +73,22 @@ def availability(offerings: list[Offering]) -> dict:
                 units = nodes.get(key, 0)
                 gpus = units * offering.gpus_per_unit
             else:
-                hosts = per_host.get(key, [])
-                units = sum(n // offering.gpus_per_unit for n in hosts) * offering.slots_per_gpu
-                gpus = sum(hosts)
+                counts = hosts_with_free.get(key, [])
+                units = sum(free // offering.gpus_per_unit * hosts for free, hosts in counts) * offering.slots_per_gpu
+                gpus = sum(free * hosts for free, hosts in counts)
             if units or gpus:
                 by_region[region] = {"units": units, "gpus": gpus}
         result[offering.pk] = by_region
     return result
+
+
+def _histogram(grouped: QuerySet, columns: tuple[str, ...]) -> list[tuple]:
+    """
+    ``columns`` of the grouped ``values().annotate()`` query with how many of its rows share them.
+    The ORM cannot group the rows of an aggregate, so its SQL becomes a derived table.
+    """
+    sql, params = grouped.query.sql_with_params()
+    names = ", ".join(connection.ops.quote_name(column) for column in columns)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {names}, COUNT(*) FROM ({sql}) AS grouped GROUP BY {names}", params)  # noqa: S608
+        return cursor.fetchall()

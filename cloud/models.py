@@ -225,7 +225,13 @@ class GPU(models.Model):
             models.UniqueConstraint(fields=["node", "pci_bus_id"], name="gpu_pci_unique_per_node"),
             models.CheckConstraint(condition=Q(state__in=GPUState.values), name="gpu_state_valid"),
         ]
-        indexes = [models.Index(fields=["model", "state"], name="gpu_capacity_idx")]
+        indexes = [
+            models.Index(fields=["model", "state"], name="gpu_capacity_idx"),
+            # The few GPUs that bar their whole node from sale: counting sellable bare-metal nodes
+            # looks each node up here instead of reading every GPU of the fleet.
+            models.Index(fields=["node"], condition=Q(health__in=[Health.FAILED, Health.UNKNOWN]),
+                         name="gpu_unsellable_idx"),
+        ]
 
     def __str__(self):
         return f"{self.node.hostname}/gpu{self.index}"

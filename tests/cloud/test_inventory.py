@@ -240,6 +240,16 @@ def test_vm_units_count_free_gpus_per_host():
 
 
 @pytest.mark.django_db
+def test_hosts_with_as_many_free_gpus_each_count():
+    """Hosts are counted by how many GPUs they have free: two hosts with 5 free are two hosts' worth of units."""
+    small_fleet(8)  # two shared hosts of 8 GPUs
+    o2 = offering(OfferingKind.VM, gpus_per_unit=2)
+    GPU.objects.filter(node__pool=NodePool.SHARED, index__in=[0, 1, 2]).update(state=GPUState.ALLOCATED)
+
+    assert units(o2) == {"units": 4, "gpus": 10}  # 5 // 2 on each of the two hosts
+
+
+@pytest.mark.django_db
 def test_shared_host_in_maintenance_is_not_counted():
     """A shared host held for maintenance offers no GPUs, however many are free."""
     small_fleet(8)
