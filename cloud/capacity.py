@@ -29,18 +29,17 @@ def availability(offerings: list[Offering]) -> dict:
     # Whole available bare-metal nodes per (region, GPU model).
     nodes = defaultdict(int)
     if any(o.kind == OfferingKind.BARE_METAL for o in offerings):
-        # A node's GPUs are of one model (enrolment checks it), so its first GPU names the node's
-        # model: one row per node, and one index probe a node rather than a pass over every GPU.
-        node_model = Subquery(GPU.objects.filter(node=OuterRef("pk")).order_by().values("model_id")[:1],
-                              output_field=UUIDField())  # typed: SQLite's text ids come back as UUIDs
+        # A node's GPUs are of one model (enrolment checks it): the node is counted under it, one
+        # row per node -- joining its GPUs made eight rows a node to sort and count distinct.
+        of_model = GPU.objects.filter(node=OuterRef("pk"), model_id__in=model_ids)
         rows = (
-            Node.objects.filter(pool=NodePool.BARE_METAL, state=NodeState.AVAILABLE, is_spare=False,
-                                health__in=SELLABLE_HEALTH)
-            .annotate(gpu_model=node_model)
-            .filter(gpu_model__in=model_ids)
-            # a whole node sells only whole
+            Node.objects.filter(Exists(of_model), pool=NodePool.BARE_METAL, state=NodeState.AVAILABLE,
+                                is_spare=False, health__in=SELLABLE_HEALTH)
+            # a whole node sells only whole (gpu_unsellable_idx: a probe a node, not a pass over every GPU)
             .exclude(Exists(GPU.objects.filter(node=OuterRef("pk"), health__in=[Health.FAILED, Health.UNKNOWN])))
             .exclude(Exists(held_now.filter(node=OuterRef("pk"))))
+            # typed, so SQLite's text ids come back as UUIDs like the offerings' model ids
+            .annotate(gpu_model=Subquery(of_model.order_by().values("model_id")[:1], output_field=UUIDField()))
             .values("region__slug", "gpu_model")
             .annotate(n=Count("id"))
         )
