@@ -35,7 +35,7 @@ def availability(offerings: list[Offering]) -> dict:
         rows = (
             Node.objects.filter(Exists(of_model), pool=NodePool.BARE_METAL, state=NodeState.AVAILABLE,
                                 is_spare=False, health__in=SELLABLE_HEALTH)
-            # a whole node sells only whole (gpu_unsellable_idx: a probe a node, not a pass over every GPU)
+            # a whole node sells only whole (read from gpu_unsellable_idx, which holds only such GPUs)
             .exclude(Exists(GPU.objects.filter(node=OuterRef("pk"), health__in=[Health.FAILED, Health.UNKNOWN])))
             .exclude(Exists(held_now.filter(node=OuterRef("pk"))))
             # typed, so SQLite's text ids come back as UUIDs like the offerings' model ids

@@ -228,7 +228,7 @@ class GPU(models.Model):
         indexes = [
             models.Index(fields=["model", "state"], name="gpu_capacity_idx"),
             # The few GPUs that bar their whole node from sale: counting sellable bare-metal nodes
-            # looks each node up here instead of reading every GPU of the fleet.
+            # reads this small index instead of every GPU of the fleet.
             models.Index(fields=["node"], condition=Q(health__in=[Health.FAILED, Health.UNKNOWN]),
                          name="gpu_unsellable_idx"),
         ]
