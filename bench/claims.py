@@ -30,6 +30,17 @@ of one client's back-to-back requests) and, stricter, against Placement's ``GET
 ``allocation_candidates`` for as many GPUs, with limit=10 and without a limit (every candidate,
 as an exact count needs). Both benches drive their server with python-requests Sessions.
 
+The peer's own run comes minutes after Meridian's series, and this machine's speed drifts by a
+third within minutes, which moves the ratios as much as any change does. So with BENCH_PLACEMENT=1
+the peer's server is kept running and the two are then measured interleaved: BENCH_ROUNDS (5)
+rounds, each of short blocks (BENCH_BLOCK_SECONDS, 4) that alternate Meridian and Placement --
+a 1-GPU create, then Placement's select+claim of 1 GPU; the 8-GPU VM and bare-metal creates, then
+its select+claim of 8 GPUs; one offering's availability, then ``allocation_candidates`` for as
+many GPUs -- from one client each. What a block claims on Placement is deleted after it (not
+timed), as the releaser frees Meridian's, so both fleets stay nearly empty. The ``interleaved``
+ratios (pooled over the rounds, with the lowest round's beside them) are the verdict; the
+sequential ones stay for comparison with earlier runs.
+
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/meridian .venv/bin/python bench/claims.py
 
 It prints readable lines and one final ``RESULT {json}`` line.
@@ -40,6 +51,7 @@ import os
 import subprocess
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from itertools import count
@@ -56,6 +68,8 @@ CLIENTS = [1, 4]
 HOLD_S = float(os.environ.get("BENCH_HOLD_SECONDS", "1"))
 BREAKDOWN = int(os.environ.get("BENCH_BREAKDOWN", "40"))  # in-process creates per kind, timed by function
 PEERS = REPO.parent / "shared" / "peers"
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))  # interleaved rounds against Placement
+BLOCK_S = float(os.environ.get("BENCH_BLOCK_SECONDS", "4"))  # each block of a round
 GOAL_RATIO = 10.0
 _names = count()
 
@@ -181,6 +195,153 @@ def query_series(url: str, token: str, clients: int, n: int) -> dict:
             "p99_ms": round(percentile(latencies, 99) * 1000, 1)}
 
 
+class PlacementClient:
+    """
+    The peer's running Placement server, asked as the peer's own bench asks it (no Keystone: the
+    noauth2 admin token; the same resources per request, a new project per claim).
+    """
+
+    RESOURCES = "resources=CUSTOM_GPU_H100:{gpus},VCPU:8,MEMORY_MB:65536"
+
+    def __init__(self, base: str):
+        self.base = base
+        self.session = requests.Session()
+        self.session.headers.update({"X-Auth-Token": "admin", "OpenStack-API-Version": "placement 1.39",
+                                     "Content-Type": "application/json", "Accept": "application/json"})
+        self.claimed: list[str] = []
+
+    def candidates(self, gpus: int, limit: int | None) -> list:
+        query = self.RESOURCES.format(gpus=gpus) + (f"&limit={limit}" if limit else "")
+        response = self.session.get(f"{self.base}/allocation_candidates?{query}")
+        response.raise_for_status()
+        return response.json()["allocation_requests"]
+
+    def select_and_claim(self, gpus: int) -> str:
+        """GET one candidate, then PUT its allocations for a new consumer: the peer's select+claim."""
+        found = self.candidates(gpus, 1)
+        if not found:
+            return "no candidate"
+        consumer = str(uuid.uuid4())
+        body = {"allocations": found[0]["allocations"], "consumer_generation": None,
+                "project_id": str(uuid.uuid4()), "user_id": "bench", "consumer_type": "INSTANCE"}
+        self.session.put(f"{self.base}/allocations/{consumer}", data=json.dumps(body)).raise_for_status()
+        self.claimed.append(consumer)
+        return "claimed"
+
+    def release(self) -> None:
+        """Delete what was claimed (not timed): the fleet stays as empty as Meridian's."""
+        for consumer in self.claimed:
+            self.session.delete(f"{self.base}/allocations/{consumer}").raise_for_status()
+        self.claimed.clear()
+
+
+def timed_block(fn, seconds: float, outcomes: dict) -> list[float]:
+    """``fn`` called back to back for ``seconds`` from one client: the latencies; the outcomes counted."""
+    latencies = []
+    end = time.perf_counter() + seconds
+    while (started := time.perf_counter()) < end:
+        outcome = fn()
+        latencies.append(time.perf_counter() - started)
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return latencies
+
+
+def interleaved(base: str, token: str, bodies: dict, one_offering: dict, placement: PlacementClient) -> dict:
+    """
+    Meridian and Placement measured in alternating blocks of BLOCK_S, ROUNDS times, one client
+    each (odd rounds start with Placement): each Meridian series beside the Placement call it is
+    compared with, so both see the machine at the same speed. Returns, per series, the latencies
+    of every round and the outcomes counted.
+    """
+    client = Client(token)
+
+    def create(body):
+        def one():
+            response = client.session.post(f"{base}/reservations/", json={**body, "name": f"claim-{next(_names)}"})
+            return response.json()["state"] if response.status_code == 201 else f"http {response.status_code}"
+        return one
+
+    def availability(offering_id):
+        def one():
+            client.session.get(f"{base}/offerings/{offering_id}/").raise_for_status()
+            return "answered"
+        return one
+
+    def candidates(gpus, limit):
+        def one():
+            return f"{len(placement.candidates(gpus, limit))} candidates"
+        return one
+
+    def claim(gpus):
+        return lambda: placement.select_and_claim(gpus)
+
+    # (Meridian series, its call) beside [(Placement series, its call, share of a block)].
+    pairs = [
+        (("create 1 GPU VM", create(bodies["1 GPU VM"])), [("select+claim 1 GPU", claim(1), 1.0)]),
+        (("create 8 GPU VM", create(bodies["8 GPU VM"])), [("select+claim 8 GPUs", claim(8), 1.0)]),
+        (("create 8 GPU bare-metal node", create(bodies["8 GPU bare-metal node"])),
+         [("select+claim 8 GPUs", claim(8), 1.0)]),
+        (("one offering 1 GPU VM", availability(one_offering[1])),
+         [("allocation_candidates 1 GPU limit10", candidates(1, 10), 0.5),
+          ("allocation_candidates 1 GPU nolimit", candidates(1, None), 0.5)]),
+        (("one offering 8 GPU VM", availability(one_offering[8])),
+         [("allocation_candidates 8 GPU limit10", candidates(8, 10), 0.5),
+          ("allocation_candidates 8 GPU nolimit", candidates(8, None), 0.5)]),
+    ]
+    rounds: dict[str, list[list[float]]] = {}
+    outcomes: dict[str, dict] = {}
+    for number in range(ROUNDS):
+        for (label, call), theirs in pairs:
+            blocks = [(label, call, 1.0), *theirs]
+            for series, fn, share in (blocks if number % 2 == 0 else blocks[::-1]):
+                latencies = timed_block(fn, BLOCK_S * share, outcomes.setdefault(series, {}))
+                placement.release()
+                per_round = rounds.setdefault(series, [])
+                if len(per_round) <= number:
+                    per_round.append([])
+                per_round[number] += latencies
+        print(f"interleaved round {number + 1}/{ROUNDS}: "
+              + ", ".join(f"{series} {sum(r[number]) * 1000 / len(r[number]):.1f}" for series, r in rounds.items())
+              + " ms mean")
+    return {"rounds": rounds, "outcomes": outcomes}
+
+
+def interleaved_ratios(measured: dict) -> dict:
+    """
+    Placement's time over Meridian's for each pair, pooled over the rounds and the lowest single
+    round: a create's mean against select+claim's mean (one client: the claims-per-second ratio
+    too) and, stricter, a create's p50 against ``allocation_candidates`` alone; one offering's
+    availability p50 against ``allocation_candidates`` for as many GPUs.
+    """
+    rounds = measured["rounds"]
+
+    def stat(latencies, how):
+        return sum(latencies) / len(latencies) if how == "mean" else percentile(latencies, 50)
+
+    def ratio(theirs, ours, how):
+        pooled = stat(sum(rounds[theirs], []), how) / stat(sum(rounds[ours], []), how)
+        lowest = min(stat(t, how) / stat(o, how) for t, o in zip(rounds[theirs], rounds[ours], strict=True) if t and o)
+        return {"pooled": round(pooled, 1), "lowest_round": round(lowest, 1)}
+
+    figures = {series: {"calls": sum(map(len, per_round)),
+                        "mean_ms": round(stat(sum(per_round, []), "mean") * 1000, 1),
+                        "p50_ms": round(stat(sum(per_round, []), "p50") * 1000, 1),
+                        "p99_ms": round(percentile(sum(per_round, []), 99) * 1000, 1)}
+               for series, per_round in rounds.items()}
+    out = {}
+    for ours, gpus in (("create 1 GPU VM", 1), ("create 8 GPU VM", 8), ("create 8 GPU bare-metal node", 8)):
+        out[f"{ours} mean vs Placement select+claim {gpus} GPU mean (= claims/s x, 1 client)"] = ratio(
+            f"select+claim {gpus} GPU{'s' if gpus > 1 else ''}", ours, "mean")
+        out[f"{ours} p50 vs Placement allocation_candidates {gpus} GPU limit10 p50"] = ratio(
+            f"allocation_candidates {gpus} GPU limit10", ours, "p50")
+    for gpus in (1, 8):
+        for limit in ("limit10", "nolimit"):
+            out[f"one offering {gpus} GPU VM p50 vs Placement allocation_candidates {gpus} GPU {limit} p50"] = ratio(
+                f"allocation_candidates {gpus} GPU {limit}", f"one offering {gpus} GPU VM", "p50")
+    return {"rounds": len(next(iter(rounds.values()))), "block_seconds": BLOCK_S, "series": figures,
+            "outcomes": measured["outcomes"], "ratios": out, "goal_ratio": GOAL_RATIO}
+
+
 # Functions timed in the in-process breakdown of a create: (module, attribute) as reservation_create reaches them.
 TIMED = [
     ("provisioning.admission", "check_never_fits"),
@@ -295,24 +456,53 @@ def server_errors(log: Path) -> dict:
     return found
 
 
-def placement_result() -> dict | None:
-    """Placement's figures: run the peer (BENCH_PLACEMENT=1) or read its result file."""
+class PeerServer:
+    """The peer's Placement server, left running (KEEP=1) for the interleaved rounds, and its PostgreSQL."""
+
+    def __init__(self, pid: int, port: int, work: str, db: str):
+        self.pid, self.base, self.work, self.db = pid, f"http://127.0.0.1:{port}", work, db
+
+    def stop(self) -> None:
+        import contextlib
+        import glob
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        if self.db == "postgres":
+            pg_ctl = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))[-1]
+            as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+            subprocess.run([*as_postgres, pg_ctl, "-D", f"{self.work}/pgdata", "-m", "fast", "stop"],
+                           capture_output=True, timeout=60)
+
+
+def placement_result() -> tuple[dict | None, PeerServer | None]:
+    """
+    Placement's figures: run the peer (BENCH_PLACEMENT=1), its server then left running for the
+    interleaved rounds; or read a result it wrote (BENCH_PLACEMENT_RESULT: no rounds then).
+    """
+    import re
+
     path = os.environ.get("BENCH_PLACEMENT_RESULT")
     if os.environ.get("BENCH_PLACEMENT") == "1":
         script = PEERS / "openstack-placement.sh"
         work = os.environ.get("BENCH_PLACEMENT_WORK", "/tmp/placement-peer-bench")  # noqa: S108 -- the peer's folder
+        db = os.environ.get("BENCH_PLACEMENT_DB", "postgres")
         print(f"running OpenStack Placement ({script}), WORK={work}: a few minutes")
-        env = dict(os.environ, WORK=work, PORT=os.environ.get("BENCH_PLACEMENT_PORT", "8792"),
-                   DB=os.environ.get("BENCH_PLACEMENT_DB", "postgres"))
+        env = dict(os.environ, WORK=work, PORT=os.environ.get("BENCH_PLACEMENT_PORT", "8792"), DB=db, KEEP="1")
         done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=1200)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        kept = re.search(r"left running: placement pid (\d+) on 127\.0\.0\.1:(\d+)", done.stderr)
+        server = PeerServer(int(kept[1]), int(kept[2]), work, db) if kept else None
         if done.returncode or not lines:
             print(f"Placement did not run (exit {done.returncode}): {done.stderr[-800:]}")
-            return None
-        return json.loads(lines[-1].removeprefix("RESULT "))
+            if server:
+                server.stop()
+            return None, None
+        return json.loads(lines[-1].removeprefix("RESULT ")), server
     if path and Path(path).is_file():
-        return json.loads(Path(path).read_text())
-    return None
+        return json.loads(Path(path).read_text()), None
+    return None, None
 
 
 def ratios(meridian: dict, placement: dict) -> dict:
@@ -382,6 +572,7 @@ def main():
     releaser = Releaser()
     releaser.start()
     claims, capacity = {}, {}
+    placement, peer, side_by_side = None, None, None
     try:
         for name, body in bodies.items():
             for clients in CLIENTS:
@@ -396,7 +587,13 @@ def main():
             key = f"one offering, {gpus} GPU VM, 1 client"
             capacity[key] = query_series(f"{base}/offerings/{offering_id}/", token, 1, QUERIES)
             print(f"GET /offerings/{{id}}/ {gpus} GPU VM {capacity[key]}")
+        placement, peer = placement_result()
+        if peer is not None:
+            measured = interleaved(base, token, bodies, one_offering, PlacementClient(peer.base))
+            side_by_side = interleaved_ratios(measured)
     finally:
+        if peer is not None:
+            peer.stop()
         releaser.stopping.set()
         releaser.join()
         server.terminate()
@@ -408,13 +605,20 @@ def main():
               "released_during_run": releaser.released, "server_errors": errors, **meridian,
               "in_process_breakdown": result_breakdown}
     drop_database(DB)
-    placement = placement_result()
     if placement:
         result["placement"] = {"label": placement.get("label"), "claims": placement.get("claims"),
                                "queries": {k: v for k, v in placement.get("queries", {}).items()
                                            if not k.endswith("_after_claims")}}
         result["ratios"] = ratios(meridian, placement)
+        print("sequential (the peer's own run, minutes after Meridian's series):")
         for key, value in result["ratios"].items():
+            print(f"  {key}: {value}")
+    if side_by_side:
+        result["interleaved"] = side_by_side
+        print(f"interleaved ({side_by_side['rounds']} rounds of {BLOCK_S:g} s blocks, one client each):")
+        for series, figures in side_by_side["series"].items():
+            print(f"  {series}: {figures} {side_by_side['outcomes'][series]}")
+        for key, value in side_by_side["ratios"].items():
             print(f"  {key}: {value}")
     print("RESULT " + json.dumps(result))
 
