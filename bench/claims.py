@@ -15,7 +15,8 @@ folder): a placed create's start message leaves from the process's start sender 
 answer (provisioning/start_sender.py), and the API throttle counts in the file cache. Set
 CELERY_BROKER_URL (RabbitMQ, publisher confirms) and REDIS_URL to measure those instead. A thread
 in the bench releases what was placed more than a second ago (directly in the database, as a
-finished reservation would), so capacity never runs out. Exceptions in the
+finished reservation would), so capacity never runs out, and archives and vacuums as a deployment's
+lifecycle tick and autovacuum would (``Releaser``). Exceptions in the
 server's log are counted (a 5xx is a bug). Then, in-process, BENCH_BREAKDOWN (40) creates per
 kind with a timer around each step of ``services.reservation_create``: where the time goes.
 
