@@ -59,7 +59,7 @@ from itertools import count
 from pathlib import Path
 
 import requests
-from common import REPO, drop_database, free_port, percentile, serve, setup_django
+from common import REPO, drop_database, free_port, percentile, serve, setup_django, vacuum
 
 DB = "meridian_bench_claims"
 CLAIMS = int(os.environ.get("BENCH_CLAIMS", "2000"))  # at most, per series
@@ -131,16 +131,6 @@ class Releaser(threading.Thread):
                     vacuumed = time.perf_counter()
         finally:
             connection.close()
-
-
-def vacuum() -> None:
-    from django.db import connection
-
-    from provisioning.models import Allocation, Operation, Reservation
-
-    with connection.cursor() as cursor:
-        for model in (Allocation, Reservation, Operation):
-            cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(model._meta.db_table)}")
 
 
 def release(hold_s: float) -> int:

@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 
-from common import REPO, drop_database, percentile, setup_django
+from common import REPO, drop_database, percentile, setup_django, vacuum
 
 DB = "meridian_bench_cycle"
 QUEUE = int(os.environ.get("BENCH_QUEUE", "10000"))
@@ -307,16 +307,6 @@ def archive_after_s() -> float:
     from django.conf import settings
 
     return settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER.total_seconds()
-
-
-def vacuum() -> None:
-    from django.db import connection
-
-    from provisioning.models import Allocation, Reservation
-
-    with connection.cursor() as cursor:
-        for model in (Allocation, Reservation):
-            cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(model._meta.db_table)}")
 
 
 def queued_count() -> int:
