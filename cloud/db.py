@@ -1,6 +1,7 @@
 """
 Database-level helpers, one behaviour on both databases: a leader lock for singleton loops, a
-many-row update of different values per row, and a many-row insert without model instances.
+many-row update of different values per row, a many-row insert without model instances, and
+new rows of different models inserted in one statement.
 
 PostgreSQL: a session advisory lock, released by the server if the leader's connection dies.
 SQLite (embedded): a lease row that the leader renews; a standby takes over once it expires.
@@ -13,7 +14,8 @@ import os
 import socket
 from datetime import timedelta
 
-from django.db import connection, models, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from .models import LeaderLease
@@ -140,3 +142,51 @@ def _check_copyable(field) -> None:
     if not plain_json and type(field) not in COPYABLE:
         raise TypeError(f"copy_rows cannot write {field.model.__name__}.{field.name} ({type(field).__name__}): "
                         "its values need the field's own preparation; use bulk_create.")
+
+
+def insert_statement(objs: list[models.Model], *, also: str = "", also_params: list | tuple = (),
+                     result: str = "SELECT 1") -> tuple[str, list]:
+    """
+    PostgreSQL: one statement that INSERTs each of the new ``objs`` as ``save(force_insert=True)``
+    would (the fields prepared by the ORM's own compiler, auto_now values set on the objects),
+    one WITH clause each, then the WITH clauses ``also`` (``name AS (...)``, with ``also_params``),
+    and returns what ``result`` selects. No signals are sent: for models nothing listens to.
+    ``mark_saved`` the objects once it ran.
+    """
+    db = connections[DEFAULT_DB_ALIAS]  # the connection itself: every use of the proxy is a lookup
+    clauses, params = [], []
+    for i, obj in enumerate(objs):
+        meta = obj._meta
+        fields = [f for f in meta.local_concrete_fields if not f.generated]
+        if obj.pk is None:  # the database numbers it
+            fields = [f for f in fields if f is not meta.auto_field]
+        query = InsertQuery(type(obj))
+        query.insert_values(fields, [obj])
+        [(sql, values)] = query.get_compiler(connection=db).as_sql()
+        clauses.append(f"inserted_{i} AS ({sql})")
+        params += values
+    if also:
+        clauses.append(also)
+        params += also_params
+    return f"WITH {', '.join(clauses)} {result}", params
+
+
+def mark_saved(*objs: models.Model) -> None:
+    """What ``save()`` records on an instance it inserted, for rows inserted by ``insert_statement``."""
+    for obj in objs:
+        obj._state.adding, obj._state.db = False, connection.alias
+
+
+def insert_objects(*objs: models.Model) -> None:
+    """
+    Insert the new ``objs`` (of models nothing listens to): one statement on PostgreSQL
+    (``insert_statement``), one ``save(force_insert=True)`` each on SQLite.
+    """
+    if connection.vendor != "postgresql":
+        for obj in objs:
+            obj.save(force_insert=True)
+        return
+    sql, params = insert_statement(list(objs))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    mark_saved(*objs)

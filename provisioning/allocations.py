@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connection, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -37,6 +37,13 @@ class CapacityTaken(Conflict):
 
     default_code = "capacity_taken"
     default_detail = "The capacity was taken by another request; try again."
+
+
+class BindDeadlocked(Exception):
+    """
+    A one-statement insert of allocations (``bound_clause``) lost a deadlock to a racing insert:
+    PostgreSQL aborted the whole transaction, which its caller runs again.
+    """
 
 
 def overlapping(gpu_ids: Iterable, starts_at: datetime, ends_at: datetime):
@@ -70,7 +77,7 @@ def _check_fresh(bindings: list[Binding]) -> None:
     processes that allocate and archive. Such a plan is stale: re-planned, as after a lost race.
     """
     oldest = min((b.starts_at for b in bindings), default=None)
-    if oldest is not None and oldest < timezone.now() - settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER / 2:
+    if oldest is not None and not bound_in_time(oldest):
         raise CapacityTaken("The plan is too old to bind (it starts before what the no-overlap rule still "
                             "holds); it is planned again.")
 
@@ -145,7 +152,7 @@ def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> i
         # Two inserts that clash with each other can both wait on the other's index entry while
         # checking the exclusion constraint; PostgreSQL then aborts one as a deadlock. That one
         # simply lost the race.
-        if getattr(exc.__cause__, "sqlstate", None) == DEADLOCK_DETECTED:
+        if deadlocked(exc):
             raise CapacityTaken() from exc
         raise
 
@@ -156,6 +163,42 @@ INSERTED_COLUMNS = ("reservation_id", "gpu_id", "node_id", "mem_lo", "mem_hi", "
 def _insert(rows: list[tuple]) -> None:
     """Rows of INSERTED_COLUMNS into the allocation table, by COPY on PostgreSQL (cloud.db.copy_rows)."""
     copy_rows(Allocation, INSERTED_COLUMNS, rows)
+
+
+def bound_clause(*, reservation: Reservation, assignments: list[Assignment], starts_at: datetime,
+                 ends_at: datetime) -> tuple[str, list]:
+    """
+    PostgreSQL: the WITH clause ``bound`` that inserts ``reservation``'s allocations ON CONFLICT DO
+    NOTHING, one row returned per allocation made, for a statement that stores the reservation
+    too (the fast path's: services). A clash then leaves out the clashing rows instead of aborting
+    the transaction: fewer rows than assignments is a lost race. GPUs in ascending order, so that
+    two such inserts meet on their first shared GPU rather than each holding one the other needs.
+    """
+    db = connections[DEFAULT_DB_ALIAS]  # the connection itself: every use of the proxy is a lookup
+    fields = [Allocation._meta.get_field(name) for name in ("gpu", "node", "mem_lo", "mem_hi")]
+    ordered = sorted(assignments, key=lambda a: str(a.gpu_id))
+    arrays = [[field.get_db_prep_save(getattr(a, field.attname), db) for a in ordered] for field in fields]
+    prep = {name: Allocation._meta.get_field(name).get_db_prep_save(value, db)
+            for name, value in (("reservation", reservation.pk), ("starts_at", starts_at), ("ends_at", ends_at))}
+    qn = db.ops.quote_name
+    columns = ", ".join(qn(Allocation._meta.get_field(name).column) for name in INSERTED_COLUMNS)
+    types = ", ".join(f"%s::{field.db_type(db)}[]" for field in fields)
+    # Only quoted names and types from the model's metadata are formatted in; every value is a parameter.
+    sql = (f"bound AS (INSERT INTO {qn(Allocation._meta.db_table)} ({columns}) "  # noqa: S608
+           f"SELECT %s, u.gpu, u.node, u.lo, u.hi, %s, %s "
+           f"FROM unnest({types}) WITH ORDINALITY AS u(gpu, node, lo, hi, n) ORDER BY u.n "
+           "ON CONFLICT DO NOTHING RETURNING 1)")
+    return sql, [prep["reservation"], prep["starts_at"], prep["ends_at"], *arrays]
+
+
+def bound_in_time(starts_at: datetime) -> bool:
+    """Whether allocations bound from ``starts_at`` are still under the no-overlap rule (``_check_fresh``)."""
+    return starts_at >= timezone.now() - settings.MERIDIAN_ALLOCATION_ARCHIVE_AFTER / 2
+
+
+def deadlocked(exc: Exception) -> bool:
+    """Whether PostgreSQL aborted the statement as a deadlock (two inserts clashing on each other's rows)."""
+    return getattr(exc.__cause__, "sqlstate", None) == DEADLOCK_DETECTED
 
 
 def _check_disjoint(bindings: list[Binding]) -> None:
@@ -216,6 +259,6 @@ def allocation_extend(*, reservation: Reservation, new_end: datetime) -> None:
     except IntegrityError as exc:
         raise CapacityTaken("Another reservation holds these GPUs in the extra time.") from exc
     except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) == DEADLOCK_DETECTED:
+        if deadlocked(exc):
             raise CapacityTaken() from exc
         raise

@@ -61,6 +61,17 @@ def audit_record(
     return event
 
 
+def audit_event(
+    *, actor, action: str, target: models.Model, tenant_id: uuid.UUID | None = None, after: dict | None = None,
+) -> AuditEvent:
+    """
+    ``audit_record``'s event, not yet saved: for a service that inserts it in one statement with
+    the change it records (cloud.db.insert_objects). Must be saved in that change's transaction.
+    """
+    _require_transaction()
+    return _event(actor=actor, action=action, target=target, tenant_id=tenant_id, after=after)
+
+
 COPIED_COLUMNS = ("public_id", "occurred_at", "actor_id", "actor_email", "token_id", "tenant_id", "action",
                   "target_type", "target_id", "before", "after", "request_id", "chain_hash")
 
