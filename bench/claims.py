@@ -364,17 +364,13 @@ def interleaved_ratios(measured: dict) -> dict:
 # Functions timed in the in-process breakdown of a create: (module, attribute) as reservation_create reaches them.
 TIMED = [
     ("provisioning.admission", "check_never_fits"),
+    ("provisioning.services", "_lock_tenant"),
     ("provisioning.admission", "check_quota"),
-    ("provisioning.services", "reservation_rescore"),
-    ("provisioning.services", "team_inputs"),
+    ("provisioning.services", "_score"),
+    ("provisioning.services", "_outranked"),
+    ("provisioning.services", "_place_on_free"),
     ("provisioning.services", "_fast_path"),
-    ("provisioning.services", "load_snapshot"),
-    ("provisioning.services", "Planner"),
-    ("provisioning.services", "reservation_schedule"),
-    ("provisioning.services", "allocation_bind"),
-    ("provisioning.allocations", "_check_allocatable"),
-    ("provisioning.services", "_move"),
-    ("provisioning.services", "audit_record"),
+    ("provisioning.services", "_store_scheduled"),
 ]
 
 

@@ -308,6 +308,9 @@ def fast_cursor():
     binding cursors only, which are these (Django's own cursors bind client-side and never
     prepare), unless the database's OPTIONS say ``prepare_threshold`` (None: a deployment behind
     such a pooler keeps it off). Logged like any Django cursor when queries are captured.
+    Prepared, a statement always runs on its generic plan (settings: ``plan_cache_mode``), made
+    once for any values: use it only for statements whose generic plan is the one they need --
+    key lookups, not the fast path's quota count or competitor check (five times slower so).
     """
     import psycopg
 

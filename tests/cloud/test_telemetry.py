@@ -189,6 +189,10 @@ def test_the_hot_statements_are_prepared_unless_the_database_options_say_not(fle
                 ["%json_agg(json_build_array(g.id, g.index, g.uuid%"],
             )
             assert cursor.fetchone()[0] == 1
+            # and they run on their generic plan, planned once (PostgreSQL's default re-plans
+            # some for the values of every run)
+            cursor.execute("SHOW plan_cache_mode")
+            assert cursor.fetchone()[0] == "force_generic_plan"
     finally:
         raw.prepare_threshold = before
 

@@ -102,8 +102,12 @@ def test_a_create_that_loses_a_deadlock_runs_again_and_is_never_half_made(world)
     first, later = sorted(host, key=lambda g: str(g.pk))[0], sorted(host, key=lambda g: str(g.pk))[4]
     now = timezone.now()
     settings = connection.settings_dict
-    other = psycopg.connect(host=settings["HOST"] or None, port=settings["PORT"] or None, user=settings["USER"],
-                            password=settings["PASSWORD"] or None, dbname=settings["NAME"])
+
+    def connect(**kwargs):
+        return psycopg.connect(host=settings["HOST"] or None, port=settings["PORT"] or None, user=settings["USER"],
+                               password=settings["PASSWORD"] or None, dbname=settings["NAME"], **kwargs)
+
+    other, watcher = connect(), connect(autocommit=True)  # the watcher's every read is a fresh snapshot
     other.execute("SET deadlock_timeout = '60s'")  # the create is the one that finds the deadlock
 
     def hold(gpu):
@@ -111,6 +115,15 @@ def test_a_create_that_loses_a_deadlock_runs_again_and_is_never_half_made(world)
             "INSERT INTO provisioning_allocation (reservation_id, gpu_id, node_id, mem_lo, mem_hi, starts_at, "
             "ends_at) VALUES (gen_random_uuid(), %s, %s, 0, %s, %s, %s)",
             [gpu.pk, gpu.node_id, gpu.memory_mib, now - timedelta(minutes=1), now + timedelta(hours=3)])
+
+    def create_waits() -> bool:
+        for _ in range(1000):
+            row = watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                  "AND wait_event_type = 'Lock' AND pid <> %s", [other.info.backend_pid]).fetchone()
+            if row[0]:
+                return True
+            time.sleep(0.02)
+        return False
 
     hold(later)
     name, outcome, calls = unique("racer"), {}, []
@@ -123,29 +136,25 @@ def test_a_create_that_loses_a_deadlock_runs_again_and_is_never_half_made(world)
     def create():
         try:
             with connection.cursor() as cursor:
-                cursor.execute("SET deadlock_timeout = '1s'")
+                cursor.execute("SET deadlock_timeout = '3s'")  # the cycle forms well before
             outcome["reservation"] = services.reservation_create(actor=world.principal("t1_member"), ask=ask(8, name))
         except Exception as exc:  # noqa: BLE001 -- any failure fails the test
             outcome["error"] = repr(exc)
         finally:
             connections.close_all()
 
-    with mock.patch.object(services, "_create", side_effect=counted):
-        racer = threading.Thread(target=create)
-        racer.start()
-        waiting = False
-        for _ in range(500):  # the create's insert waits on the held GPU
-            row = other.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()").fetchone()
-            if row[0]:
-                waiting = True
-                break
-            time.sleep(0.01)
-        assert waiting
-        hold(first)  # waits on the create: the cycle; the create's check breaks it by aborting the create
-        other.commit()
-        racer.join(30)
-    other.close()
+    racer = threading.Thread(target=create)
+    try:
+        with mock.patch.object(services, "_create", side_effect=counted):
+            racer.start()
+            assert create_waits()  # its insert, holding the first GPU, waits on the held one
+            hold(first)  # waits on the create: the cycle, which the create's check breaks by aborting it
+            other.commit()
+            racer.join(60)
+    finally:
+        other.close()  # whatever failed above, the create is not left waiting on it
+        watcher.close()
+        racer.join(60)
     assert "error" not in outcome, outcome
     assert calls == [False, True]  # the one-statement store, then again under a savepoint
     reservation = outcome["reservation"]
