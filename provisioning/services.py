@@ -16,6 +16,7 @@ from django.utils import timezone
 from cloud.db import insert_objects, insert_statement, mark_saved, update_rows
 from cloud.errors import Conflict, Forbidden
 from cloud.models import Region
+from cloud.telemetry import fast_cursor
 from cloud.transitions import compare_and_set, sources_of
 from security.audit import audit_event, audit_record, audit_record_many, snapshot
 from security.models import AuditEvent
@@ -37,7 +38,7 @@ from .allocations import (
 from .choices import BillingTerm, EvictionPolicy, OperationKind, OperationState
 from .choices import ReservationState as R
 from .free_hint import FREE_HINT
-from .models import Allocation, Operation, Reservation
+from .models import Operation, Reservation
 from .plan_types import Placement, Request
 from .planner import Planner
 from .priority import ScoreInputs, Weights, score
@@ -180,8 +181,6 @@ def _lock_tenant(tenant: Tenant) -> Tenant:
     the same short text every time.
     """
     if connection.vendor == "postgresql":
-        from cloud.telemetry import fast_cursor
-
         table = connection.ops.quote_name(Tenant._meta.db_table)
         with fast_cursor() as cursor:  # prepared: its plan is the primary key's, whatever the id
             cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [tenant.pk])  # noqa: S608
@@ -262,7 +261,8 @@ def _store_scheduled(reservation: Reservation, placement: Placement, *, region: 
         stored = _store_in_one(reservation, placement, actor=actor)
     else:
         stored = _store_under_savepoint(reservation, placement, actor=actor)
-    if not stored:
+    if not stored:  # it is stored queued next, as a new row
+        reservation._state.adding = True
         reservation.scheduled_at = None
         reservation.starts_at = reservation.ends_at = reservation.region = None
         return False
@@ -285,10 +285,8 @@ def _store_in_one(reservation: Reservation, placement: Placement, *, actor) -> b
                                        ends_at=placement.end)
     sql, params = insert_statement([reservation, operation, event], also=bound, also_params=bound_params,
                                    result="SELECT count(*) FROM bound")
-    # Its text is the same on every create: prepared once per connection, never parsed again.
-    from cloud.telemetry import fast_cursor
-
     try:
+        # Its text is the same on every create: prepared once per connection, never parsed again.
         with fast_cursor() as cursor:
             cursor.execute(sql, params)
             made = cursor.fetchone()[0]
@@ -300,10 +298,8 @@ def _store_in_one(reservation: Reservation, placement: Placement, *, actor) -> b
     # An insert that waited on a racing one's rows may have waited past what the rule still holds.
     if made == len(rows) and bound_in_time(placement.start):
         return True
-    Allocation.objects.filter(reservation=reservation).delete()
     AuditEvent.objects.filter(public_id=event.public_id).delete()
-    Reservation.objects.filter(pk=reservation.pk).delete()  # and its operation
-    reservation._state.adding = True
+    Reservation.objects.filter(pk=reservation.pk).delete()  # its operation and allocations with it (CASCADE)
     return False
 
 
@@ -318,7 +314,6 @@ def _store_under_savepoint(reservation: Reservation, placement: Placement, *, ac
             allocation_bind(reservation=reservation, assignments=list(placement.assignments),
                             starts_at=placement.start, ends_at=placement.end, checked=True)
     except CapacityTaken:
-        reservation._state.adding = True
         return False
     insert_objects(_place_operation(reservation), _create_event(actor, reservation))
     return True
