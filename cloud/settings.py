@@ -207,6 +207,9 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 # The sign-in form's field is "username" (it holds the e-mail); axes would otherwise look for "email".
 AXES_USERNAME_FORM_FIELD = "username"
 AXES_RESET_ON_SUCCESS = True
+# Not verbose: axes would log its start-up banner (at INFO, to stderr) in every process, every
+# management command included, where stderr is kept for real problems. Lockouts are still logged.
+AXES_VERBOSE = False
 
 #
 # Deploy-time security: on whenever DEBUG is off, so `check --deploy` is clean with just a
@@ -411,6 +414,12 @@ CELERY_BEAT_SCHEDULE = {
 MERIDIAN_ENCRYPTION_KEYS = env.list("MERIDIAN_ENCRYPTION_KEYS", default=[]) or [
     _file_secret(DATA_DIR / "encryption_key", lambda: Fernet.generate_key().decode())
 ]
+# The audit chain's signed heads are published here as well as in the database (one JSON line per
+# checkpoint, security/audit_heads.py), so deleting the newest events with their checkpoints is
+# still found. Keep it where the database's writer cannot rewrite it; audit_verify reads it back.
+MERIDIAN_AUDIT_HEAD_DIR = env("MERIDIAN_AUDIT_HEAD_DIR", default=str(DATA_DIR / "audit-heads"))
+# Also send each head to syslog: "/dev/log" or "host:port" (UDP).
+MERIDIAN_AUDIT_HEAD_SYSLOG = env("MERIDIAN_AUDIT_HEAD_SYSLOG", default="")
 # API tokens never live longer than this; a token without an expiry is allowed.
 MERIDIAN_TOKEN_MAX_TTL = timedelta(days=env.int("MERIDIAN_TOKEN_MAX_TTL_DAYS", default=365))
 # How long a process reuses what a token resolved to (its user, roles: tenants/token_cache.py)
@@ -621,3 +630,10 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env("MERIDIAN_LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+if MERIDIAN_AUDIT_HEAD_SYSLOG:
+    _host, _, _port = MERIDIAN_AUDIT_HEAD_SYSLOG.rpartition(":")
+    LOGGING["handlers"]["audit_head_syslog"] = {
+        "class": "logging.handlers.SysLogHandler",
+        "address": (_host, int(_port)) if _host and _port.isdigit() else MERIDIAN_AUDIT_HEAD_SYSLOG,
+    }
+    LOGGING["loggers"]["meridian.audit.head"] = {"handlers": ["audit_head_syslog"], "level": "INFO"}

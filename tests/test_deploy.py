@@ -34,6 +34,13 @@ def test_check_deploy_is_clean_with_only_debug_secret_and_hosts(tmp_path):
     assert "no issues" in result.stdout
 
 
+def test_a_command_that_goes_well_writes_nothing_on_stderr(tmp_path):
+    """stderr is kept for real problems: no library's start-up banner on every command."""
+    result = manage("check", env_extra={}, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+
+
 def test_openapi_schema_validates_without_warnings(tmp_path):
     """The schema generates with no warning and validates as OpenAPI 3."""
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yml"))
@@ -46,6 +53,7 @@ def test_migrations_apply_on_sqlite_and_match_the_models(tmp_path):
     env = {"DATABASE_URL": f"sqlite:///{tmp_path / 'embedded.sqlite3'}"}
     migrated = manage("migrate", "--noinput", env_extra=env, tmp_path=tmp_path)
     assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stderr == ""  # stderr is for real problems
     check = manage("makemigrations", "--check", "--dry-run", env_extra=env, tmp_path=tmp_path)
     assert check.returncode == 0, check.stdout + check.stderr
 
