@@ -14,14 +14,14 @@ from functools import wraps
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
 from rest_framework.exceptions import NotFound
 from rest_framework.permissions import SAFE_METHODS
 
 from cloud.errors import DomainError
-from tenants.choices import PlatformRole
-from tenants.permissions import allows, required_role
+from tenants.choices import PlatformRole, TenantRole
+from tenants.permissions import PLATFORM, PLATFORM_ADMIN, allows, required_role
 from tenants.principals import principal_for_session
 from tenants.scoping import CHANGE, VIEW, Principal
 
@@ -73,13 +73,35 @@ def console_page(policy: str, *, action: str | None = None, platform: bool = Fal
             except DomainError:
                 return redirect("console-tenants")
             if not allowed:
-                raise PermissionDenied("Your role does not allow this.")
-            return view(request, *args, **kwargs)
+                return forbidden(request, refusal(principal, required_role(policy, action, request.method)))
+            try:
+                return view(request, *args, **kwargs)
+            except PermissionDenied as exc:  # a view's own refusal: its words on the console's page
+                return forbidden(request, str(exc) or refusal(principal, None))
 
         page.console_policy = policy
         return page
 
     return wrap
+
+
+def refusal(principal: Principal, need: str | None) -> str:
+    """Why ``principal`` may not do this, in a person's words: the role it has, the one it needs, whom to ask."""
+    if need in (PLATFORM, PLATFORM_ADMIN):
+        return "Only platform admins may do this."
+    if principal.tenant is None:
+        return "Your platform role may read this page but not change it."
+    tenant, role = principal.tenant.name, TenantRole(principal.role).label.lower() if principal.role else "none"
+    wanted = f"; this needs {TenantRole(need).label.lower()} or above" if need in TenantRole.values else ""
+    return f"Your role in {tenant} is {role}{wanted}. An owner or admin of {tenant} can change your role."
+
+
+def forbidden(request, reason: str) -> HttpResponse:
+    """
+    The console's 403: its page, with the reason and a way back. Answered, not raised, so Django
+    logs one warning line for it rather than a traceback.
+    """
+    return render(request, "403.html", {"reason": reason}, status=403)
 
 
 def scoped(request, model_or_queryset, action: str = VIEW):
@@ -178,5 +200,5 @@ def context(request) -> dict:
     }
 
 
-__all__ = ["CHANGE", "VIEW", "add_domain_error", "chosen_team_id", "console_page", "context", "error_text", "may",
-           "messages_of", "scoped", "scoped_or_404"]
+__all__ = ["CHANGE", "VIEW", "add_domain_error", "chosen_team_id", "console_page", "context", "error_text", "forbidden",
+           "may", "messages_of", "refusal", "scoped", "scoped_or_404"]

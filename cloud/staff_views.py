@@ -78,6 +78,12 @@ def _tile_health(row: dict) -> str:
 
 
 @console_page("nodes", platform=True)
+def staff_home(request):
+    """``/staff/``: the staff console opens on the fleet."""
+    return redirect("staff-fleet")
+
+
+@console_page("nodes", platform=True)
 def fleet(request):
     """Regions -> fabrics -> leaf switches -> node tiles coloured by state and health; counts on top."""
     regions = list(Region.objects.visible_to(request.principal).order_by("slug"))

@@ -8,8 +8,9 @@ from security.views import jwks_view
 
 from . import metrics_views, views
 
-handler404 = "cloud.api.errors.api_not_found"
-handler500 = "cloud.api.errors.api_server_error"
+handler403 = "cloud.error_views.permission_denied"
+handler404 = "cloud.error_views.not_found"
+handler500 = "cloud.error_views.server_error"
 
 urlpatterns = [
     path("", views.home, name="home"),

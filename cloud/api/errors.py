@@ -50,7 +50,7 @@ class ExceptionFormatter(formatter.ExceptionFormatter):
 
 
 def api_not_found(request, exception=None):
-    """JSON 404 for unknown URLs under /api/; the console keeps Django's page."""
+    """JSON 404 for unknown URLs under /api/; elsewhere Django's page (the console draws its own: cloud.error_views)."""
     from django.views.defaults import page_not_found
 
     if request.path.startswith("/api/"):
