@@ -26,6 +26,14 @@ from cloud.supervisor import Child, Supervisor
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
+def web_argv(venv_bin: Path, host: str, port: int, workers: int) -> list[str]:
+    """gunicorn for the console and the APIs: its access log keeps the node agents' routine calls at debug."""
+    return [str(venv_bin / "gunicorn"), "cloud.wsgi:application", "--bind", f"{host}:{port}",
+            "--workers", str(workers), "--threads", "4", "--access-logfile", "-",
+            "--logger-class", "cloud.access_log.AccessLogger",
+            "--log-level", os.environ.get("MERIDIAN_LOG_LEVEL", "info").lower()]
+
+
 class Command(BaseCommand):
     help = "Start Meridian (web console + API, worker, beat) on the embedded default, with a demo fleet."
 
@@ -49,8 +57,7 @@ class Command(BaseCommand):
         env = self._child_env(host, base_url)
         venv_bin = Path(sys.executable).parent
         children = [
-            Child("web", [str(venv_bin / "gunicorn"), "cloud.wsgi:application", "--bind", f"{host}:{port}",
-                          "--workers", str(web_workers), "--threads", "4", "--access-logfile", "-"]),
+            Child("web", web_argv(venv_bin, host, port, web_workers)),
             Child("worker", [str(venv_bin / "celery"), "-A", "cloud", "worker", "--concurrency", "2",
                              "--hostname", "worker@%h", "--without-mingle", "--without-gossip",
                              "--loglevel", "INFO"]),
