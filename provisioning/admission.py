@@ -21,6 +21,7 @@ from django.db.models import Case, Count, DateTimeField, ExpressionWrapper, F, F
 from django.db.models.functions import Cast
 
 from cloud.capacity import SELLABLE_HEALTH
+from cloud.choices import OfferingKind
 from cloud.errors import DomainError
 from cloud.models import GPU, GPUModel, Offering, Region
 from tenants.choices import QuotaResource
@@ -63,7 +64,15 @@ class Ask:
 
 
 def invalid(field: str, message: str, code: str = "invalid") -> DomainError:
+    """A 400 on ``field``: the name of the request's field, so the client knows what to change."""
     return DomainError({field: [message]}, code=code)
+
+
+def count_field(offering: Offering) -> str:
+    """The request's count field of ``offering``: bare metal is sold by nodes, fractional GPUs by slots, else gpus."""
+    if offering.kind == OfferingKind.BARE_METAL:
+        return "nodes"
+    return "slots" if offering.slots_per_gpu > 1 else "gpus"
 
 
 def best_offering_for_spec(*, kind: str, min_fp16_tflops: float, min_memory_gib: int) -> Offering:
@@ -90,10 +99,10 @@ def check_never_fits(ask: Ask, now: datetime) -> None:
     if not offering.is_active:
         raise invalid("offering", "This offering is no longer sold.")
     if ask.duration <= timedelta(0):
-        raise invalid("duration", "The duration must be positive.")
+        raise invalid("duration_hours", "The duration must be positive.")
     if ask.duration > settings.MERIDIAN_MAX_RESERVATION_DURATION:
-        raise invalid("duration", f"A reservation lasts at most {settings.MERIDIAN_MAX_RESERVATION_DURATION.days} "
-                                  "days; split it or ask for a reserved term.", code="duration_too_long")
+        raise invalid("duration_hours", f"A reservation lasts at most {settings.MERIDIAN_MAX_RESERVATION_DURATION.days}"
+                                        " days; split it or ask for a reserved term.", code="duration_too_long")
     if ask.requested_start is not None:
         if ask.requested_start < now - settings.MERIDIAN_START_SKEW:
             raise invalid("start", "The window starts in the past.", code="start_in_past")
@@ -112,9 +121,26 @@ def check_never_fits(ask: Ask, now: datetime) -> None:
     if ask.vpc is not None:
         check_vpc(ask)
     largest = REGION_SIZES.largest(offering, ask.regions, at_least=ask.gpu_equivalent)
+    if largest == 0:
+        raise not_sold_in(offering, ask.regions)
     if largest < ask.gpu_equivalent:
-        raise invalid("units", f"Asked for {ask.gpu_equivalent:g} GPUs of {offering.gpu_model.name}; the largest of "
-                               f"the chosen regions has {largest}.", code="never_fits")
+        field = count_field(offering)
+        asked = f"{ask.gpu_equivalent:g} GPUs"
+        if field != "gpus":
+            asked = f"{ask.units} {field} ({asked})"
+        raise invalid(field, f"Asked for {asked} of {offering.gpu_model.name}; the largest of the chosen regions has "
+                             f"{largest} GPUs.", code="never_fits")
+
+
+def not_sold_in(offering: Offering, regions) -> DomainError:
+    """400 on ``regions``: none of them has sellable capacity of the offering; names those that have."""
+    selling = sorted(set(
+        GPU.objects.filter(model_id=offering.gpu_model_id, node__pool=pool_of(offering.kind), node__is_spare=False,
+                           health__in=SELLABLE_HEALTH, node__region__is_active=True)
+        .values_list("node__region__slug", flat=True).distinct()))
+    where = (f"it is sold in {', '.join(selling)}." if selling else "it is sold in no region at the moment.")
+    return invalid("regions", f"{offering.slug} is not sold in {', '.join(r.slug for r in regions)}; {where}",
+                   code="not_sold_in_region")
 
 
 def check_vpc(ask: Ask) -> None:

@@ -12,6 +12,7 @@ from cloud.choices import OfferingKind
 from cloud.models import Offering, Region
 from tenants.models import Team
 
+from .admission import count_field
 from .api.serializers import ReservationCreateSerializer
 from .choices import BillingTerm, EvictionPolicy
 from .models import VPC
@@ -19,13 +20,6 @@ from .priority import URGENCY_LEVELS
 
 START_CHOICES = [("now", "As soon as possible"), ("window", "At a set time (advance reservation)")]
 MODE_CHOICES = [("offering", "An offering"), ("spec", "A logical GPU (minimum compute and memory)")]
-
-
-def count_field_for(offering: Offering) -> str:
-    """What an offering is sold by, as the API names the count: nodes, slots or GPUs."""
-    if offering.kind == OfferingKind.BARE_METAL:
-        return "nodes"
-    return "slots" if offering.slots_per_gpu > 1 else "gpus"
 
 
 class ReservationForm(forms.Form):
@@ -104,7 +98,7 @@ class ReservationForm(forms.Form):
             payload["offering"] = d["offering"]
             offering = self.offerings.get(d["offering"])
         if offering is not None:
-            payload[count_field_for(offering)] = d["count"]
+            payload[count_field(offering)] = d["count"]
         else:
             payload["gpus"] = d["count"]  # the serializer names what is wrong with the spec
         if d.get("start_mode") == "window":

@@ -550,9 +550,10 @@ def reservation_extend(*, actor, reservation: Reservation, by: timedelta) -> Res
                        current_state=locked.state)
     new_end = locked.ends_at + by
     if new_end - locked.starts_at > settings.MERIDIAN_MAX_RESERVATION_DURATION:
-        raise admission.invalid("by", "That would pass the maximum duration of "
-                                      f"{settings.MERIDIAN_MAX_RESERVATION_DURATION.days} days.",
-                                code="duration_too_long")
+        longest = settings.MERIDIAN_MAX_RESERVATION_DURATION
+        left_h = max((longest - (locked.ends_at - locked.starts_at)).total_seconds(), 0) / 3600
+        raise admission.invalid("hours", f"A reservation lasts at most {longest.days} days: extend it by "
+                                         f"{left_h:.4g} hours at most.", code="duration_too_long")
     extra = admission.Ask(name=locked.name, offering=locked.offering, units=locked.units, regions=(),
                           duration=new_end - locked.ends_at)
     admission.check_quota(tenant=locked.tenant, team=locked.team, ask=extra, window_start=locked.ends_at)

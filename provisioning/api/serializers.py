@@ -17,7 +17,7 @@ from cloud.choices import OfferingKind
 from cloud.models import Offering, Region
 from tenants.models import Team
 
-from ..admission import Ask, best_offering_for_spec
+from ..admission import Ask, best_offering_for_spec, count_field
 from ..choices import BillingTerm, EvictionPolicy
 from ..models import VPC, Instance, Operation, Reservation, StepRun
 from ..priority import URGENCY_LEVELS
@@ -109,8 +109,7 @@ class ReservationCreateSerializer(StrictSerializer):
             raise serializers.ValidationError({"offering": ["Give an offering or a spec, not both or neither."]})
         offering = attrs.get("offering") or best_offering_for_spec(**attrs["spec"])
         counts = {name: attrs[name] for name in ("gpus", "nodes", "slots") if name in attrs}
-        expected = "nodes" if offering.kind == OfferingKind.BARE_METAL else (
-            "slots" if offering.slots_per_gpu > 1 else "gpus")
+        expected = count_field(offering)
         if list(counts) != [expected]:
             raise serializers.ValidationError(
                 {expected: [f"{offering.slug} is sold by {expected}: give '{expected}' (and no other count)."]})

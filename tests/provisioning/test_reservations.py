@@ -19,7 +19,7 @@ from security.models import AuditEvent
 from tenants.choices import QuotaResource, TenantRole
 from tenants.models import Membership, Quota, Tenant
 from tenants.scoping import Principal
-from tests.provisioning.factories import make_reservation
+from tests.provisioning.factories import make_reservation, offering
 from tests.provisioning.test_allocations import OVERLAPPING_PAIRS
 from tests.provisioning.test_kept_capacity import fresh_index, index_view
 from tests.world import make_user, small_fleet, unique, vm_offering
@@ -140,8 +140,8 @@ def test_a_reservation_that_does_not_fit_now_waits_and_the_scheduler_places_it_l
 
 
 @pytest.mark.parametrize(("changes", "attr", "code"), [
-    ({"gpus": 9}, "units", "never_fits"),
-    ({"duration_hours": 24 * 31}, "duration", "duration_too_long"),
+    ({"gpus": 9}, "gpus", "never_fits"),
+    ({"duration_hours": 24 * 31}, "duration_hours", "duration_too_long"),
     ({"start": "2020-01-01T00:00:00Z"}, "start", "start_in_past"),
     ({"billing_term": "spot", "spot_max_price": "1.00"}, "billing_term", "invalid"),
     ({"spot_max_price": "1.00"}, "spot_max_price", "invalid"),
@@ -164,6 +164,40 @@ def test_bad_requests_are_400_and_write_nothing(world, fleet, changes, attr, cod
     assert response.status_code == 400, response.content
     assert (attr, code) in error(response), response.content
     assert (Reservation.objects.count(), Allocation.objects.count(), AuditEvent.objects.count()) == counts
+
+
+@pytest.mark.parametrize(("sold", "count"), [
+    ({"kind": "vm", "gpus_per_unit": 1}, "gpus"),
+    ({"kind": "bare_metal", "gpus_per_unit": 8}, "nodes"),
+    ({"kind": "container", "gpus_per_unit": 1, "slots_per_gpu": 7}, "slots"),
+])
+def test_a_request_that_never_fits_names_the_count_field_it_was_sent(world, fleet, sold, count):
+    """The error's attr is the request's own field (gpus, nodes or slots), never an internal name."""
+    data = {k: v for k, v in body(offering=offering(**sold).slug).items() if k != "gpus"}
+    response = world.client("t1_member").post(URL, {**data, count: 10_000}, format="json")
+    assert response.status_code == 400, response.content
+    assert error(response) == {(count, "never_fits")}, response.content
+
+
+def test_an_offering_not_sold_in_the_chosen_regions_says_so_and_where_it_is_sold(world, fleet):
+    """A region without the offering's hardware is not "the largest region has 0": it names where it is sold."""
+    from cloud.models import Region
+
+    Region.objects.get_or_create(slug="eu-west-1", defaults={"name": "EU West 1"})
+    response = world.client("t1_member").post(URL, body(regions=["eu-west-1"]), format="json")
+    assert response.status_code == 400, response.content
+    [err] = response.json()["errors"]
+    assert (err["attr"], err["code"]) == ("regions", "not_sold_in_region"), err
+    assert err["detail"] == f"{vm_offering().slug} is not sold in eu-west-1; it is sold in us-east-1."
+
+
+def test_extending_past_the_maximum_duration_names_hours(world, fleet):
+    """Extend takes ``hours``: a refusal of the extra time names that field."""
+    client = world.client("t1_member")
+    placed = client.post(URL, body(), format="json").json()
+    response = client.post(f"{URL}{placed['id']}/extend/", {"hours": 24 * 40}, format="json")
+    assert response.status_code == 400, response.content
+    assert error(response) == {("hours", "duration_too_long")}, response.content
 
 
 def test_a_logical_spec_takes_the_best_fitting_gpu_model(world, fleet):
