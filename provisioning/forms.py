@@ -7,19 +7,27 @@ a reservation made in the browser is checked exactly like one made with curl.
 from __future__ import annotations
 
 from django import forms
+from rest_framework import serializers
 
 from cloud.choices import OfferingKind
 from cloud.models import Offering, Region
 from tenants.models import Team
 
 from .admission import count_field
-from .api.serializers import ReservationCreateSerializer
+from .api.serializers import ReservationCreateSerializer, validate_ssh_public_key
 from .choices import BillingTerm, EvictionPolicy
 from .models import VPC
 from .priority import URGENCY_LEVELS
 
 START_CHOICES = [("now", "As soon as possible"), ("window", "At a set time (advance reservation)")]
 MODE_CHOICES = [("offering", "An offering"), ("spec", "A logical GPU (minimum compute and memory)")]
+
+
+def region_label(region: Region) -> str:
+    """A region as a person picks it: its name and the slug the API, the estimate and its page use."""
+    if region.name.replace(" ", "-").lower() == region.slug:  # a name that only spells the slug
+        return region.slug
+    return f"{region.name} ({region.slug})"
 
 
 class ReservationForm(forms.Form):
@@ -51,14 +59,17 @@ class ReservationForm(forms.Form):
     ssh_public_key = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                                      label="SSH public key", help_text="Installed for the login user of each instance.")
 
-    def __init__(self, *args, request, **kwargs):
+    def __init__(self, *args, request, for_estimate: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.request = request
+        # An estimate needs no name: the panel fills in before one is typed.
+        self.for_estimate = for_estimate
+        self.fields["name"].required = not for_estimate
         offerings = Offering.objects.filter(is_active=True).select_related("gpu_model").order_by("kind", "name")
         self.offerings = {o.slug: o for o in offerings}
         self.fields["offering"].choices = [("", "Choose an offering")] + [
             (o.slug, f"{o.name} · {o.get_kind_display()} · ${o.price_per_gpu_hour:.2f}/GPU-h") for o in offerings]
-        regions = [(r.slug, r.name) for r in Region.objects.filter(is_active=True).order_by("name")]
+        regions = [(r.slug, region_label(r)) for r in Region.objects.filter(is_active=True).order_by("slug")]
         self.fields["region"].choices = regions
         self.fields["burst_regions"].choices = regions
         principal = request.principal
@@ -68,6 +79,16 @@ class ReservationForm(forms.Form):
         self.fields["team"].choices = [("", "Tenant-wide")] + [(str(t.pk), t.name) for t in teams]
         self.fields["vpc"].choices = [("", "Default VPC")] + [
             (str(v.pk), f"{v.name} ({v.cidr})") for v in VPC.objects.visible_to(principal).order_by("name")]
+
+    def clean_ssh_public_key(self):
+        """The API's check of the key, run with the form's own (so a bad key is named with every other mistake)."""
+        key = self.cleaned_data.get("ssh_public_key", "").strip()
+        if key:
+            try:
+                validate_ssh_public_key(key)
+            except serializers.ValidationError as exc:
+                raise forms.ValidationError([str(message) for message in exc.detail]) from None
+        return key
 
     def clean(self):
         data = super().clean()
@@ -83,11 +104,22 @@ class ReservationForm(forms.Form):
             self.add_error("spot_max_price", "A spot reservation needs the most you will pay per GPU-hour.")
         return data
 
+    def is_empty(self, name: str) -> bool:
+        """Whether nothing was given for field ``name`` (an untouched field, not a wrong one)."""
+        field = self.fields[name]
+        return field.widget.value_from_datadict(self.data, self.files, self.add_prefix(name)) in field.empty_values
+
+    def focus_first_error(self) -> None:
+        """The first field (in the form's order) with an error gets the focus when the page is drawn."""
+        first = next((name for name in self.fields if name in self.errors), None)
+        if first is not None:
+            self.fields[first].widget.attrs["autofocus"] = True
+
     def payload(self) -> dict:
         """The API payload of the cleaned form (with the count under the name its offering sells by)."""
         d = self.cleaned_data
         regions = [d["region"]] + [r for r in d.get("burst_regions") or [] if r != d["region"]]
-        payload = {"name": d["name"], "regions": regions, "duration_hours": d["duration_hours"],
+        payload = {"name": d["name"] or "estimate", "regions": regions, "duration_hours": d["duration_hours"],
                    "billing_term": d["billing_term"], "eviction_policy": d["eviction_policy"],
                    "urgency": d["urgency"], "ssh_public_key": d.get("ssh_public_key", "").strip()}
         if d["mode"] == "spec":

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "DEFAULT_HP_THRESHOLDS",
     "DEFAULT_WEIGHTS",
+    "FACTOR_LABELS",
     "URGENCY_LEVELS",
     "Factor",
     "HPThresholds",
@@ -60,6 +61,16 @@ __all__ = [
     "score",
     "urgency_value",
 ]
+
+# What each factor is, in a person's words (the console's score table; the names are the API's).
+FACTOR_LABELS = {
+    "urgency": "Urgency asked",
+    "fulfilment": "Team's fulfilment rate (30 days)",
+    "load": "Team's unused share (1 − current load)",
+    "age": "Time waited in the queue",
+    "high_priority": "High-priority team",
+    "fair_share": "Fair share (recent usage lowers it)",
+}
 
 #
 # Validation helpers

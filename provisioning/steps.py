@@ -423,6 +423,37 @@ def burn_in(ctx: Context) -> None:
     ctx.on(ctx.node, run)
 
 
+# Each step in a person's words (the console's step list; the names are the API's).
+STEP_TITLES = {
+    "place": "Find capacity",
+    "power_on_deploy": "Power on with the deploy image",
+    "write_image": "Write the OS image",
+    "boot_from_disk": "Boot the OS",
+    "join_network": "Join the VPC network",
+    "verify": "Check and attest the hardware",
+    "hand_over": "Hand over access",
+    "define_domain": "Define the VM",
+    "start_domain": "Start the VM",
+    "configure_mig": "Partition the GPU (MIG)",
+    "apply_pod": "Start the container",
+    "power_off": "Power off",
+    "wipe": "Wipe the disks",
+    "leave_network": "Leave the VPC network",
+    "scrub": "Scrub the GPU memory",
+    "reset_power": "Ready the node for its next deploy",
+    "stop_domain": "Stop the VM",
+    "undefine_domain": "Remove the VM",
+    "delete_pod": "Remove the container",
+    "check_bmc": "Reach the BMC",
+    "clear_node": "Clear the node",
+    "burn_in": "Burn-in test",
+}
+
+
+def step_title(name: str) -> str:
+    return STEP_TITLES.get(name) or name.replace("_", " ").capitalize()
+
+
 JOIN_NETWORK = Step("join_network", join_network, join_network_many)
 B, V, C = OfferingKind.BARE_METAL, OfferingKind.VM, OfferingKind.CONTAINER
 P, R = OperationKind.PROVISION, OperationKind.RELEASE

@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from cloud.console import CHANGE, add_domain_error, chosen_team_id, console_page, error_text, scoped, scoped_or_404
+from cloud.console import CHANGE, add_domain_error, chosen_team_id, console_page, error_text, may, scoped, scoped_or_404
 from cloud.errors import DomainError
 
 from . import estimates, services
@@ -50,8 +50,15 @@ def reservation_list(request):
 
 @console_page("reservations")
 def reservation_new(request):
-    form = ReservationForm(request.POST or None, request=request)
-    if request.method == "POST" and form.is_valid():
+    """
+    The form. Its estimate panel follows what is typed (htmx, ``reservation_estimate``); without
+    script the form's "Check price and availability" button posts it here and the panel is drawn
+    with the page. A viewer, who may look but not reserve, gets a notice instead of the form.
+    """
+    if not may(request.principal, "reservations"):
+        return render(request, "provisioning/reservation_new.html", {"read_only": True})
+    form = ReservationForm(request.POST or None, request=request, for_estimate=request.POST.get("action") == "estimate")
+    if request.method == "POST" and not form.for_estimate and form.is_valid():
         data = form.validated()
         if data is not None:
             try:
@@ -62,14 +69,34 @@ def reservation_new(request):
             else:
                 messages.success(request, f"{reservation.name} is {reservation.get_state_display().lower()}.")
                 return redirect("reservation-detail", pk=reservation.pk)
-    return render(request, "provisioning/reservation_new.html", {"form": form}, status=400 if form.errors else 200)
+    context = {"form": form}
+    if form.is_bound:
+        # The panel shows what the form asks even where the form is refused (the name it needs not).
+        estimate_form = form if form.for_estimate else ReservationForm(request.POST, request=request, for_estimate=True)
+        context.update(_estimate_context(request, estimate_form))
+        if not form.for_estimate:
+            form.focus_first_error()
+    failed = form.is_bound and not form.for_estimate and form.errors
+    return render(request, "provisioning/reservation_new.html", context, status=400 if failed else 200)
 
 
+@require_POST
 @console_page("reservations")
 def reservation_estimate(request):
-    """The live panel beside the form (htmx): availability, price, quota left, expected start."""
-    form = ReservationForm(request.GET, request=request)
-    context = {"estimate": None, "problems": []}
+    """
+    The live panel beside the form (htmx): availability, price, quota left, expected start. A POST,
+    so the SSH key and the CSRF token travel in the body, never in a URL or an access log.
+    """
+    form = ReservationForm(request.POST, request=request, for_estimate=True)
+    return render(request, "provisioning/_estimate.html", _estimate_context(request, form))
+
+
+def _estimate_context(request, form: ReservationForm) -> dict:
+    """
+    The estimate of what ``form`` asks, or why there is none yet: fields still empty are named as
+    what the estimate needs (nothing typed is nothing wrong), the other refusals as problems.
+    """
+    context = {"estimate": None, "problems": [], "needed": []}
     if form.is_valid() and (data := form.validated()) is not None:
         try:
             team = services.team_for(request.principal, data.get("team"))  # as the create would
@@ -79,10 +106,15 @@ def reservation_estimate(request):
             context["estimate"] = estimates.estimate(ask=data["ask"], tenant=request.principal.tenant, team=team,
                                                      now=timezone.now())
             context["ask"] = data["ask"]
-    else:
-        context["problems"] = [f"{form[name].label}: {' '.join(errs)}" if name in form.fields
-                               else " ".join(errs) for name, errs in form.errors.items()][:4]
-    return render(request, "provisioning/_estimate.html", context)
+        return context
+    for name, errors in form.errors.items():
+        if name in form.fields and form.is_empty(name):
+            context["needed"].append(form[name].label)
+        elif name in form.fields:
+            context["problems"].append(f"{form[name].label}: {' '.join(errors)}")
+        else:
+            context["problems"].append(" ".join(errors))
+    return context
 
 
 @console_page("reservations")

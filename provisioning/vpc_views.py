@@ -18,7 +18,17 @@ from django.urls import path
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
-from cloud.console import CHANGE, add_domain_error, chosen_team_id, console_page, error_text, may, scoped, scoped_or_404
+from cloud.console import (
+    CHANGE,
+    add_domain_error,
+    chosen_team_id,
+    console_page,
+    error_text,
+    may,
+    messages_of,
+    scoped,
+    scoped_or_404,
+)
 from cloud.errors import DomainError
 from cloud.models import Fabric, Region
 from tenants.forms import TeamChoiceField
@@ -67,6 +77,16 @@ class VPCForm(forms.Form):
         self.fields["team"].queryset = teams
         if not self.is_bound and (team_id := chosen_team_id(request)):
             self.initial["team"] = team_id
+
+    def clean_cidr(self):
+        """The service's check of the subnet's form, named with the other mistakes (overlaps are the service's)."""
+        cidr = self.cleaned_data["cidr"].strip()
+        if cidr:
+            try:
+                vpcs.parse_cidr(cidr)
+            except DomainError as exc:
+                raise forms.ValidationError(messages_of(exc.detail)) from None
+        return cidr
 
 
 #

@@ -67,7 +67,7 @@ def test_over_quota_is_shown_on_the_form_with_the_numbers(console, world, fleet)
 
 
 def test_the_estimate_shows_availability_price_quota_and_start(console, fleet):
-    response = console("t1_member").get("/reservations/estimate/", form(count=2, duration_hours=3))
+    response = console("t1_member").post("/reservations/estimate/", form(count=2, duration_hours=3))
     body = response.content.decode()
     assert response.status_code == 200
     assert "us-east-1" in body and "Price estimate" in body and "Expected start" in body
@@ -76,8 +76,8 @@ def test_the_estimate_shows_availability_price_quota_and_start(console, fleet):
 
 
 def test_the_estimate_of_a_bad_form_names_the_problem(console, fleet):
-    body = console("t1_member").get("/reservations/estimate/", form(count=0)).content.decode()
-    assert "Nothing to estimate yet" in body and "greater than or equal to 1" in body
+    body = console("t1_member").post("/reservations/estimate/", form(count=0)).content.decode()
+    assert "greater than or equal to 1" in body and "Price estimate" not in body
 
 
 def test_viewer_sees_no_write_buttons_and_cannot_post(console, world, fleet):
@@ -185,7 +185,7 @@ def test_a_logical_gpu_no_offering_fits_is_a_form_error_not_a_500(console, fleet
     response = client.post("/reservations/new/", spec)
     assert response.status_code == 400 and "errorlist" in response.content.decode() or "flash error" in \
         response.content.decode()
-    assert client.get("/reservations/estimate/", spec).status_code == 200
+    assert client.post("/reservations/estimate/", spec).status_code == 200
     assert not Reservation.objects.filter(name="finetune").exists()
 
 
@@ -196,8 +196,8 @@ def test_a_member_cannot_estimate_against_another_teams_quota(console, world, fl
     client = console("t1_member")
     page = client.get("/reservations/new/").content.decode()
     assert page.count(f'value="{other.pk}"') == 1  # in the top bar's team switcher only, not the form
-    body = client.get("/reservations/estimate/", form(team=str(other.pk))).content.decode()
-    assert "Nothing to estimate yet" in body and "Quota left" not in body
+    body = client.post("/reservations/estimate/", form(team=str(other.pk))).content.decode()
+    assert "Price estimate" not in body and "Quota left" not in body
 
 
 def test_the_polled_progress_partial_reads_nothing_for_the_top_bar(console, world, fleet,
@@ -214,5 +214,110 @@ def test_the_estimate_of_a_full_region_says_when_gpus_free_up(console, fleet):
     client = console("t1_owner")
     assert client.post("/reservations/new/", form(offering=vm_offering(8).slug, count=8,
                                                   duration_hours=3)).status_code == 302
-    body = client.get("/reservations/estimate/", form(count=1)).content.decode()
-    assert "when GPUs free up in us-east-1" in body and "unknown" not in body
+    body = client.post("/reservations/estimate/", form(count=1)).content.decode()
+    assert "when GPUs free up in us-east-1" in body and "unknown" not in body.lower()
+
+
+#
+# The form and its estimate: what a person sees while filling it in
+#
+
+
+def untouched_form() -> dict:
+    """What the form sends before anything is typed: its initial values, no name and no offering."""
+    return form(name="", offering="", duration_hours=8)
+
+
+def test_the_estimate_is_posted_so_the_ssh_key_and_csrf_token_stay_out_of_urls(console, world, fleet):
+    """A GET would put the whole form in the URL, and so in every access log: the panel posts it."""
+    from tests.provisioning.pipeline import SSH_KEY
+
+    client = console("t1_member")
+    page = client.get("/reservations/new/").content.decode()
+    assert 'hx-post="/reservations/estimate/"' in page and "hx-get" not in page
+    assert client.get("/reservations/estimate/", form()).status_code == 405
+    answer = client.post("/reservations/estimate/", form(ssh_public_key=SSH_KEY))
+    assert answer.status_code == 200 and "Price estimate" in answer.content.decode()
+
+    strict = console("t1_member")
+    strict.handler.enforce_csrf_checks = True
+    assert strict.post("/reservations/estimate/", form()).status_code == 403
+
+
+def test_an_untouched_form_gets_a_prompt_not_errors(console, fleet):
+    """Nothing typed yet is nothing wrong: the panel says what it needs, in no error's red."""
+    body = console("t1_member").post("/reservations/estimate/", untouched_form()).content.decode()
+    assert "errorlist" not in body and "required" not in body
+    assert "Choose an offering" in body
+    page = console("t1_member").get("/reservations/new/").content.decode()
+    assert "load" not in page.split('id="reservation-form"')[1].split(">")[0]  # no estimate of the empty form
+
+
+def test_the_estimate_needs_no_name(console, fleet):
+    body = console("t1_member").post("/reservations/estimate/", form(name="")).content.decode()
+    assert "Price estimate" in body and "errorlist" not in body
+
+
+def test_the_estimate_follows_input_events_and_never_aborts_a_request(console, fleet):
+    """input (typing, pasting, picking) drives it; a newer request waits for the one running, never aborts it."""
+    page = console("t1_member").get("/reservations/new/").content.decode()
+    tag = page.split('id="reservation-form"')[1].split(">")[0]
+    assert 'hx-trigger="input delay:' in tag and "keyup" not in tag
+    assert 'hx-sync="this:queue last"' in tag
+
+
+def test_an_estimate_short_of_capacity_says_it_would_queue(console, fleet):
+    """Not "available now" beside a queued start: how many are free, fewer than asked, and when."""
+    client = console("t1_owner")
+    assert client.post("/reservations/new/", form(offering=vm_offering(8).slug, count=8,
+                                                  duration_hours=3)).status_code == 302
+    body = client.post("/reservations/estimate/", form(count=1)).content.decode()
+    assert "Available now" not in body
+    assert "fewer than the 1 asked" in body and "Queued" in body
+
+
+def test_every_field_error_comes_at_once(console, fleet):
+    """A missing name and a bad SSH key are both named by the first submit, not one after the other."""
+    response = console("t1_member").post("/reservations/new/", form(name="", ssh_public_key="not a key"))
+    body = response.content.decode()
+    assert response.status_code == 400
+    assert "This field is required" in body and "Not an OpenSSH public key" in body
+
+
+def test_the_first_field_with_an_error_gets_the_focus(console, fleet):
+    response = console("t1_member").post("/reservations/new/", form(count=0, billing_term="spot"))
+    body = response.content.decode()
+    assert body.count(" autofocus") == 1
+    count_input = body.split('id="id_count"')[0].rsplit("<input", 1)[1] + body.split('id="id_count"')[1].split(">")[0]
+    assert "autofocus" in count_input
+
+
+def test_a_viewer_gets_a_read_only_notice_instead_of_the_form(console, fleet):
+    """A viewer may look but not reserve: no form to fill in for a 403, a notice that says so."""
+    response = console("t1_viewer").get("/reservations/new/")
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert 'id="reservation-form"' not in body and "ssh_public_key" not in body
+    assert "viewer" in body and "cannot reserve" in body
+
+
+def test_without_script_the_estimate_button_draws_the_panel_with_the_page(console, fleet):
+    """The form's "Check price and availability" button posts the form back: the estimate, nothing made."""
+    client = console("t1_member")
+    page = client.get("/reservations/new/").content.decode()
+    assert 'name="action" value="estimate"' in page
+    response = client.post("/reservations/new/", {**form(count=2), "action": "estimate"})
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "Price estimate" in body and 'value="finetune"' in body
+    assert not Reservation.objects.filter(name="finetune").exists()
+
+
+def test_the_page_says_it_updates_live_only_where_script_runs(console, world, fleet):
+    """The "updating live" note is hidden until the console's script shows it; without script: reload."""
+    reservation = world.t1.objects[Reservation]
+    body = console("t1_member").get(f"/reservations/{reservation.pk}/").content.decode()
+    assert "updating live" in body
+    live_note = body.split("updating live")[0].rsplit("<", 1)[1]
+    assert "hidden" in live_note and "data-script-only" in live_note
+    assert "<noscript>" in body and "Reload the page" in body

@@ -147,3 +147,11 @@ def test_list_query_count_does_not_grow_with_vpcs(console, world, vpc, django_as
     with django_assert_max_num_queries(len(few)):
         body = client.get(reverse("vpc-list")).content.decode()
     assert body.count('href="/vpcs/') >= 7
+
+
+def test_a_bad_name_and_a_bad_subnet_are_named_together(console, vpc):
+    """Both mistakes at the first submit, not the subnet's only after the name is fixed."""
+    response = console("t1_member").post(reverse("vpc-new"), create_form(vpc, name="Bad Name", cidr="10.0.0.1/33"))
+    body = response.content.decode()
+    assert "Use lower-case letters" in body and "is not an IPv4 network in CIDR form" in body
+    assert not VPC.objects.filter(name="Bad Name").exists()

@@ -10,3 +10,10 @@ document.addEventListener("DOMContentLoaded", () => {
     form.addEventListener("submit", (event) => { if (!window.confirm(form.dataset.confirm)) event.preventDefault(); });
   }
 });
+// Notes true only where this script runs (a page's "updating live") are hidden in the HTML and shown
+// here, in the page and in whatever htmx swaps in later.
+if (window.htmx) {
+  htmx.onLoad((root) => {
+    for (const el of root.querySelectorAll("[data-script-only]")) el.hidden = false;
+  });
+}
