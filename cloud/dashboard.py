@@ -1,7 +1,8 @@
 """
-The tenant dashboard's figures, read through the page's scoped querysets: GPUs in use and
-reserved by team, reservations by state, month-to-date spend, GPU-hours per day, open incidents
-and unread notifications. A fixed number of queries however many reservations the tenant has.
+The tenant dashboard's figures, read through the page's scoped querysets: GPUs in use, being
+prepared and reserved for later, by team; reservations by state, month-to-date spend, GPU-hours
+per day, open incidents and unread notifications. A fixed number of queries however many
+reservations the tenant has.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 
-from django.db.models import Count, Sum
+from django.db.models import Case, CharField, Count, Q, Sum, Value, When
 
 from cloud.console import chosen_team_id, scoped
 from provisioning import usage
@@ -18,7 +19,11 @@ from provisioning.models import Reservation
 from security.models import Incident
 from tenants.high_priority_views import unread_notifications
 
-IN_USE = [R.PROVISIONING, R.ACTIVE, R.RELEASING]
+# In use: handed over and running. Being prepared: its window is open and it is being provisioned
+# (or waits for its nodes to be cleaned): not usable yet. Reserved: scheduled for a later window.
+# Releasing GPUs are the platform's again (being cleaned), so none of the three.
+IN_USE = [R.ACTIVE]
+PREPARING = [R.PROVISIONING]
 RESERVED = [R.SCHEDULED]
 CHART_DAYS = 14
 
@@ -29,16 +34,20 @@ def summary(request, *, now: datetime) -> dict:
     if team_id:
         reservations = reservations.filter(team_id=team_id)
 
-    by_team = defaultdict(lambda: {"in_use": 0, "reserved": 0})
-    for team, state, gpus in (reservations.filter(state__in=IN_USE + RESERVED)
-                              .values_list("team__name", "state").annotate(gpus=Sum("gpus"))):
-        by_team[team or "Tenant-wide"]["in_use" if state in IN_USE else "reserved"] += gpus or 0
+    by_team = defaultdict(lambda: {"in_use": 0, "preparing": 0, "reserved": 0})
+    stage = Case(When(state__in=IN_USE, then=Value("in_use")),
+                 When(Q(state__in=PREPARING) | Q(state__in=RESERVED, starts_at__lte=now), then=Value("preparing")),
+                 default=Value("reserved"), output_field=CharField())
+    for team, held, gpus in (reservations.filter(state__in=IN_USE + PREPARING + RESERVED).annotate(stage=stage)
+                             .values_list("team__name", "stage").annotate(gpus=Sum("gpus"))):
+        by_team[team or "Tenant-wide"][held] += gpus or 0
     states = dict(reservations.values_list("state").annotate(n=Count("pk")).values_list("state", "n"))
     spend = usage.month_to_date(reservations, now)
     daily = usage.daily_gpu_hours(reservations, now, days=CHART_DAYS)
     return {
         "gpus_by_team": dict(sorted(by_team.items())),
         "gpus_in_use": sum(v["in_use"] for v in by_team.values()),
+        "gpus_preparing": sum(v["preparing"] for v in by_team.values()),
         "gpus_reserved": sum(v["reserved"] for v in by_team.values()),
         "states": [(state, label, states.get(state, 0)) for state, label in R.choices if states.get(state)],
         "spend": spend,

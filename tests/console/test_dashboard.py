@@ -56,3 +56,30 @@ def test_a_team_that_is_no_id_is_ignored_not_a_500(console, world):
     session["console_team"] = "not-a-uuid"  # an older session holding garbage
     session.save()
     assert client.get("/reservations/").status_code == 200
+
+
+def test_gpus_in_use_are_the_active_ones_and_those_being_prepared_are_counted_apart(console, world):
+    """Active GPUs are in use; scheduled (window open) and provisioning ones are being prepared; later ones booked."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from cloud.dashboard import summary
+    from tests.provisioning.factories import make_reservation, offering
+
+    now = timezone.now()
+    bare_metal = offering("bare_metal", 8)
+    window = {"starts_at": now - timedelta(minutes=5), "ends_at": now + timedelta(hours=1)}
+    make_reservation(world, units=1, state="active", offering=bare_metal, **window)  # 8 GPUs running
+    make_reservation(world, units=2, state="provisioning", offering=bare_metal, **window)  # 16 being set up
+    make_reservation(world, units=1, state="scheduled", offering=bare_metal, **window)  # 8 waiting for their nodes
+    make_reservation(world, units=3, state="scheduled", offering=bare_metal, starts_at=now + timedelta(days=1),
+                     ends_at=now + timedelta(days=2))  # 24 booked for tomorrow
+    client = console("t1_owner")
+    request = client.get("/").wsgi_request
+    figures = summary(request, now=now)
+    assert (figures["gpus_in_use"], figures["gpus_preparing"], figures["gpus_reserved"]) == (8, 24, 24)
+    assert figures["gpus_by_team"]["Tenant-wide"] == {"in_use": 8, "preparing": 24, "reserved": 24}
+    body = client.get("/").content.decode()
+    assert '<p class="stat">8</p><p class="stat-label">GPUs in use</p>' in body
+    assert '<p class="stat">24</p><p class="stat-label">GPUs being prepared' in body
