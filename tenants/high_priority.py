@@ -303,7 +303,11 @@ def hp_review(*, actor: Principal, application: HighPriorityApplication, decisio
 
 
 def _notify_review(application: HighPriorityApplication, team: Team) -> None:
-    """The outcome and why, to the applicant (when they are in the tenant) and to the whole team."""
+    """
+    The outcome and why, to the whole team, and to the applicant in person only when they are
+    still in the tenant but no longer read the team's messages (out of the team, not an admin):
+    nobody reads it twice.
+    """
     if application.state == S.APPROVED:
         title = f"High priority approved for team {team.name}"
         outcome = f"The team holds high-priority status until {application.expires_at:%Y-%m-%d %H:%M} UTC."
@@ -316,9 +320,17 @@ def _notify_review(application: HighPriorityApplication, team: Team) -> None:
     kind = f"high_priority.{application.state}"
     link = application_link(application)
     applicant = application.applied_by
-    if applicant is not None and Membership.objects.filter(tenant_id=team.tenant_id, user=applicant).exists():
-        notify(team.tenant, user=applicant, team=team, kind=kind, title=title, body=body, link=link)
+    if applicant is not None and _reads_only_in_person(applicant, team):
+        notify(team.tenant, user=applicant, kind=kind, title=title, body=body, link=link)
     notify(team.tenant, team=team, kind=kind, title=title, body=body, link=link)
+
+
+def _reads_only_in_person(user, team: Team) -> bool:
+    """In ``team``'s tenant, but not among those who read its messages (its members and the tenant's admins)."""
+    membership = Membership.objects.filter(tenant_id=team.tenant_id, user=user).first()
+    if membership is None or TenantRole(membership.role).at_least(TenantRole.ADMIN):
+        return False
+    return not TeamMembership.objects.filter(team=team, user=user).exists()
 
 
 #

@@ -459,6 +459,9 @@ class Notification(TenantOwnedModel):
     title = models.CharField(max_length=200)
     body = models.TextField(blank=True)
     link = models.CharField(max_length=500, blank=True, help_text="A path on this site to the object concerned.")
+    key = models.CharField(max_length=160, blank=True, default="",
+                           help_text="What it reports, for a message sent once: a second one with the same key is "
+                                     "not stored ('reservation.ready:<id>'); empty for messages that may repeat.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     read_at = models.DateTimeField(null=True, blank=True)
 
@@ -467,7 +470,15 @@ class Notification(TenantOwnedModel):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["tenant", "-created_at"], name="notification_tenant_recent_idx")]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"], name="notification_tenant_recent_idx"),
+            # The top bar counts a principal's unread ones on every page: only the unread are indexed.
+            models.Index(fields=["tenant"], condition=Q(read_at__isnull=True), name="notification_unread_idx"),
+        ]
+        constraints = [
+            # A retried step or a second tick that reports the same thing writes nothing (tenants.notifications).
+            models.UniqueConstraint(fields=["key"], condition=~Q(key=""), name="notification_once_per_key"),
+        ]
 
     def __str__(self):
         return f"{self.kind}: {self.title}"

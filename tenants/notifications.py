@@ -18,17 +18,39 @@ TITLE_MAX = Notification._meta.get_field("title").max_length
 
 
 def notify(tenant: Tenant, *, user: User | None = None, team: Team | None = None, kind: str, title: str, body: str,
-           link: str = "") -> Notification:
+           link: str = "", key: str = "") -> Notification | None:
     """
     Leave a notification for ``user`` in ``tenant``, or for everyone there who may see ``team``'s
     objects (no user), or for the whole tenant (neither). A system message: not audited itself,
-    the change it reports is.
+    the change it reports is. With a ``key`` it is sent once: when a notification with that key
+    exists already (a retried step, a second tick), nothing is stored and None comes back.
     """
     if team is not None and team.tenant_id != tenant.pk:
         raise ValueError(f"team {team.pk} is not in tenant {tenant.pk}")
-    return Notification.objects.create(
-        tenant=tenant, user=user, team=team, kind=kind, title=title[:TITLE_MAX], body=body, link=link,
-    )
+    notification = Notification(tenant=tenant, user=user, team=team, kind=kind, title=title[:TITLE_MAX], body=body,
+                                link=link, key=key)
+    if not key:
+        notification.save(force_insert=True)
+        return notification
+    return notification if notify_once([notification]) else None
+
+
+def notify_once(notifications: list[Notification]) -> int:
+    """
+    Store keyed notifications, each only if no notification has its key yet: those already sent
+    are left out, the rest go in one INSERT ... ON CONFLICT DO NOTHING (the unique key), so a
+    racing writer's copy makes this one wait and then skip. Returns how many were sent (a copy
+    that lost such a race still counts).
+    """
+    if any(not n.key for n in notifications):
+        raise ValueError("notify_once needs a key on every notification")
+    sent = set(Notification.objects.filter(key__in=[n.key for n in notifications]).values_list("key", flat=True))
+    new = [n for n in notifications if n.key not in sent]
+    for n in new:
+        n.title = n.title[:TITLE_MAX]
+    if new:
+        Notification.objects.bulk_create(new, ignore_conflicts=True)
+    return len(new)
 
 
 @transaction.atomic

@@ -247,8 +247,21 @@ def test_approval_gives_the_team_status_until_the_validity_ends(world, team, set
     event = AuditEvent.objects.get(action="high_priority_application.approve", target_id=data["id"])
     assert event.actor_id == world.users["platform_approver"].pk
     assert event.after["team_high_priority_until"] == team.high_priority_until.isoformat()
-    mine = Notification.objects.filter(kind="high_priority.approved")
-    assert {(n.user_id, n.team_id) for n in mine} == {(world.users["t1_member"].pk, team.pk), (None, team.pk)}
+    told = world.client("t1_member").get(NOTIFICATIONS, {"kind": "high_priority.approved"}).json()["results"]
+    assert len(told) == 1, "the applicant, in the team, reads the team's notice once"
+    assert told[0]["team"] == str(team.pk) and told[0]["user"] is None
+
+
+def test_an_applicant_who_left_the_team_is_told_in_person(world, team):
+    """Out of the team, the applicant no longer reads the team's notice: the outcome comes to them alone, once."""
+    data = applied(world)
+    TeamMembership.objects.filter(team=team, user=world.users["t1_member"]).delete()
+
+    assert review(world, data["id"]).status_code == 200
+
+    told = world.client("t1_member").get(NOTIFICATIONS, {"kind": "high_priority.approved"}).json()["results"]
+    assert [(n["user"], n["team"]) for n in told] == [(str(world.users["t1_member"].pk), None)]
+    assert Notification.objects.filter(kind="high_priority.approved", user__isnull=True, team=team).count() == 1
 
 
 def test_rejection_leaves_the_team_as_it_was_and_says_why(world, team):
