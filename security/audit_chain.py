@@ -10,7 +10,9 @@ checkpoint of the head (sequence and hash) with Meridian's receipt key.
 
 ``audit_verify`` recomputes the chain: an edited event breaks its own link, a deleted one leaves
 a gap in the sequence, and deleting the newest sealed events (truncation) leaves the chain
-shorter than the last checkpoint says. It names the first broken link.
+shorter than the last checkpoint says. Checkpoint rows can be deleted with the events, so each
+signed head is also published outside the database (security.audit_heads) and the chain is held
+to those too. It names the first broken link and, for a truncation, the events missing.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -26,7 +30,8 @@ from django.utils import timezone
 
 from cloud.db import update_rows
 
-from .models import AuditCheckpoint, AuditEvent
+from .audit_heads import head_dir, publish_head, published_heads
+from .models import AuditCheckpoint, AuditEvent, ReceiptKey
 from .receipts import sign_bytes, verify_bytes
 
 GENESIS = "0" * 64
@@ -83,6 +88,9 @@ def audit_seal(*, limit: int = SEAL_BATCH) -> int:
     signed_at = timezone.now()
     kid, signature = sign_bytes(checkpoint_bytes(seq, previous, signed_at))
     AuditCheckpoint.objects.create(seq=seq, head_hash=previous, signed_at=signed_at, kid=kid, signature=signature)
+    # Published once committed: a head whose seal rolled back would vouch for events never sealed.
+    head = {"seq": seq, "head_hash": previous, "signed_at": signed_at, "kid": kid, "signature": signature}
+    transaction.on_commit(lambda: publish_head(**head))
     return len(events)
 
 
@@ -94,6 +102,11 @@ class ChainReport:
     checkpoints_checked: int = 0
     first_broken: dict | None = None
     problems: list[str] = field(default_factory=list)
+    # The newest head published outside the database that is Meridian's (agrees with the chain or
+    # carries the sealer's signature), and the sealed events found missing: {first_seq, last_seq, count}.
+    published_head: dict | None = None
+    truncated: dict | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def broken(self, seq, public_id, reason: str) -> None:
         self.ok = False
@@ -101,12 +114,21 @@ class ChainReport:
         if self.first_broken is None:
             self.first_broken = {"seq": seq, "event": str(public_id) if public_id else None, "reason": reason}
 
+    def missing(self, first: int, last: int) -> None:
+        if self.truncated is None or last > self.truncated["last_seq"]:
+            first = min(first, self.truncated["first_seq"]) if self.truncated else first
+            self.truncated = {"first_seq": first, "last_seq": last, "count": last - first + 1}
+
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def audit_verify(*, batch: int = 2_000) -> ChainReport:
-    """Recompute the chain and check every checkpoint against it; name the first broken link."""
+def audit_verify(*, batch: int = 2_000, published: Iterable[Path] = ()) -> ChainReport:
+    """
+    Recompute the chain and check every checkpoint, and the heads published outside the database
+    (the configured folder and ``published``, more files or folders), against it; name the first
+    broken link.
+    """
     report = ChainReport()
     key = chain_key()
     heads: dict[int, str] = {}
@@ -127,15 +149,62 @@ def audit_verify(*, batch: int = 2_000) -> ChainReport:
         expected = event.seal_seq + 1
         report.events_checked += 1
     last_seq = expected - 1
+    beyond = 0  # the newest checkpoint past the end of the chain
     for checkpoint in AuditCheckpoint.objects.order_by("seq"):
         report.checkpoints_checked += 1
         data = checkpoint_bytes(checkpoint.seq, checkpoint.head_hash, checkpoint.signed_at)
         if not verify_bytes(data, kid=checkpoint.kid, signature=checkpoint.signature):
             report.broken(checkpoint.seq, None, f"the checkpoint at {checkpoint.seq} has a bad signature")
         elif checkpoint.seq > last_seq:
-            report.broken(last_seq + 1, None, f"the chain ends at {last_seq} but a checkpoint vouches for "
-                                              f"{checkpoint.seq}: the newest events were removed (truncated)")
+            beyond = checkpoint.seq
         elif heads.get(checkpoint.seq) != checkpoint.head_hash:
             report.broken(checkpoint.seq, None, f"the chain at {checkpoint.seq} does not match its checkpoint")
+    if beyond:
+        report.missing(last_seq + 1, beyond)
+        report.broken(last_seq + 1, None, f"events {last_seq + 1} to {beyond} were removed (truncated): the chain "
+                                          f"ends at {last_seq} but a checkpoint vouches for {beyond}")
+    _check_published(report, heads, last_seq, published)
     report.unsealed = AuditEvent.objects.filter(seal_seq__isnull=True).count()
     return report
+
+
+def _check_published(report: ChainReport, heads: dict[int, str], last_seq: int, paths: Iterable[Path]) -> None:
+    """Hold the chain to the heads published outside the database (security.audit_heads)."""
+    published, unreadable = published_heads(paths)
+    report.warnings.extend(unreadable)
+    agreed, vouched = [], []
+    for head in published:
+        if heads.get(head.seq) == head.head_hash:
+            agreed.append(head)  # the chain's own keyed links vouch for it
+        elif verify_bytes(checkpoint_bytes(head.seq, head.head_hash, head.signed_at), kid=head.kid,
+                          signature=head.signature):
+            vouched.append(head)  # Meridian signed it, and the chain no longer holds it
+        elif not ReceiptKey.objects.filter(kid=head.kid).exists():
+            report.broken(head.seq, None, f"the head published for event {head.seq} ({head.source}) was signed "
+                                          f"with key {head.kid}, which is gone from the database")
+        else:
+            report.broken(head.seq, None, f"the head published for event {head.seq} ({head.source}) has a bad "
+                                          "signature: it was not written by Meridian's sealer")
+    genuine = agreed + vouched
+    if genuine:
+        report.published_head = max(genuine, key=lambda h: h.seq).as_dict()
+    elif report.checkpoints_checked:
+        report.warnings.append(f"no published head in {head_dir()}: a truncation that also deletes the "
+                               "checkpoints would go unseen (keep that folder, see the README)")
+    if not vouched:
+        return
+    newest = max(vouched, key=lambda h: h.seq)
+    replaced = [h for h in vouched if h.seq <= last_seq]
+    if not replaced:
+        report.missing(last_seq + 1, newest.seq)
+        report.broken(last_seq + 1, None, f"events {last_seq + 1} to {newest.seq} were removed (truncated) with "
+                                          f"their checkpoints: the chain ends at {last_seq} but the head published "
+                                          f"at {newest.signed_at.isoformat()} vouches for {newest.seq}")
+        return
+    oldest = min(h.seq for h in replaced)
+    kept = max((h.seq for h in agreed if h.seq < oldest), default=0)
+    report.missing(kept + 1, newest.seq)
+    report.broken(oldest, None, f"the chain no longer matches the heads published for events {oldest} to "
+                                f"{newest.seq}: events from {kept + 1} to {newest.seq} were removed (truncated) or "
+                                f"replaced and sealed over again (the newest published head it still matches is "
+                                f"{kept})")

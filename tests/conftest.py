@@ -31,6 +31,17 @@ def _clear_cache():
     START_SENDER.flush()  # a test's start messages leave before the next test stands in for the broker
 
 
+@pytest.fixture(autouse=True)
+def _no_published_audit_heads():
+    """Each test's database starts with an empty audit chain; so must the heads published for it."""
+    yield
+    import shutil
+
+    from django.conf import settings
+
+    shutil.rmtree(settings.MERIDIAN_AUDIT_HEAD_DIR, ignore_errors=True)
+
+
 @pytest.fixture
 def world(db) -> World:
     return build_world()

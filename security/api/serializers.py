@@ -77,6 +77,19 @@ class BrokenLinkSerializer(serializers.Serializer):
     reason = serializers.CharField()
 
 
+class PublishedHeadSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
+    head_hash = serializers.CharField()
+    signed_at = serializers.DateTimeField()
+    source = serializers.CharField(help_text="The file and line it was read from.")
+
+
+class MissingEventsSerializer(serializers.Serializer):
+    first_seq = serializers.IntegerField()
+    last_seq = serializers.IntegerField()
+    count = serializers.IntegerField()
+
+
 class AuditChainSerializer(serializers.Serializer):
     ok = serializers.BooleanField()
     events_checked = serializers.IntegerField()
@@ -84,3 +97,8 @@ class AuditChainSerializer(serializers.Serializer):
     checkpoints_checked = serializers.IntegerField()
     first_broken = BrokenLinkSerializer(allow_null=True)
     problems = serializers.ListField(child=serializers.CharField())
+    published_head = PublishedHeadSerializer(
+        allow_null=True, help_text="The newest signed head published outside the database that is the sealer's.")
+    truncated = MissingEventsSerializer(
+        allow_null=True, help_text="The sealed events found removed from the end of the chain (or replaced).")
+    warnings = serializers.ListField(child=serializers.CharField())

@@ -26,10 +26,24 @@ def write_events(n: int, start: int = 0) -> None:
 
 
 @pytest.fixture
-def sealed(db):
+def heads(settings, tmp_path):
+    """Where the signed heads are published: a folder the database's writer cannot reach."""
+    settings.MERIDIAN_AUDIT_HEAD_DIR = str(tmp_path / "audit-heads")
+    return tmp_path / "audit-heads"
+
+
+def seal_and_publish(capture) -> int:
+    """Seal as the task does: the head is published once the seal has committed."""
+    with capture(execute=True):
+        return audit_seal()
+
+
+@pytest.fixture
+def sealed(db, heads, django_capture_on_commit_callbacks):
     write_events(12)
-    assert audit_seal() == 12
-    audit_seal()  # the first checkpoint made the signing key, whose creation is audited too
+    assert seal_and_publish(django_capture_on_commit_callbacks) == 12
+    seal_and_publish(django_capture_on_commit_callbacks)  # the first checkpoint made the signing key, whose
+    # creation is audited too
     assert not AuditEvent.objects.filter(seal_seq__isnull=True).exists()
     return list(AuditEvent.objects.order_by("seal_seq"))
 
@@ -67,6 +81,88 @@ def test_truncating_the_newest_events_is_caught_by_the_checkpoint(sealed):
     report = audit_verify()
     assert not report.ok and "truncated" in report.first_broken["reason"]
     assert report.first_broken["seq"] == sealed[-2].seal_seq
+
+
+def test_truncation_with_its_checkpoints_is_caught_by_the_published_head(sealed, world, capsys):
+    """The newest events and the checkpoints vouching for them, deleted together: the heads published
+    outside the database still vouch for them."""
+    gone = sealed[-2:]
+    AuditEvent.objects.filter(pk__in=[e.pk for e in gone]).delete()
+    AuditCheckpoint.objects.filter(seq__gte=gone[0].seal_seq).delete()
+    report = audit_verify()
+    first, last = gone[0].seal_seq, gone[-1].seal_seq
+    assert not report.ok
+    assert report.truncated == {"first_seq": first, "last_seq": last, "count": 2}
+    assert report.first_broken["seq"] == first
+    assert f"events {first} to {last}" in report.first_broken["reason"]
+    assert "published" in report.first_broken["reason"] and "truncated" in report.first_broken["reason"]
+    with pytest.raises(CommandError, match=f"events {first} to {last}"):
+        call_command("audit_verify")
+    body = world.client("platform_admin").get("/api/v1/audit-chain/").json()
+    assert body["ok"] is False and body["truncated"] == {"first_seq": first, "last_seq": last, "count": 2}
+    assert body["published_head"]["seq"] == last
+
+
+def test_truncation_sealed_over_again_is_caught_by_the_published_heads(sealed, django_capture_on_commit_callbacks):
+    """Deleting the newest events and checkpoints, then letting the sealer chain new events in their
+    places: the database agrees with itself, but not with what was published before."""
+    gone = sealed[-2:]
+    AuditEvent.objects.filter(pk__in=[e.pk for e in gone]).delete()
+    AuditCheckpoint.objects.filter(seq__gte=gone[0].seal_seq).delete()
+    write_events(3, start=200)
+    assert seal_and_publish(django_capture_on_commit_callbacks) == 3
+    report = audit_verify()
+    assert not report.ok
+    assert "no longer match" in report.first_broken["reason"]
+    assert report.truncated["last_seq"] == gone[-1].seal_seq
+
+
+def test_each_seal_publishes_its_signed_head_outside_the_database(sealed, heads, caplog,
+                                                                  django_capture_on_commit_callbacks):
+    import json
+
+    lines = [json.loads(line) for path in heads.glob("*.jsonl") for line in path.read_text().splitlines()]
+    checkpoints = list(AuditCheckpoint.objects.order_by("seq"))
+    assert [(h["seq"], h["head_hash"], h["signature"]) for h in sorted(lines, key=lambda h: h["seq"])] == [
+        (c.seq, c.head_hash, c.signature) for c in checkpoints]
+    write_events(1, start=300)
+    with caplog.at_level("INFO", logger="meridian.audit.head"):
+        seal_and_publish(django_capture_on_commit_callbacks)
+    assert json.loads(caplog.records[-1].getMessage())["seq"] == checkpoints[-1].seq + 1
+    report = audit_verify()
+    assert report.ok and report.published_head["seq"] == checkpoints[-1].seq + 1
+
+
+def test_a_forged_published_head_is_named(sealed, heads):
+    import json
+
+    path = next(heads.glob("*.jsonl"))
+    last = json.loads(path.read_text().splitlines()[-1])
+    with path.open("a") as published:
+        published.write(json.dumps({**last, "seq": last["seq"] + 5}) + "\n")
+    report = audit_verify()
+    assert not report.ok and "bad signature" in report.first_broken["reason"]
+    assert report.truncated is None
+
+
+def test_a_published_head_whose_signing_key_was_deleted_is_named(sealed):
+    from security.models import ReceiptKey
+
+    gone = sealed[-1]
+    AuditEvent.objects.filter(pk=gone.pk).delete()
+    AuditCheckpoint.objects.filter(seq__gte=gone.seal_seq).delete()
+    ReceiptKey.objects.all().delete()
+    report = audit_verify()
+    assert not report.ok
+    assert any(f"event {gone.seal_seq}" in p and "gone from the database" in p for p in report.problems)
+
+
+def test_without_published_heads_the_report_says_truncation_goes_unseen(db, heads):
+    write_events(2)
+    audit_seal()  # in the test's transaction: never committed, so never published
+    report = audit_verify()
+    assert report.ok and report.published_head is None
+    assert any("no published head" in warning for warning in report.warnings)
 
 
 def test_a_forged_checkpoint_or_rehashed_chain_is_caught(sealed):

@@ -87,6 +87,11 @@ class Command(BaseCommand):
         for path in [db, Path(f"{db}-wal"), Path(f"{db}-shm")]:
             path.unlink(missing_ok=True)
         shutil.rmtree(data / "broker", ignore_errors=True)
+        # The audit heads published for the old database would make the new chain look truncated;
+        # they are kept, beside the folder audit_verify reads.
+        heads = Path(settings.MERIDIAN_AUDIT_HEAD_DIR)
+        if heads.exists():
+            heads.rename(heads.with_name(f"{heads.name}-before-reset-{time.strftime('%Y%m%dT%H%M%S')}"))
         self.stdout.write("Reset: the embedded database and queues are empty again.")
 
     def _child_env(self, host: str, base_url: str) -> dict[str, str]:
