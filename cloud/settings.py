@@ -206,6 +206,8 @@ AXES_COOLOFF_TIME = timedelta(minutes=env.int("MERIDIAN_LOGIN_COOLOFF_MINUTES", 
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 # The sign-in form's field is "username" (it holds the e-mail); axes would otherwise look for "email".
 AXES_USERNAME_FORM_FIELD = "username"
+# Failures count per address however it is spelt, as sign-in matches it (strip, any case).
+AXES_USERNAME_CALLABLE = "tenants.authentication.login_username"
 AXES_RESET_ON_SUCCESS = True
 # Not verbose: axes would log its start-up banner (at INFO, to stderr) in every process, every
 # management command included, where stderr is kept for real problems. Lockouts are still logged.

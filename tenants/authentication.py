@@ -5,11 +5,14 @@ Bearer-token authentication for the API.
 compared in constant time, then revocation and expiry. A bad token is a 401 whose code says
 which (``token_invalid``, ``token_revoked``, ``token_expired``) and reveals nothing else.
 Tokens are never accepted from the query string.
+
+Also the name console sign-in failures are counted under (``login_username``, django-axes).
 """
 
 import re
 from datetime import timedelta
 
+from django.conf import settings
 from django.utils import timezone
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
@@ -22,6 +25,19 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 TOKEN_INVALID = "The API token is not valid."
 TOKEN_REVOKED = "The API token has been revoked."
 TOKEN_EXPIRED = "The API token has expired."
+
+
+def login_username(request, credentials=None) -> str | None:
+    """
+    The address a sign-in attempt is counted and locked under, normalised as sign-in matches it
+    (surrounding spaces dropped, any case): otherwise every spelling of one address would be a
+    fresh account to axes, and a lock would last until the next capital letter.
+    """
+    if credentials is not None:
+        raw = credentials.get(settings.AXES_USERNAME_FORM_FIELD)
+    else:
+        raw = getattr(request, "data", request.POST).get(settings.AXES_USERNAME_FORM_FIELD)
+    return raw.strip().lower() if isinstance(raw, str) else raw
 
 
 def token_invalid():

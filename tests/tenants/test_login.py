@@ -42,3 +42,24 @@ def test_home_requires_sign_in(db):
     response = Client().get("/")
     assert response.status_code == 302
     assert response["Location"].startswith("/login/")
+
+
+def test_the_lock_holds_whatever_the_spelling_of_the_address(person):
+    """Once locked, the address in another case or with spaces around it is the same login, still locked."""
+    client = Client()
+    for _ in range(6):
+        login(client, person.email, "wrong-password")
+    for spelling in ["PERSON@EXAMPLE.COM", "Person@Example.com", f" {person.email}", f"{person.email.upper()}  "]:
+        assert login(client, spelling, PASSWORD).status_code in (403, 429), spelling
+    assert "_auth_user_id" not in client.session
+
+
+def test_wrong_passwords_under_different_spellings_count_together(person):
+    """Twelve wrong passwords under twelve spellings of one address lock it like twelve under one."""
+    client = Client()
+    spellings = [person.email, person.email.upper(), f" {person.email}", f"{person.email} ", "PERSON@example.com",
+                 "person@EXAMPLE.com", "pErSoN@example.com", "Person@Example.COM", f"  {person.email.upper()}",
+                 "perSON@exAMPLE.com", "PErson@example.Com", "persoN@Example.coM"]
+    answers = [login(client, spelling, "wrong-password").status_code for spelling in spellings]
+    assert answers[:5] == [200] * 5 and set(answers[5:]) <= {403, 429}
+    assert login(client, person.email, PASSWORD).status_code in (403, 429)
