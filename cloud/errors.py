@@ -45,11 +45,22 @@ class QuotaExceeded(Conflict):
 
     default_code = "quota_exceeded"
 
+    # How the sentence names a resource (``meta`` keeps the API's name).
+    RESOURCE_WORDS = {"gpus": "GPUs", "vpcs": "VPCs", "instances": "concurrent instances"}
+
     def __init__(self, *, scope: str, resource: str, limit: int, in_use: int, asked: int):
+        first, _, rest = resource.partition(" ")
+        words = " ".join(filter(None, [self.RESOURCE_WORDS.get(first, first), rest]))
         super().__init__(
-            f"The {scope} quota for {resource} is {limit}; {in_use} in use, {asked} asked.",
+            f"The {scope} quota for {words} is {_count(limit)}; {_count(in_use)} in use, {_count(asked)} asked.",
             scope=scope, resource=resource, limit=limit, in_use=in_use, asked=asked,
         )
+
+
+def _count(value) -> str:
+    """A count for a sentence: a slot's share of a GPU to one decimal (0.1, not 0.14285714285714285)."""
+    text = f"{round(float(value), 1):.1f}".removesuffix(".0")
+    return "0.1" if text == "0" and value > 0 else text
 
 
 class Forbidden(DomainError):

@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from cloud.db import update_rows
 from cloud.errors import Conflict, QuotaExceeded
-from cloud.models import Offering, Region
+from cloud.models import GPUModel, Offering, Region
 
 from . import admission
 from .allocations import CapacityTaken, nodes_held_back
@@ -56,6 +56,7 @@ QUEUE_COLUMNS = ["id", "tenant_id", "team_id", "name", "gpu_model_id", "offering
 MIRROR_BY_IDS = 2000  # the most rows the queue mirror reads by id; more are read by one scan
 OFFERING_COLUMNS = ["id", "kind", "gpus_per_unit", "slots_per_gpu", "gpu_model_id"]
 WAITING_REASONS_PER_CYCLE = 200
+MODEL_NAMES_REFRESH_S = 60.0
 APPLY_BATCH = 100
 
 
@@ -255,6 +256,18 @@ class LoopMemory:
         self.last_ranking: KeptRanking | None = None  # the latest ranking made
         self.kept_ranking: KeptRanking | None = None  # the one the next cycles may plan from
         self.ranked_afresh = True  # whether the last ranked_queue ranked, or reused kept_ranking
+        self._model_names: dict = {}
+        self._model_names_read = -math.inf
+
+    def model_names(self) -> dict:
+        """
+        GPU model names, for the reasons waiting reservations are told ("H100 in us-east-1: ...",
+        not the model's id): the catalogue is a few rows that staff rarely change, read once a minute.
+        """
+        if time.monotonic() - self._model_names_read > MODEL_NAMES_REFRESH_S:
+            self._model_names = dict(GPUModel.objects.values_list("pk", "name"))
+            self._model_names_read = time.monotonic()
+        return self._model_names
 
     def note_over_quota(self, owners) -> None:
         until = time.monotonic() + self.records.refresh_s
@@ -416,7 +429,7 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     lap("snapshot")
     spent_ms = (time.perf_counter() - began) * 1000
     result = plan(None, itertools.chain([first], requests), headroom=settings.MERIDIAN_HEADROOM, capacity=capacity,
-                  max_placements=memory.budget.placements(spent_ms))
+                  max_placements=memory.budget.placements(spent_ms), model_names=memory.model_names())
     lap("plan")
     report.cut_short = result.cut_short
     now, result.placements = _bound_from_now(result.placements, planned_at=now)

@@ -21,8 +21,9 @@ from cloud.errors import DomainError
 from . import estimates, services
 from .choices import ReservationState as R
 from .forms import ReservationForm
-from .models import Allocation, Instance, Operation, Reservation
+from .models import Allocation, Instance, Reservation
 from .no_shows import usage_report
+from .progress import progress_of
 from .queue import score_report
 from .receipts import receipts_of
 
@@ -140,7 +141,7 @@ def reservation_detail(request, pk):
 @console_page("reservations")
 def reservation_progress(request, pk):
     """The live part of a reservation's page, polled by htmx every two seconds while it moves."""
-    reservation = scoped_or_404(request, Reservation, pk=pk)
+    reservation = scoped_or_404(request, Reservation.objects.select_related("offering", "region"), pk=pk)
     if request.htmx and request.GET.get("shown") not in (None, reservation.state):
         # The state moved since the page was drawn: redraw the whole page once, so its instances,
         # allocation and receipts (which only change with the state) are current too.
@@ -174,9 +175,10 @@ def reservation_act(request, pk, verb):
 
 
 def _progress_context(reservation: Reservation) -> dict:
-    operation = (Operation.objects.filter(reservation=reservation).order_by("-created_at")
-                 .prefetch_related("steps").first())
-    return {"operation": operation, "steps": list(operation.steps.all()) if operation else [],
+    now = timezone.now()
+    progress = progress_of(reservation, now)
+    operation = progress.operation
+    return {"progress": progress, "now": now,
             "live": reservation.state in LIVE_STATES or (operation is not None and not operation.is_finished)}
 
 

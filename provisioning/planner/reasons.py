@@ -29,7 +29,7 @@ class Wording:
         self.model_names = model_names
 
     def model(self, model_id: UUID) -> str:
-        return self.model_names.get(model_id) or f"GPU model {model_id}"
+        return self.model_names.get(model_id) or "its GPU model"  # never an id: a person reads this
 
     def clock(self, ticks: int) -> str:
         moment = self.now + ticks * TICK

@@ -19,8 +19,8 @@ from ..steps import step_title
 register = template.Library()
 
 
-def _plural(count, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+def _plural(count: int, word: str) -> str:
+    return f"{intcomma(count)} {word}" if count == 1 else f"{intcomma(count)} {word}s"
 
 
 @register.filter
@@ -38,7 +38,7 @@ def gpus(value) -> str:
     """An amount of GPUs: "16 GPUs", "1 GPU", "1/7 GPU" (a slot), "2.5 GPUs"."""
     number = float(value)
     if number.is_integer():
-        return _plural(intcomma(int(number)), "GPU")
+        return _plural(int(number), "GPU")
     fraction = Fraction(number).limit_denominator(16)
     if fraction.numerator < fraction.denominator and abs(float(fraction) - number) < 1e-9:
         return f"{fraction.numerator}/{fraction.denominator} GPU"
@@ -50,12 +50,12 @@ def units_of(count, offering) -> str:
     """``count`` of what ``offering`` is sold by: "2 nodes", "1 slot", "3 units of 8 GPUs", "1 GPU"."""
     count = int(count)
     if offering.kind == "bare_metal":
-        return _plural(intcomma(count), "node")
+        return _plural(count, "node")
     if offering.slots_per_gpu > 1:
-        return _plural(intcomma(count), "slot")
+        return _plural(count, "slot")
     if offering.gpus_per_unit > 1:
-        return f"{_plural(intcomma(count), 'unit')} of {offering.gpus_per_unit} GPUs"
-    return _plural(intcomma(count), "GPU")
+        return f"{_plural(count, 'unit')} of {offering.gpus_per_unit} GPUs"
+    return _plural(count, "GPU")
 
 
 def _seconds(value) -> float:
@@ -92,6 +92,12 @@ def elapsed(value) -> str:
         return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+@register.filter
+def slice_gib(allocation) -> str:
+    """The GPU memory a slot's allocation holds: "11.4 GiB"."""
+    return f"{amount((allocation.mem_hi - allocation.mem_lo) / 1024)} GiB"
 
 
 @register.filter

@@ -3,6 +3,8 @@ The reservation pages: the form (checked by the API's own rules), the live estim
 reservation's page with its score and progress, and cancel/extend/release -- scoped like the API.
 """
 
+from datetime import timedelta
+
 import pytest
 
 from provisioning.models import Reservation
@@ -63,7 +65,7 @@ def test_over_quota_is_shown_on_the_form_with_the_numbers(console, world, fleet)
     Quota.objects.create(tenant=world.t1.tenant, resource="gpus", limit=1)
     response = console("t1_member").post("/reservations/new/", form(offering=vm_offering(8).slug, count=8))
     assert response.status_code == 400
-    assert "The tenant quota for gpus is 1" in response.content.decode()
+    assert "The tenant quota for GPUs is 1" in response.content.decode()
 
 
 def test_the_estimate_shows_availability_price_quota_and_start(console, fleet):
@@ -142,7 +144,7 @@ def test_a_queued_reservation_explains_its_score(console, world, fleet):
 
     reservation_rescore(reservation)
     page = console("t1_viewer").get(f"/reservations/{reservation.pk}/").content.decode()
-    assert "urgency" in page and "Contribution" in page and "Position" in page
+    assert "Urgency asked" in page and "Contribution" in page and "Position" in page
 
 
 def test_list_queries_do_not_grow_with_rows(console, world, fleet, django_assert_max_num_queries):
@@ -321,3 +323,172 @@ def test_the_page_says_it_updates_live_only_where_script_runs(console, world, fl
     live_note = body.split("updating live")[0].rsplit("<", 1)[1]
     assert "hidden" in live_note and "data-script-only" in live_note
     assert "<noscript>" in body and "Reload the page" in body
+
+
+#
+# A reservation's page: its progress and its words
+#
+
+
+def provisioning_of(reservation, *, step: str, runs: list[tuple[str, str, int]], state: str = "running"):
+    """A provision operation at ``step`` with StepRuns ``(name, state, seconds)`` started a minute ago, in order."""
+    from django.utils import timezone
+
+    from provisioning.models import Operation, StepRun
+
+    Reservation.objects.filter(pk=reservation.pk).update(state="provisioning")
+    operation = Operation.objects.create(tenant=reservation.tenant, reservation=reservation, kind="provision",
+                                         step=step, state=state, attempt=1, progress=50)
+    clock = timezone.now() - timedelta(minutes=1)
+    Operation.objects.filter(pk=operation.pk).update(created_at=clock)
+    for name, run_state, seconds in runs:
+        run = StepRun.objects.create(operation=operation, name=name, attempt=1, state=run_state,
+                                     error="n1: Waiting for the agent of n1 to answer the attestation challenge."
+                                     if run_state == "waiting" else "")
+        finished = clock + timedelta(seconds=seconds)
+        StepRun.objects.filter(pk=run.pk).update(started_at=clock,
+                                                 finished_at=None if run_state == "running" else finished)
+        clock = finished
+    return operation
+
+
+BARE_METAL_STEPS = ["power_on_deploy", "write_image", "boot_from_disk", "join_network", "verify", "hand_over"]
+
+
+@pytest.fixture
+def bare_metal_reservation(world, fleet):
+    from tests.provisioning.factories import make_reservation
+
+    return make_reservation(world, units=2, state="scheduled")
+
+
+def test_the_steps_are_one_row_each_with_names_and_durations(console, bare_metal_reservation):
+    """Waiting runs of a step do not pile up as rows: one row per step, named for a person, with its time."""
+    operation = provisioning_of(bare_metal_reservation, step="verify", runs=[
+        ("power_on_deploy", "succeeded", 4), ("write_image", "succeeded", 12), ("boot_from_disk", "succeeded", 3),
+        ("join_network", "succeeded", 2), ("verify", "waiting", 5), ("verify", "waiting", 5), ("verify", "waiting", 5),
+        ("verify", "running", 0)])
+    body = console("t1_member").get(f"/reservations/{bare_metal_reservation.pk}/progress/").content.decode()
+    steps = body.split('class="steps"')[1].split("</ol>")[0]
+    assert steps.count("<li") == len(BARE_METAL_STEPS)
+    for name in BARE_METAL_STEPS:
+        assert name not in steps
+    assert "Write the OS image" in steps and "Check and attest the hardware" in steps and "Hand over access" in steps
+    assert "12 s" in steps and "Waiting for the agent" in steps and steps.count("Waiting for the agent") == 1
+    assert "step 5 of 6" in body
+    assert operation.progress == 50 and 'aria-valuenow="67"' in body  # 4 of 6 steps done, not the stored guess
+
+
+def test_a_step_that_succeeded_after_waiting_shows_no_waiting_row(console, bare_metal_reservation):
+    provisioning_of(bare_metal_reservation, step="hand_over", runs=[
+        ("power_on_deploy", "succeeded", 4), ("write_image", "succeeded", 12), ("boot_from_disk", "succeeded", 3),
+        ("join_network", "succeeded", 2), ("verify", "waiting", 5), ("verify", "waiting", 5),
+        ("verify", "succeeded", 20), ("hand_over", "running", 0)])
+    body = console("t1_member").get(f"/reservations/{bare_metal_reservation.pk}/progress/").content.decode()
+    assert "state-waiting" not in body and "Waiting for the agent" not in body
+    assert "30 s" in body  # verify took its waits and its run: 5 + 5 + 20 s
+
+
+def test_the_attestation_step_counts_the_nodes_verified(console, world, bare_metal_reservation):
+    """Of a multi-node reservation's nodes, how many passed attestation so far: "verified 1 of 2 nodes"."""
+    from django.utils import timezone
+
+    from cloud.models import Node
+    from provisioning.models import Instance
+    from security.models import AttestationNonce, AttestationReport
+
+    operation = provisioning_of(bare_metal_reservation, step="verify", runs=[
+        ("power_on_deploy", "succeeded", 4), ("write_image", "succeeded", 4), ("boot_from_disk", "succeeded", 4),
+        ("join_network", "succeeded", 4), ("verify", "waiting", 5)])
+    nodes = list(Node.objects.filter(pool="bare_metal").order_by("hostname")[:2])
+    for index, node in enumerate(nodes):
+        Instance.objects.create(tenant=world.t1.tenant, reservation=bare_metal_reservation, node=node, index=index,
+                                kind="bare_metal", name=node.hostname, provisioned_by=operation)
+    now = timezone.now()
+    AttestationNonce.objects.create(value="a" * 64, node_id=nodes[0].pk, reference=f"{operation.pk}:{nodes[0].pk}:0",
+                                    issued_at=now, expires_at=now, used_at=now)
+    AttestationNonce.objects.create(value="b" * 64, node_id=nodes[1].pk, reference=f"{operation.pk}:{nodes[1].pk}:0",
+                                    issued_at=now, expires_at=now)
+    AttestationReport.objects.create(node_id=nodes[0].pk, nonce="a" * 64, status="pass")
+    body = console("t1_member").get(f"/reservations/{bare_metal_reservation.pk}/progress/").content.decode()
+    assert "verified 1 of 2 nodes" in body
+
+
+def test_the_bar_is_empty_while_scheduled_not_full(console, world, fleet):
+    """At scheduled only the placement is done (its operation is at 100 %): provisioning has not begun."""
+    client = console("t1_member")
+    assert client.post("/reservations/new/", form()).status_code == 302
+    reservation = Reservation.objects.get(name="finetune")
+    assert reservation.state == "scheduled"
+    body = client.get(f"/reservations/{reservation.pk}/progress/").content.decode()
+    assert 'aria-valuenow="0"' in body and 'aria-valuenow="100"' not in body
+
+
+def test_a_running_operation_says_about_how_long_is_left(console, world, bare_metal_reservation):
+    """From the offering's recent provisionings: a typical time, and the ETA of this one."""
+    from django.utils import timezone
+
+    from provisioning.models import Operation
+    from tests.provisioning.factories import make_reservation
+
+    for _ in range(3):
+        done = make_reservation(world, units=1, state="active", offering=bare_metal_reservation.offering)
+        finished = Operation.objects.create(tenant=done.tenant, reservation=done, kind="provision", step="hand_over",
+                                            state="succeeded", progress=100)
+        Operation.objects.filter(pk=finished.pk).update(created_at=timezone.now() - timedelta(minutes=10),
+                                                        finished_at=timezone.now() - timedelta(minutes=6))
+    provisioning_of(bare_metal_reservation, step="write_image", runs=[("power_on_deploy", "succeeded", 30),
+                                                                      ("write_image", "running", 0)])
+    body = console("t1_member").get(f"/reservations/{bare_metal_reservation.pk}/progress/").content.decode()
+    assert "usually takes 4 min" in body and "about 3 min left" in body
+
+
+def test_why_it_waits_names_the_gpu_model_once_on_the_page(console, world, fleet):
+    """The scheduler's reason names the model (not its id), and the page shows the one current reason once."""
+    from cloud.models import GPUModel
+    from provisioning.scheduler import run_cycle
+
+    client = console("t1_owner")
+    assert client.post("/reservations/new/", form(offering=vm_offering(8).slug, count=8)).status_code == 302
+    assert client.post("/reservations/new/", form(name="second")).status_code == 302
+    second = Reservation.objects.get(name="second")
+    assert second.state == "queued"
+    run_cycle()
+    second.refresh_from_db()
+    model = GPUModel.objects.get(pk=second.gpu_model_id)
+    assert model.name in second.state_reason and str(model.pk) not in second.state_reason
+    page = client.get(f"/reservations/{second.pk}/").content.decode()
+    assert page.count(second.state_reason) == 1 and "Why it waits" in page
+
+
+def test_the_page_uses_names_units_and_rounding_a_person_reads(console, world, fleet):
+    """4 hours, not 4:00:00; 1 slot (1/7 GPU); human factor names; quota left to one decimal."""
+    from tenants.models import Quota
+    from tests.provisioning.factories import make_reservation, offering
+
+    Quota.objects.create(tenant=world.t1.tenant, resource="gpus", limit=512)
+    mig = offering(kind="container", gpus_per_unit=1, slots_per_gpu=7)
+    reservation = make_reservation(world, offering=mig, units=1, state="queued")
+    Reservation.objects.filter(pk=reservation.pk).update(duration=timedelta(hours=4))
+    from provisioning.services import reservation_rescore
+
+    reservation_rescore(reservation)
+    page = console("t1_member").get(f"/reservations/{reservation.pk}/").content.decode()
+    assert "4:00:00" not in page and "4 hours" in page
+    assert "1 slot (1/7 of a GPU)" in page
+    assert "high_priority" not in page and "fair_share" not in page and "High-priority team" in page
+    body = console("t1_member").post("/reservations/estimate/", form(offering=mig.slug, count=1)).content.decode()
+    assert "1/7 GPU" in body and "0.14" not in body
+    assert "0.142857" not in body and "GPUs left" in body
+    assert "Us East 1" not in console("t1_member").get("/reservations/new/").content.decode()
+
+
+def test_a_refusal_over_quota_rounds_its_numbers(console, world, fleet):
+    """A slot is 1/7 GPU: the refusal says 0.1 asked, not 0.14285714285714285."""
+    from tenants.models import Quota
+    from tests.provisioning.factories import offering
+
+    Quota.objects.create(tenant=world.t1.tenant, resource="gpus", limit=0)
+    mig = offering(kind="container", gpus_per_unit=1, slots_per_gpu=7)
+    body = console("t1_member").post("/reservations/new/", form(offering=mig.slug, count=1)).content.decode()
+    assert "The tenant quota for GPUs is 0" in body and "0.1 asked" in body and "0.142857" not in body
