@@ -175,8 +175,9 @@ CACHES = {
         {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
         if REDIS_URL
         # Embedded: a file cache, so the web, worker and scheduler processes share it (throttles,
-        # the scheduler's last cycle) as they share Redis in a deployment.
-        else {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(DATA_DIR / "cache")}
+        # the scheduler's last cycle) as they share Redis in a deployment; its counters are atomic
+        # across them as Redis's INCR is (cloud/file_cache.py).
+        else {"BACKEND": "cloud.file_cache.AtomicFileCache", "LOCATION": str(DATA_DIR / "cache")}
     )
 }
 

@@ -3,9 +3,13 @@ Rate limits per API token (or per user for sessions, per address for anonymous c
 
 A sliding-window counter, as Cloudflare's limiter counts: the requests of the current window of
 the rate's period plus the previous window's, weighted by how much of it still lies within one
-period of now. Two counters per bucket, read together and one of them incremented: constant work
-per request. DRF's own throttle keeps a log of every request time in the period and reads and
-writes all of it on each request: at 1,200 a minute, kilobytes per request.
+period of now. Two counters per bucket, one incremented and the other read: constant work per
+request. DRF's own throttle keeps a log of every request time in the period and reads and writes
+all of it on each request: at 1,200 a minute, kilobytes per request.
+
+A request is counted first (an atomic increment: Redis's INCR, the embedded file cache's locked
+one) and judged by the count it got, then uncounted if refused; reading the count and then
+incrementing it would let every request racing on one token through at the limit.
 """
 
 from rest_framework.settings import api_settings
@@ -32,27 +36,26 @@ class PrincipalRateThrottle(SimpleRateThrottle):
         now = self.timer()
         window, into = divmod(now, self.duration)
         current, previous = f"{key}:{int(window)}", f"{key}:{int(window) - 1}"
-        counts = self.cache.get_many([current, previous])
+        before = self._count(current) - 1  # this window's requests before this one
+        earlier = self.cache.get(previous, 0)
         elapsed = into / self.duration
-        in_period = counts.get(previous, 0) * (1 - elapsed) + counts.get(current, 0)
-        if in_period >= self.num_requests:
-            self.wait_s = self._wait(counts.get(previous, 0), counts.get(current, 0), elapsed)
+        if earlier * (1 - elapsed) + before >= self.num_requests:
+            self.cache.decr(current)
+            self.wait_s = self._wait(earlier, before, elapsed)
             return False
-        self._count(current)
         return True
 
-    def _count(self, key: str) -> None:
-        """One more request in ``key``'s window; the counter lives two periods (the previous window is read)."""
+    def _count(self, key: str) -> int:
+        """
+        One more request in ``key``'s window: the count with it. The counter lives two periods (the
+        previous window is read); every supported cache's incr keeps an entry's expiry.
+        """
         try:
-            self.cache.incr(key)
+            return self.cache.incr(key)
         except ValueError:  # the window's first request
             if self.cache.add(key, 1, timeout=2 * self.duration):
-                return
-            self.cache.incr(key)  # another request made it meanwhile
-        if 2 * self.duration > self.cache.default_timeout:
-            # Some backends' incr (the file cache's) writes the value again with their default
-            # expiry: an hourly window's counter would be gone after five idle minutes.
-            self.cache.touch(key, 2 * self.duration)
+                return 1
+            return self.cache.incr(key)  # another request made it meanwhile
 
     def _wait(self, previous: int, current: int, elapsed: float) -> float:
         """Seconds until the weighted count falls below the limit again (a second at least: Retry-After says it)."""
