@@ -28,6 +28,10 @@ GPUS_PER_NODE = 8
 HGX_PCI_BUS_IDS = [f"00000000:{bus}:00.0" for bus in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")]
 NVIDIA_OUI = "b83fd2"  # the IEEE OUI NVIDIA (Mellanox) port GUIDs begin with
 REGION_NAMES = ["us-east-1", "eu-west-1", "us-west-2", "ap-northeast-1", "eu-north-1", "ap-south-1"]
+# What the console calls them, beside the slug (a title made of the slug read "Eu West 1").
+REGION_TITLES = {"us-east-1": "US East", "eu-west-1": "EU West", "us-west-2": "US West",
+                 "ap-northeast-1": "Asia Pacific Northeast", "eu-north-1": "EU North",
+                 "ap-south-1": "Asia Pacific South"}
 # The demo sells a different generation per region; the benchmark fleet uses the first.
 REGION_GPU_MODELS = ["h100-80gb-sxm", "h200-141gb-sxm", "a100-80gb-sxm", "b200-180gb-sxm"]
 
@@ -57,7 +61,7 @@ def build_fleet(spec: FleetSpec, *, progress=None) -> FleetReport:
     models = {m.slug: m for m in GPUModel.objects.all()}
     for r in range(spec.first_region, spec.first_region + spec.regions):
         slug = REGION_NAMES[r] if r < len(REGION_NAMES) else f"region-{r + 1}"
-        region, created = Region.objects.get_or_create(slug=slug, defaults={"name": slug.replace("-", " ").title()})
+        region, created = Region.objects.get_or_create(slug=slug, defaults={"name": REGION_TITLES.get(slug, slug)})
         report.regions += created
         model = models[REGION_GPU_MODELS[r % len(REGION_GPU_MODELS)]]
         for f in range(spec.fabrics_per_region):
