@@ -8,6 +8,8 @@ The API's base classes: every view of /api/v1/ derives from one of them.
 - ``ScopedRelatedField`` accepts only objects the principal can see, so a payload cannot point
   at another tenant's team (it is "not found", like one that does not exist).
 - ``StrictSerializerMixin`` refuses unknown and read-only fields instead of ignoring them.
+- ``BoundedListField``/``BoundedDictField``: a list or mapping is refused on its length before
+  any of its items is validated or looked up.
 """
 
 from django.core.exceptions import ObjectDoesNotExist
@@ -128,6 +130,40 @@ class StrictIntegerField(serializers.IntegerField):
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, int | float):
             self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class BoundedListField(serializers.ListField):
+    """
+    A list whose length is checked before any of its items: DRF's ListField validates (and may
+    look up) every item first and counts them after, so 60,000 region names were 60,000 lookups
+    and as many errors. Every list a body can carry is one of these, with a ``max_length``.
+    """
+
+    def __init__(self, *, max_length: int, **kwargs):
+        super().__init__(max_length=max_length, **kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, list):
+            if len(data) > self.max_length:
+                self.fail("max_length", max_length=self.max_length)
+            if self.min_length is not None and len(data) < self.min_length:
+                self.fail("min_length", min_length=self.min_length)
+        return super().to_internal_value(data)
+
+
+class BoundedDictField(serializers.DictField):
+    """A mapping whose number of entries is checked before any of its values (see BoundedListField)."""
+
+    default_error_messages = {"max_length": "Ensure this field has no more than {max_length} entries."}
+
+    def __init__(self, *, max_length: int, **kwargs):
+        self.max_length = max_length
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict) and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
         return super().to_internal_value(data)
 
 

@@ -6,6 +6,9 @@ The API's one error format (drf-standardized-errors), extended for domain errors
 
 Database conflicts that slip past a service's checks (a unique race, a protected delete) are a
 409, never a 500. Unknown /api/ URLs get the same shape (``not_found``).
+
+An answer stays small whatever the body carried: the first ``MAX_ERRORS`` errors, then one
+``too_many_errors`` saying how many more; a detail or attr that repeats a long value is cut short.
 """
 
 from dataclasses import asdict
@@ -15,6 +18,7 @@ from django.db import IntegrityError
 from django.db.models import ProtectedError
 from django.http import JsonResponse
 from drf_standardized_errors import formatter, handler
+from drf_standardized_errors.types import Error
 from rest_framework import exceptions, status
 
 from cloud.errors import Conflict
@@ -34,7 +38,43 @@ class ExceptionHandler(handler.ExceptionHandler):
         return super().convert_known_exceptions(exc)
 
 
+MAX_ERRORS = 20
+MAX_DETAIL_CHARS = 500
+MAX_ATTR_CHARS = 200
+
+
+def _leaves(detail) -> int:
+    """How many errors a DRF error detail (nested lists and mappings of ErrorDetail) holds."""
+    if isinstance(detail, dict):
+        return sum(_leaves(value) for value in detail.values())
+    if isinstance(detail, list):
+        return sum(_leaves(value) for value in detail)
+    return 1 if detail or detail == "" else 0
+
+
+def _first(detail, n: int):
+    """``detail`` with each list and mapping cut to its first ``n`` entries: flattened, still the first errors."""
+    if isinstance(detail, dict):
+        return {key: _first(value, n) for key, value in list(detail.items())[:n]}
+    if isinstance(detail, list):
+        return [_first(value, n) for value in detail[:n]]
+    return detail
+
+
+def _cut(text: str | None, limit: int) -> str | None:
+    return text if text is None or len(text) <= limit else text[:limit - 1] + "…"
+
+
 class ExceptionFormatter(formatter.ExceptionFormatter):
+    def get_errors(self):
+        total = _leaves(self.exc.detail)
+        errors = [Error(error.code, _cut(error.detail, MAX_DETAIL_CHARS), _cut(error.attr, MAX_ATTR_CHARS))
+                  for error in formatter.flatten_errors(_first(self.exc.detail, MAX_ERRORS))[:MAX_ERRORS]]
+        if total > len(errors):
+            errors.append(Error("too_many_errors", f"{total - len(errors)} more errors are not shown; correct these "
+                                                   "and send the request again.", None))
+        return errors
+
     def get_error_type(self):
         if self.exc.status_code == status.HTTP_400_BAD_REQUEST and isinstance(self.exc.detail, dict):
             return formatter.VALIDATION_ERROR

@@ -8,7 +8,7 @@ from rest_framework import serializers
 from ..choices import NodePool, SwitchTier
 from ..models import GPU, Fabric, GPUModel, HCAPort, Node, Offering, Region
 from .base import SLUG_PATTERN as SLUG
-from .base import StrictIntegerField, StrictModelSerializer, StrictSerializer
+from .base import BoundedListField, StrictIntegerField, StrictModelSerializer, StrictSerializer
 
 
 class RegionSerializer(StrictModelSerializer):
@@ -118,7 +118,7 @@ class NodeEnrolSerializer(StrictSerializer):
     gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GPUModel.objects.all())
     gpus = GPUEnrolSerializer(many=True, allow_empty=False, max_length=16)
     # The node's InfiniBand port GUIDs in port order (IB-VPC membership is per port GUID).
-    ib_port_guids = serializers.ListField(child=serializers.CharField(max_length=18), min_length=1, max_length=16)
+    ib_port_guids = BoundedListField(child=serializers.CharField(max_length=18), min_length=1, max_length=16)
 
     def validate_ib_port_guids(self, guids):
         from provisioning.drivers.fabric import normal_guid

@@ -11,7 +11,13 @@ from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from cloud.api.base import CatalogueSlugField, ScopedRelatedField, StrictIntegerField, StrictSerializer
+from cloud.api.base import (
+    BoundedListField,
+    CatalogueSlugField,
+    ScopedRelatedField,
+    StrictIntegerField,
+    StrictSerializer,
+)
 from cloud.api.serializers import TELEMETRY_POINTS, TelemetryLatestSerializer, telemetry_points
 from cloud.choices import OfferingKind
 from cloud.models import Offering, Region
@@ -81,10 +87,9 @@ class ReservationCreateSerializer(StrictSerializer):
                                      help_text="Whole nodes, for bare-metal offerings.")
     slots = StrictIntegerField(min_value=1, max_value=100_000, required=False,
                                      help_text="GPU slots, for fractional container offerings.")
-    regions = serializers.ListField(child=CatalogueSlugField(slug_field="slug", asked="region in service",
-                                                             queryset=Region.objects.filter(is_active=True)),
-                                    min_length=1, max_length=MAX_REGIONS,
-                                    help_text="Acceptable regions, preferred first.")
+    regions = BoundedListField(child=CatalogueSlugField(slug_field="slug", asked="region in service",
+                                                        queryset=Region.objects.filter(is_active=True)),
+                               min_length=1, max_length=MAX_REGIONS, help_text="Acceptable regions, preferred first.")
     start = serializers.DateTimeField(required=False, allow_null=True,
                                       help_text="Start of an advance reservation; empty for as soon as possible.")
     duration_hours = serializers.FloatField(min_value=0.01, max_value=24 * 366)

@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from cloud.api.base import StrictSerializer
+from cloud.api.base import BoundedDictField, StrictSerializer
 from cloud.models import GPUModel
 
 from ..models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
@@ -55,13 +55,9 @@ class ReferenceMeasurementCreateSerializer(StrictSerializer):
     gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GPUModel.objects.all())
     vbios_version = serializers.RegexField(r"^[0-9A-Za-z.\-_]{1,64}$", max_length=64)
     driver_version = serializers.RegexField(r"^[0-9A-Za-z.\-_]{1,64}$", max_length=64)
-    measurements = serializers.DictField(child=serializers.CharField(max_length=96), allow_empty=False,
-                                         help_text='Index -> SHA-384 hex digest, e.g. {"0": "9f2c..."}.')
-
-    def validate_measurements(self, value):
-        if len(value) > 64:
-            raise serializers.ValidationError("At most 64 measurements.")
-        return value
+    measurements = BoundedDictField(child=serializers.CharField(max_length=96), allow_empty=False, max_length=64,
+                                    error_messages={"max_length": "At most {max_length} measurements."},
+                                    help_text='Index -> SHA-384 hex digest, e.g. {"0": "9f2c..."}.')
 
 
 class AttestationReportSerializer(serializers.ModelSerializer):
