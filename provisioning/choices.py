@@ -49,6 +49,7 @@ class OperationState(models.TextChoices):
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"  # stopped on purpose (a release, a cancel), not by a fault
 
 
 class InstanceState(models.TextChoices):

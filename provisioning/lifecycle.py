@@ -373,7 +373,7 @@ def release_start(reservation: Reservation) -> Operation:
     enqueue the first cleaning step. With no instances it is released at once.
     """
     Operation.objects.filter(reservation=reservation, kind=OperationKind.PROVISION, state__in=UNFINISHED).update(
-        state=OperationState.FAILED, error="Stopped: the reservation was released.", finished_at=timezone.now())
+        state=OperationState.CANCELLED, error="Stopped: the reservation was released.", finished_at=timezone.now())
     live = list(reservation.instances.filter(state__in=[InstanceState.PROVISIONING, InstanceState.ACTIVE]))
     return _clean(reservation, live)
 

@@ -214,7 +214,7 @@ class Operation(TenantOwnedModel):
 
     @property
     def is_finished(self) -> bool:
-        return self.state in (OperationState.SUCCEEDED, OperationState.FAILED)
+        return self.state in (OperationState.SUCCEEDED, OperationState.FAILED, OperationState.CANCELLED)
 
 
 class StepRun(models.Model):

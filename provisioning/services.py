@@ -447,7 +447,7 @@ def reservation_cancel(*, actor, reservation: Reservation) -> Reservation:
         _move(reservation, R.CANCELLED, only_from={R.PENDING, R.QUEUED, R.SCHEDULED}, reason="Cancelled by the tenant.")
         allocation_end(reservation=reservation, at=now)
     Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE, state=OperationState.PENDING).update(
-        state=OperationState.FAILED, error="Cancelled before it was placed.")
+        state=OperationState.CANCELLED, error="Cancelled before it was placed.")
     if reservation.state == R.RELEASING:
         lifecycle.release_start(reservation)
     audit_record(actor=actor, action="reservation.cancel", target=reservation, after=_snap(reservation))
