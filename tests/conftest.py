@@ -6,6 +6,7 @@ world of two tenants and the eight personas of the role matrix (tests/world.py).
 import pytest
 from rest_framework.test import APIClient
 
+from tests.ci_required import pytest_runtest_makereport  # noqa: F401 -- the hook: CI runs browser and libvirt tests
 from tests.world import World, build_world
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from django.urls import Resolver404, resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,9 +78,17 @@ def screenshot(page, name: str) -> Path:
 
 
 def url_exists(path: str) -> bool:
-    """Whether the console has a page at ``path`` (pages being built elsewhere may not exist yet)."""
+    """Whether the console has a page at ``path``."""
     try:
         resolve(path)
     except Resolver404:
         return False
     return True
+
+
+def require_pages(paths) -> None:
+    """Fail the test, naming them, when any of ``paths`` is not a page of the console: a missing page
+    is a failure, never a reason to check fewer."""
+    missing = [path for path in paths if not url_exists(path)]
+    if missing:
+        pytest.fail(f"The console has no page at {', '.join(missing)}.", pytrace=False)

@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 
 from provisioning.models import Reservation
 from tenants.models import HighPriorityApplication
-from tests.browser.pages import ACTIVE_TIMEOUT_S, log_in, screenshot, url_exists
+from tests.browser.pages import ACTIVE_TIMEOUT_S, log_in, require_pages, screenshot
 from tests.world import small_fleet, team_record, vm_offering
 
 pytestmark = pytest.mark.slow
@@ -229,39 +229,31 @@ def test_a_script_in_a_reservation_name_is_shown_as_text(tab, console_log, peopl
 
 
 def test_the_tenant_pages_render(tab, people, fleet):
-    """Every page of the tenant menu that exists opens for the tenant's owner, with its heading."""
+    """Every page of the tenant menu opens for the tenant's owner, with its heading; a missing one fails."""
+    require_pages(TENANT_PAGES)
     log_in(tab, people["t1_owner"])
-    missing = []
     for path in TENANT_PAGES:
-        if not url_exists(path):
-            missing.append(path)
-            continue
         response = tab.goto(path)
         assert response.status == 200, path
         expect(tab.get_by_role("heading", level=1)).to_be_visible()
         screenshot(tab, "tenant" + path.rstrip("/").replace("/", "-"))
-    assert len(missing) < len(TENANT_PAGES)
 
 
 def test_the_staff_pages_render(tab, people, fleet):
-    """A platform admin lands on the fleet; the staff pages that exist open, one node's page too."""
+    """A platform admin lands on the fleet; every staff page opens, one node's page too; a missing one fails."""
+    require_pages(STAFF_PAGES)
     log_in(tab, people["platform_admin"])
     assert tab.url.endswith("/staff/fleet/")
-    missing = []
     for path in STAFF_PAGES:
-        if not url_exists(path):
-            missing.append(path)
-            continue
         response = tab.goto(path)
         assert response.status == 200, path
         expect(tab.get_by_role("heading", level=1)).to_be_visible()
         screenshot(tab, "staff" + path.removeprefix("/staff").rstrip("/").replace("/", "-"))
-    if "/staff/fleet/" not in missing:
-        tab.goto("/staff/fleet/")
-        with tab.expect_navigation():
-            tab.locator("a[href^='/staff/fleet/nodes/']").first.click()
-        expect(tab.get_by_role("heading", level=1)).to_be_visible()
-        screenshot(tab, "staff-node")
+    tab.goto("/staff/fleet/")
+    with tab.expect_navigation():
+        tab.locator("a[href^='/staff/fleet/nodes/']").first.click()
+    expect(tab.get_by_role("heading", level=1)).to_be_visible()
+    screenshot(tab, "staff-node")
 
 
 def test_a_team_applies_for_high_priority_and_an_approver_approves_it(new_page, people, world):
@@ -269,8 +261,7 @@ def test_a_team_applies_for_high_priority_and_an_approver_approves_it(new_page, 
     A team member files the application at /high-priority/; a platform approver outside the team
     approves it at /staff/high-priority/; the team's page then shows the status and the outcome.
     """
-    if not (url_exists("/high-priority/") and url_exists("/staff/high-priority/")):
-        pytest.skip("the high-priority pages are not built yet")
+    require_pages(["/high-priority/", "/staff/high-priority/"])
     tenant, team = world.t1.tenant, world.t1.team
     HighPriorityApplication.objects.filter(team=team).delete()  # the world's pending one: one at a time
     team_record(team, used=3)  # 30 days of reservations used as booked: above every threshold
