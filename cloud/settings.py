@@ -458,6 +458,10 @@ MERIDIAN_MAX_ADVANCE = timedelta(days=env.int("MERIDIAN_MAX_ADVANCE_DAYS", defau
 # Clock skew tolerated on a requested start in the past.
 MERIDIAN_START_SKEW = timedelta(seconds=env.int("MERIDIAN_START_SKEW_SECONDS", default=60))
 MERIDIAN_SPOT_GRACE = timedelta(seconds=env.int("MERIDIAN_SPOT_GRACE_SECONDS", default=120))
+# How long before an active reservation's end its team is told it ends soon (provisioning.notices,
+# once per reservation and end, by the lifecycle tick).
+MERIDIAN_RESERVATION_ENDING_NOTICE = timedelta(minutes=env.int("MERIDIAN_RESERVATION_ENDING_NOTICE_MINUTES",
+                                                               default=30))
 # Share of each region's GPUs of a model (per pool) kept free for on-demand bursts (reserved and
 # spot work may not use it).
 MERIDIAN_HEADROOM = env.float("MERIDIAN_HEADROOM", default=0.10)

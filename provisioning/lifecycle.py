@@ -42,6 +42,7 @@ from cloud.services import node_transition
 from cloud.transitions import GPU_TRANSITIONS
 from security.audit import audit_record, audit_record_many
 
+from . import notices
 from .allocations import allocation_end, allocations_archive
 from .choices import InstanceState, OperationKind, OperationState, StepState
 from .choices import ReservationState as R
@@ -875,6 +876,7 @@ def _provisioned_many(operations: list[Operation]) -> None:
         reservation.state, reservation.state_reason, reservation.state_changed_at = R.ACTIVE, "", now
     audit_record_many(actor=None, action="reservation.active",
                       changes=[(reservation, {"state": R.ACTIVE}) for reservation in activated])
+    notices.reservations_notify(activated, notices.READY)
 
 
 def _released(operation: Operation, *, outcome: str = OperationState.SUCCEEDED, error: str = "") -> None:
@@ -933,8 +935,9 @@ def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> N
                               "keeping its place in the queue.")
     else:
         allocation_end(reservation=reservation, at=timezone.now())
-        _move_reservation(reservation, R.FAILED, only_from={R.PROVISIONING},
-                          reason=f"Provisioning failed on {failures} nodes; last: {fault.cause}")
+        if _move_reservation(reservation, R.FAILED, only_from={R.PROVISIONING},
+                             reason=f"Provisioning failed on {failures} nodes; last: {fault.cause}"):
+            notices.reservations_notify([reservation], notices.FAILED)
     audit_record(actor=None, action="reservation.provision_failed", target=reservation,
                  after={"error": message[:500], "failures": failures})
 
@@ -1014,14 +1017,15 @@ def tick(*, now=None, limit: int = 200) -> dict:
     """
     Start due reservations, release ended ones, validate waiting nodes, attest idle ones that are
     due (MERIDIAN_ATTESTATION_IDLE_INTERVAL, a few per tick), replace failed hardware that still
-    waits for capacity (provisioning.replacement), resume or fail stuck work.
+    waits for capacity (provisioning.replacement), resume or fail stuck work, tell teams whose
+    reservations end soon.
     """
     from .replacement import replacements_due, reservation_replace
     from .services import reservation_expire
 
     now = now or timezone.now()
     report = {"started": 0, "expired": 0, "releases": 0, "validations": 0, "attestations": 0, "replacements": 0,
-              "resumed": 0, "failed_stuck": 0, "errors": 0}
+              "resumed": 0, "failed_stuck": 0, "ending_soon": 0, "errors": 0}
 
     def each(items, act, counter):
         # One bad item is logged and skipped: it must not stop the rest of the tick.
@@ -1061,6 +1065,12 @@ def tick(*, now=None, limit: int = 200) -> dict:
         stuck_before = now - settings.MERIDIAN_STUCK_AFTER
         each(Operation.objects.filter(state__in=UNFINISHED, updated_at__lt=stuck_before)[:limit],
              lambda operation: "resumed" if _resume(operation) else "failed_stuck", "resumed")
+    try:  # told once per reservation and end (provisioning.notices): a second tick finds them told
+        with transaction.atomic():
+            report["ending_soon"] = notices.reservations_ending_soon(now=now)
+    except Exception:
+        log.exception("lifecycle tick: the ending-soon notices failed")
+        report["errors"] += 1
     report["archived"] = allocations_archive()  # by the clock, whatever ``now`` the tick was given
     return report
 

@@ -22,7 +22,7 @@ from security.audit import audit_event, audit_record, audit_record_many, snapsho
 from security.models import AuditEvent
 from tenants.models import Tenant
 
-from . import admission, lifecycle
+from . import admission, lifecycle, notices
 from .allocations import (
     BindDeadlocked,
     Binding,
@@ -158,6 +158,8 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
     reservation.state, reservation.state_reason = R.QUEUED, "Waiting for the scheduler."
     reservation.save(force_insert=True)
     insert_objects(_place_operation(reservation), _create_event(actor, reservation))
+    if ask.requested_start is None or ask.requested_start <= now:
+        notices.reservations_notify([reservation], notices.QUEUED)  # wanted now, but waits
     return reservation
 
 
@@ -421,6 +423,7 @@ def reservation_evict(*, victim_id, by: Reservation, at: datetime) -> None:
     # The victim's tenant reads this event: it says when, not by whom (preempted_by stays internal).
     audit_record(actor=None, action="reservation.preempt", target=victim,
                  after={"at": at.isoformat(), "state": victim.state})
+    notices.reservations_notify([victim], notices.EVICTED, at=at, now=now)
 
 
 #
