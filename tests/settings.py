@@ -22,6 +22,9 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {"principal": "100000/min", "anonymous": "100000/min"},
 }
 WHITENOISE_AUTOREFRESH = True
+# Each test process (xdist worker) publishes the audit heads of its own test database; tests/conftest.py
+# clears them after each test.
+MERIDIAN_AUDIT_HEAD_DIR = os.path.join(tempfile.gettempdir(), f"meridian-test-audit-heads-{os.getpid()}")
 # One cache per test process (the embedded default's file cache would be shared by the xdist
 # workers, which clear it between tests).
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "meridian-tests"}}
