@@ -186,13 +186,19 @@ def context(request) -> dict:
     def teams():
         return list(Team.objects.visible_to(principal).order_by("name")) if principal.tenant else []
 
-    # The switchers are read only by pages that draw the top bar (templates call a callable):
-    # the htmx partials polled every few seconds run no query for them.
+    def unread():
+        from tenants.notifications import unread_count
+
+        return unread_count(principal)
+
+    # The switchers and the unread count are read only by pages that draw the top bar (templates
+    # call a callable): the htmx partials polled every few seconds run no query for them.
     return {
         "principal": principal,
         "can": Abilities(principal),
         "switch_tenants": tenants,
         "switch_teams": teams,
+        "unread_notifications": unread,
         "chosen_team": request.session.get(SESSION_TEAM) or "",
         "is_staff_view": principal.is_platform,
         "sees_audit": may(principal, "audit-events", write=False),

@@ -482,3 +482,10 @@ class Notification(TenantOwnedModel):
 
     def __str__(self):
         return f"{self.kind}: {self.title}"
+
+    @property
+    def kind_label(self) -> str:
+        """The kind in words, for the console ('Reservation ready', not ``reservation.ready``)."""
+        from .notifications import kind_label
+
+        return kind_label(self.kind)

@@ -133,3 +133,48 @@ def test_list_query_count_does_not_grow_with_notifications(console, world, djang
     with django_assert_max_num_queries(len(few)):
         body = client.get(PAGE).content.decode()
     assert "More 039" in body
+
+
+def unread_badge(page: str) -> str | None:
+    """The top bar's unread count as drawn (None when it shows none)."""
+    import re
+
+    found = re.search(r'<a [^>]*id="topbar-notifications"[^>]*>.*?<span class="count"[^>]*>(\d+)</span>', page, re.S)
+    return found[1] if found else None
+
+
+def test_the_top_bar_counts_what_the_user_has_unread_on_every_page(console, world):
+    Notification.objects.filter(tenant=world.t1.tenant).delete()
+    notify(world.t1.tenant, user=world.users["t1_member"], kind="test.mine", title="Mine", body="")
+    notify(world.t1.tenant, team=world.t1.team, kind="test.team", title="The team's", body="")
+    notify(world.t1.tenant, user=world.users["t1_admin"], kind="test.theirs", title="The admin's", body="")
+    read = notify(world.t1.tenant, kind="test.read", title="Read already", body="")
+    Notification.objects.filter(pk=read.pk).update(read_at=timezone.now())
+    member = console("t1_member")
+
+    for page in ("/", "/reservations/", "/vpcs/"):
+        assert unread_badge(member.get(page).content.decode()) == "2", page
+    assert 'aria-label="Notifications, 2 unread"' in member.get("/").content.decode()
+    assert unread_badge(console("t1_viewer").get("/").content.decode()) is None  # not in the team
+
+    member.post(reverse("notification-read-all"))
+    assert unread_badge(member.get("/").content.decode()) is None
+
+
+def test_the_top_bar_count_is_one_query(console, world):
+    member = console("t1_member")
+    member.get("/reservations/")
+    with CaptureQueriesContext(connection) as queries:
+        member.get("/reservations/")
+    counting = [q["sql"] for q in queries.captured_queries if "COUNT(" in q["sql"] and "notification" in q["sql"]]
+    assert len(counting) == 1
+
+
+def test_a_notification_says_what_happened_in_words_not_its_code(console, world):
+    notify(world.t1.tenant, team=world.t1.team, kind="reservation.ready", title="job is ready", body="Running.")
+    notify(world.t1.tenant, team=world.t1.team, kind="high_priority.approved", title="Approved", body="")
+
+    page = console("t1_member").get(PAGE).content.decode()
+
+    assert "<code>reservation.ready</code>" not in page and "<code>high_priority.approved</code>" not in page
+    assert "Reservation ready" in page and "High priority approved" in page
