@@ -6,6 +6,7 @@ console page in the console's shell that says what happened and offers a way bac
 from __future__ import annotations
 
 import logging
+import sys
 
 from django.http import HttpResponse, HttpResponseServerError
 from django.shortcuts import render
@@ -13,6 +14,7 @@ from django.template.loader import render_to_string
 
 from cloud.api.errors import api_not_found, api_server_error
 from cloud.console import console_principal, forbidden
+from cloud.transient import RETRY_AFTER_S, fresh_connections, transient_database_error
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,13 @@ def permission_denied(request, exception=None) -> HttpResponse:
 def server_error(request) -> HttpResponse:
     """
     500: drawn from the request alone (no session, no principal, no database: it may be what
-    failed), with the request id to quote to the operator.
+    failed), with the request id to quote to the operator; 503 with Retry-After when the database
+    was away a moment (``cloud.transient``).
     """
     if request.path.startswith("/api/"):
         return api_server_error(request)
-    return HttpResponseServerError(render_to_string("500.html", {"request_id": getattr(request, "id", "")}))
+    page = render_to_string("500.html", {"request_id": getattr(request, "id", "")})
+    if transient_database_error(sys.exc_info()[1]):  # the database was away a moment: nothing was changed
+        fresh_connections()
+        return HttpResponse(page, status=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+    return HttpResponseServerError(page)

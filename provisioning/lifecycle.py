@@ -39,6 +39,7 @@ from cloud.choices import GPUState, Health, NodePool, NodeState, OfferingKind
 from cloud.errors import Conflict
 from cloud.models import GPU, Node
 from cloud.services import node_transition
+from cloud.transient import transient_database_error
 from cloud.transitions import GPU_TRANSITIONS
 from security.audit import audit_record, audit_record_many
 
@@ -506,12 +507,14 @@ def _run_steps(ids: list[str], step: str, dispatch: str | None, *, chain: bool) 
         ready.append(operation)
     lost = [operation for operation in ready if operation.attempt]
     if lost:
-        # A run still "running" here lost its worker (this is its redelivery or the reaper's resume).
+        # A run still "running" here lost its worker or its database connection (this is its
+        # redelivery, its task's retry or the reaper's resume).
         lost_runs = Q()
         for operation in lost:
             lost_runs |= Q(operation=operation, name=operation.step)
         StepRun.objects.filter(lost_runs, state=StepState.RUNNING).update(
-            state=StepState.FAILED, error="The worker was lost during this step; it ran again.",
+            state=StepState.FAILED, error="The worker was lost during this step (or its database connection was); "
+                                          "it ran again.",
             finished_at=timezone.now())
     for operation in [operation for operation in ready if operation.attempt + 1 > _attempt_limit(operation)]:
         # Every delivery so far died with its worker (out of memory, a driver crash): stop here.
@@ -551,6 +554,10 @@ def _run_batch(batch: list[tuple[Context, StepRun]], dispatch: str | None, *, ch
             outcomes[str(operation.pk)] = _step_failed(operation, run, fault, run.attempt)
             continue
         except Exception as exc:
+            if transient_database_error(exc):
+                # The database, not the node: the whole task runs again on a fresh connection
+                # (cloud.celery.MeridianTask) and the steps find their work done.
+                raise
             # A bug or an unexpected answer: retried like a transient error, then failed for good,
             # never left running until the reaper finds it.
             log.exception("Step %s of operation %s raised", run.name, operation.pk)

@@ -97,7 +97,8 @@ def kill(pid: int, sig: int = signal.SIGKILL) -> None:
 class Worker:
     """``celery worker`` in a subprocess: one queue, one prefork child, the test database; its log in a file."""
 
-    def __init__(self, name: str, queue: str, log_dir: Path, simulation: dict):
+    def __init__(self, name: str, queue: str, log_dir: Path, simulation: dict, *, app: str = "cloud",
+                 env: dict | None = None):
         self.name = name
         # In the command line of the worker and of its pool children (forked from it): a process
         # without it is not this worker's, whatever its pid -- pids are reused (pid_max is often
@@ -107,11 +108,11 @@ class Worker:
         self.log = log_dir / f"worker-{name}.log"
         env = {**os.environ, "DATABASE_URL": database_url_of_tests(), "CELERY_BROKER_URL": BROKER,
                "MERIDIAN_CELERY_QUEUE": queue, "MERIDIAN_SIMULATION": json.dumps(simulation),
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", **(env or {})}
         env.pop("CELERY_BROKER_WRITE_URL", None)
         with self.log.open("w") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "cloud", "worker", "--queues", queue, "--concurrency", "1",
+                [sys.executable, "-m", "celery", "-A", app, "worker", "--queues", queue, "--concurrency", "1",
                  "--pool", "prefork", "--without-mingle", "--without-gossip", "--without-heartbeat",
                  "--loglevel", "INFO", "--hostname", f"{self.marker.decode()}%h"],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -220,8 +221,8 @@ def workers(queue, tmp_path):
     """Start workers on ``queue`` (``workers.start(name, simulation)``); all are stopped afterwards."""
 
     class Workers(list):
-        def start(self, name: str, simulation: dict) -> Worker:
-            worker = Worker(name, queue, tmp_path, simulation)
+        def start(self, name: str, simulation: dict, **options) -> Worker:
+            worker = Worker(name, queue, tmp_path, simulation, **options)
             self.append(worker)
             return worker
 

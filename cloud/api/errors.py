@@ -5,12 +5,17 @@ The API's one error format (drf-standardized-errors), extended for domain errors
                                          "meta": {"limit": 8, "in_use": 6, "asked": 4}}]}
 
 Database conflicts that slip past a service's checks (a unique race, a protected delete) are a
-409, never a 500. Unknown /api/ URLs get the same shape (``not_found``).
+409, never a 500. A transient database error (``cloud.transient``: the connection lost, a
+serialization failure, a deadlock) rolled the request back whole: a 503 ``database_unavailable``
+with ``Retry-After``, safe to send again (with the same Idempotency-Key for a create). Unknown
+/api/ URLs get the same shape (``not_found``).
 
 An answer stays small whatever the body carried: the first ``MAX_ERRORS`` errors, then one
 ``too_many_errors`` saying how many more; a detail or attr that repeats a long value is cut short.
 """
 
+import logging
+import sys
 from dataclasses import asdict
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -23,10 +28,26 @@ from rest_framework import exceptions, status
 
 from cloud.errors import Conflict
 from cloud.middleware import error_body
+from cloud.transient import RETRY_AFTER_S, fresh_connections, transient_database_error
+
+log = logging.getLogger(__name__)
+
+
+class DatabaseUnavailable(exceptions.APIException):
+    """The database was unreachable for a moment (or aborted the transaction); nothing was changed."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "database_unavailable"
+    default_detail = ("The database was briefly unavailable and nothing was changed; send the request again in a "
+                      "few seconds (a create with the same Idempotency-Key).")
+    wait = RETRY_AFTER_S  # the Retry-After header
 
 
 class ExceptionHandler(handler.ExceptionHandler):
     def convert_known_exceptions(self, exc):
+        if transient_database_error(exc):
+            fresh_connections()  # the next request on this thread gets a working connection
+            return DatabaseUnavailable()
         if isinstance(exc, ProtectedError):
             return Conflict("The object is still in use by other objects; remove those first.", code="protected")
         if isinstance(exc, IntegrityError):
@@ -36,6 +57,14 @@ class ExceptionHandler(handler.ExceptionHandler):
             detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
             return exceptions.ValidationError(detail)
         return super().convert_known_exceptions(exc)
+
+    def report_exception(self, exc, response):
+        if isinstance(exc, DatabaseUnavailable):
+            # Handled, not a crash: one line for the operator, no error report (the client retries).
+            log.warning("database unavailable during %s: %s", getattr(self.context.get("request"), "path", "?"),
+                        self.exc)
+            return
+        super().report_exception(exc, response)
 
 
 MAX_ERRORS = 20
@@ -102,5 +131,9 @@ def api_server_error(request):
     from django.views.defaults import server_error
 
     if request.path.startswith("/api/"):
+        if transient_database_error(sys.exc_info()[1]):  # raised outside a view (authentication middleware)
+            fresh_connections()
+            body = error_body("server_error", DatabaseUnavailable.default_code, DatabaseUnavailable.default_detail)
+            return JsonResponse(body, status=503, headers={"Retry-After": str(RETRY_AFTER_S)})
         return JsonResponse(error_body("server_error", "error", "Server Error (500)"), status=500)
     return server_error(request)
