@@ -20,7 +20,8 @@ import ipaddress
 import logging
 import secrets
 from collections import defaultdict
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -456,23 +457,57 @@ def isolation_violations(fabric: Fabric) -> list[str]:
     return problems
 
 
+@dataclass
+class Member:
+    """An instance in a VPC now: how many of its ports are members, and their IPoIB addresses."""
+
+    instance: Instance
+    ports: int
+    addresses: list[str]
+    joined_at: datetime
+
+
+def _address_key(address: str | None) -> tuple:
+    return (1, 0) if not address else (0, int(ipaddress.IPv4Address(address)))
+
+
+def vpc_members(vpc: VPC, *, related: tuple[str, ...] = ()) -> tuple[list[Member], set[str]]:
+    """
+    The instances in ``vpc`` now, in address order -- numerically, .9 before .10, whatever the
+    database (SQLite sorts addresses as text) -- each with its addresses in that order; and the
+    live port GUIDs. ``related``: more of the instance to read along (``reservation``).
+    """
+    rows = PortMembership.objects.filter(vpc=vpc, left_at__isnull=True).select_related(
+        *(["instance"] + [f"instance__{name}" for name in related]))
+    members: dict = {}
+    guids = set()
+    for row in rows:
+        guids.add(row.guid)
+        member = members.setdefault(row.instance_id, Member(row.instance, 0, [], row.joined_at))
+        member.ports += 1
+        member.joined_at = min(member.joined_at, row.joined_at)
+        if row.address:
+            member.addresses.append(row.address)
+    for member in members.values():
+        member.addresses.sort(key=_address_key)
+    ordered = sorted(members.values(), key=lambda m: (_address_key(m.addresses[0] if m.addresses else None),
+                                                      m.instance.name))
+    return ordered, guids
+
+
 def isolation_report(vpc: VPC) -> dict:
     """
     What a tenant can show its auditors about one VPC: its partition, its members (instances, not
     raw port GUIDs), what the fabric shows right now, and the reconciler's findings.
     """
-    members = defaultdict(lambda: {"ports": 0, "addresses": []})
-    rows = PortMembership.objects.filter(vpc=vpc, left_at__isnull=True).select_related("instance")
-    for row in rows.order_by("instance__name", "address"):
-        entry = members[row.instance_id]
-        entry.update(instance=str(row.instance_id), name=row.instance.name,
-                     reservation=str(row.instance.reservation_id), joined_at=row.joined_at.isoformat())
-        entry["ports"] += 1
-        entry["addresses"].append(row.address)
+    members, guids = vpc_members(vpc)
     report = {"vpc": str(vpc.pk), "name": vpc.name, "fabric": str(vpc.fabric), "pkey": f"{vpc.pkey:#06x}",
-              "cidr": vpc.cidr, "state": vpc.state, "members": list(members.values()),
+              "cidr": vpc.cidr, "state": vpc.state,
+              "members": [{"ports": m.ports, "addresses": m.addresses, "instance": str(m.instance.pk),
+                           "name": m.instance.name, "reservation": str(m.instance.reservation_id),
+                           "joined_at": m.joined_at.isoformat()} for m in members],
               "generated_at": timezone.now().isoformat()}
-    report["fabric_now"] = _fabric_now(vpc, {row.guid for row in rows})
+    report["fabric_now"] = _fabric_now(vpc, guids)
     last = FabricReconciliation.objects.filter(fabric=vpc.fabric, finished_at__isnull=False).first()
     mine = [d for d in (last.drift if last else []) if d.get("vpc") == str(vpc.pk)]
     report["last_reconciliation"] = None if last is None else {

@@ -37,8 +37,8 @@ from tenants.models import Team
 from . import services, vpcs
 from .choices import VPCState
 from .drivers.fabric import MTUS
-from .models import VPC, PortMembership
-from .network import isolation_report
+from .models import VPC
+from .network import isolation_report, vpc_members
 
 PAGE_SIZE = 50
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # the API's (provisioning.api.networks.NAME)
@@ -141,16 +141,9 @@ def vpc_new(request):
 @console_page("vpcs")
 def vpc_detail(request, pk):
     vpc = get_object_or_404(_listed(request), pk=pk)
-    rows = (PortMembership.objects.filter(vpc=vpc, left_at__isnull=True)
-            .select_related("instance__reservation").order_by("instance__name", "address"))
-    members: dict = {}
-    for row in rows:
-        entry = members.setdefault(row.instance_id, {"instance": row.instance, "ports": 0, "addresses": [],
-                                                     "joined_at": row.joined_at})
-        entry["ports"] += 1
-        entry["addresses"].append(row.address)
+    members, _ = vpc_members(vpc, related=("reservation",))
     return render(request, "provisioning/vpc_detail.html", {
-        "vpc": vpc, "members": list(members.values()),
+        "vpc": vpc, "members": members,
         "can_delete": vpc.state not in GONE and scoped(request, VPC, CHANGE).filter(pk=vpc.pk).exists(),
     })
 

@@ -633,7 +633,6 @@ UNKNOWN_URLS = [
     ("post", "/api/v1/does-not-exist/"),
     ("get", "/api/v2/teams/"),
     ("get", "/api/"),
-    ("get", "/api/v1/"),
     ("get", "/api/v1/teams/extra/segments/here/"),
     ("get", "/api/v1/nodes/../../admin/"),
     ("get", "/api/v1/%00/"),

@@ -155,7 +155,7 @@ def test_run_command_serves_console_and_api_and_stops_cleanly(tmp_path):
         assert operation["state"] == "succeeded" and list(dict.fromkeys(s["name"] for s in operation["steps"])) == [
             "define_domain", "start_domain", "join_network", "verify", "hand_over"]
         assert [s["state"] for s in operation["steps"] if s["name"] == "verify"][-1] == "succeeded"
-        receipts = api(f"reservations/{now['id']}/receipts/")
+        receipts = api(f"reservations/{now['id']}/receipts/")["results"]
         assert len(receipts) == 1 and receipts[0]["receipt"].count(".") == 2  # signed before the hand-over
         # Released, it is cleaned: the GPU scrub goes through the node's (simulated) agent.
         api(f"reservations/{now['id']}/release/", {})

@@ -161,6 +161,7 @@ def available_node(w: World) -> str:
 
 MATRIX: dict[tuple[str, str], Case] = {
     # ------------------------------------------------------------- anon vie mem adm own t2m apr pad
+    ("GET", "api-root"): Case("200 200 200 200 200 200 200 200", lambda w: f"{V1}/"),
     ("GET", "me"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/me/"),
     ("GET", "audit-chain"): Case("401 403 403 403 403 403 403 200", lambda w: f"{V1}/audit-chain/"),
     ("POST", "invitation-accept"): Case(

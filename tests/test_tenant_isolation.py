@@ -27,8 +27,9 @@ from tests.world import issue_token
 PLATFORM_RESOURCES = {"regions", "gpu-models", "offerings", "fabrics", "nodes", "gpus", "trust-anchors", "revocations",
                       "reference-measurements", "attestation-reports"}
 # Plain views that are not about a tenant's objects: the caller itself, accepting an invitation
-# (scoped by its secret), and the audit chain's verification (platform admins only).
-NOT_TENANT_SCOPED_VIEWS = {"me", "invitation-accept", "audit-chain"}
+# (scoped by its secret), the audit chain's verification (platform admins only), and the API root
+# (the list of resources, the same for everyone).
+NOT_TENANT_SCOPED_VIEWS = {"me", "invitation-accept", "audit-chain", "api-root"}
 
 ATTACKER = "t2_owner"
 TENANT_RESOURCES = sorted(basename for _, _, basename in router.registry if basename not in PLATFORM_RESOURCES)

@@ -7,12 +7,14 @@ The API's base classes: every view of /api/v1/ derives from one of them.
 - ``TenantScopedViewSet`` serves tenant-owned models; ``PlatformViewSet`` platform-owned ones.
 - ``ScopedRelatedField`` accepts only objects the principal can see, so a payload cannot point
   at another tenant's team (it is "not found", like one that does not exist).
-- ``StrictSerializerMixin`` refuses unknown and read-only fields instead of ignoring them.
+- ``StrictSerializerMixin`` refuses unknown and read-only fields instead of ignoring them;
+  ``JSONNumberMixin`` (``StrictIntegerField``, ``StrictFloatField``) refuses "12" for a number.
 - ``BoundedListField``/``BoundedDictField``: a list or mapping is refused on its length before
   any of its items is validated or looked up.
 """
 
 from django.core.exceptions import ObjectDoesNotExist
+from django.db import models
 from django.utils.encoding import smart_str
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
@@ -124,13 +126,29 @@ class CatalogueSlugField(QuerysetSharedOnCopy, serializers.SlugRelatedField):
             self.fail("invalid")
 
 
-class StrictIntegerField(serializers.IntegerField):
-    """An integer given as a JSON number: "8" (a string), 8.5 or true are refused, not coerced."""
+class JSONNumberMixin:
+    """
+    A number given as a JSON number: "8" (a string) or true is refused, not coerced, so every
+    numeric field answers "12" the same way. (Exact decimals are answered as strings, so a
+    DecimalField takes a string too.)
+    """
 
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, int | float):
-            self.fail("invalid")
+            raise serializers.ValidationError('Give a JSON number, like 12 (not "12" or true).', code="invalid")
         return super().to_internal_value(data)
+
+
+class StrictIntegerField(JSONNumberMixin, serializers.IntegerField):
+    """An integer given as a JSON number: "8" (a string), 8.5 or true are refused, not coerced."""
+
+
+class StrictFloatField(JSONNumberMixin, serializers.FloatField):
+    """A number given as a JSON number: "12" (a string) or true are refused, not coerced."""
+
+
+class NumberChoiceField(JSONNumberMixin, serializers.ChoiceField):
+    """One of a few numbers (the IB MTU), given as a JSON number."""
 
 
 class BoundedListField(serializers.ListField):
@@ -189,4 +207,10 @@ class StrictSerializer(StrictSerializerMixin, serializers.Serializer):
 
 
 class StrictModelSerializer(StrictSerializerMixin, serializers.ModelSerializer):
-    pass
+    # A model's integer and float columns take JSON numbers only, like the declared fields.
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        **dict.fromkeys([models.IntegerField, models.BigIntegerField, models.PositiveIntegerField,
+                         models.PositiveSmallIntegerField, models.SmallIntegerField], StrictIntegerField),
+        models.FloatField: StrictFloatField,
+    }

@@ -1,7 +1,10 @@
 """/api/v1/: every app's resources on one router, so the route walkers in the tests see them all."""
 
 from django.urls import path
-from rest_framework.routers import DefaultRouter
+from rest_framework import routers
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.reverse import reverse
 
 from provisioning.api import networks, sla
 from provisioning.api import views as provisioning
@@ -10,10 +13,29 @@ from security.api.views import AuditEventViewSet
 from tenants.api import views as tenants
 
 from . import views as cloud
+from .base import PrincipalMixin
+
+# The endpoints beside the router's resources, by the name the root lists them under.
+PLAIN_ENDPOINTS = {"me": "me", "audit-chain": "audit-chain", "invitations/accept": "invitation-accept",
+                   "schema": "schema", "docs": "swagger-ui"}
 
 
-class Router(DefaultRouter):
-    include_root_view = False
+class APIRootView(PrincipalMixin, routers.APIRootView):
+    """
+    GET /api/v1/: every resource by name with its URL, the endpoints beside them, the schema and
+    the docs. Open to anyone, like the schema it points to; each resource decides who may use it.
+    """
+
+    permission_classes = [AllowAny]
+
+    def get(self, request, *args, **kwargs):
+        listed = dict(super().get(request, *args, **kwargs).data)
+        listed.update({name: reverse(url_name, request=request) for name, url_name in PLAIN_ENDPOINTS.items()})
+        return Response(listed)
+
+
+class Router(routers.DefaultRouter):
+    APIRootView = APIRootView
 
 
 router = Router()

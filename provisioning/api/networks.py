@@ -10,8 +10,10 @@ from rest_framework.response import Response
 
 from cloud.api.base import (
     SLUG_PATTERN,
+    NumberChoiceField,
     ReadMixin,
     ScopedRelatedField,
+    StrictFloatField,
     StrictIntegerField,
     StrictSerializer,
     TenantScopedViewSet,
@@ -24,8 +26,8 @@ from tenants.models import Team
 from .. import services, vpcs
 from ..choices import VPCState
 from ..drivers.fabric import MTUS, PKEY_MAX, PKEY_MIN
-from ..models import VPC, PortMembership
-from ..network import isolation_report
+from ..models import VPC
+from ..network import isolation_report, vpc_members
 from .views import IDEMPOTENCY_PARAMETER
 
 NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -66,9 +68,9 @@ class VPCCreateSerializer(StrictSerializer):
     cidr = serializers.CharField(max_length=43, required=False,
                                  help_text="IPoIB subnet, /16 to /28 of a private range; a free /24 if left out.")
     pkey = PKeyField(required=False, help_text="A P_Key of the fabric's pool; drawn for you if left out.")
-    mtu = serializers.ChoiceField(choices=MTUS, default=4096)
+    mtu = NumberChoiceField(choices=MTUS, default=4096)
     service_level = StrictIntegerField(min_value=0, max_value=15, default=0)
-    rate_gbps = serializers.FloatField(required=False, allow_null=True, min_value=1)
+    rate_gbps = StrictFloatField(required=False, allow_null=True, min_value=1)
     team = ScopedRelatedField(queryset=Team.objects.all(), required=False, allow_null=True)
 
     def validate(self, attrs):
@@ -159,18 +161,13 @@ class VPCViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
     @extend_schema(responses=MemberSerializer(many=True))
     @action(detail=True, methods=["get"])
     def members(self, request, pk=None):
-        """The instances in the VPC now, with their IPoIB addresses."""
-        vpc = self.get_object()
-        rows = PortMembership.objects.filter(vpc=vpc, left_at__isnull=True).select_related("instance").order_by(
-            "instance__name", "address")
-        members: dict = {}
-        for row in rows:
-            entry = members.setdefault(row.instance_id, {
-                "instance": row.instance_id, "name": row.instance.name, "reservation": row.instance.reservation_id,
-                "state": row.instance.state, "ports": 0, "addresses": [], "joined_at": row.joined_at})
-            entry["ports"] += 1
-            entry["addresses"].append(row.address)
-        return Response(MemberSerializer(members.values(), many=True).data)
+        """The instances in the VPC now, with their IPoIB addresses, in address order; paginated like every list."""
+        members, _ = vpc_members(self.get_object())
+        page = self.paginate_queryset(members)
+        return self.get_paginated_response(MemberSerializer([{
+            "instance": m.instance.pk, "name": m.instance.name, "reservation": m.instance.reservation_id,
+            "state": m.instance.state, "ports": m.ports, "addresses": m.addresses, "joined_at": m.joined_at,
+        } for m in page], many=True).data)
 
     @action(detail=True, methods=["get"], url_path="isolation-report")
     def isolation_report(self, request, pk=None):

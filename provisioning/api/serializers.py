@@ -15,6 +15,7 @@ from cloud.api.base import (
     BoundedListField,
     CatalogueSlugField,
     ScopedRelatedField,
+    StrictFloatField,
     StrictIntegerField,
     StrictSerializer,
 )
@@ -53,8 +54,8 @@ class SpecSerializer(StrictSerializer):
     """A logical GPU: the best-fitting model with at least this much compute and memory."""
 
     kind = serializers.ChoiceField(choices=OfferingKind.choices)
-    min_fp16_tflops = serializers.FloatField(min_value=0, max_value=1_000_000)
-    min_memory_gib = serializers.IntegerField(min_value=1, max_value=4096)
+    min_fp16_tflops = StrictFloatField(min_value=0, max_value=1_000_000)
+    min_memory_gib = StrictIntegerField(min_value=1, max_value=4096)
 
 
 @extend_schema_field({"oneOf": [{"type": "number", "minimum": 0, "maximum": 1},
@@ -92,7 +93,7 @@ class ReservationCreateSerializer(StrictSerializer):
                                min_length=1, max_length=MAX_REGIONS, help_text="Acceptable regions, preferred first.")
     start = serializers.DateTimeField(required=False, allow_null=True,
                                       help_text="Start of an advance reservation; empty for as soon as possible.")
-    duration_hours = serializers.FloatField(min_value=0.01, max_value=24 * 366)
+    duration_hours = StrictFloatField(min_value=0.01, max_value=24 * 366)
     billing_term = serializers.ChoiceField(choices=BillingTerm.choices, default=BillingTerm.ON_DEMAND)
     spot_max_price = serializers.DecimalField(max_digits=8, decimal_places=4, min_value=Decimal("0"),
                                               required=False, allow_null=True)
@@ -135,7 +136,7 @@ class ReservationCreateSerializer(StrictSerializer):
 
 
 class ExtendSerializer(StrictSerializer):
-    hours = serializers.FloatField(min_value=0.01, max_value=24 * 366)
+    hours = StrictFloatField(min_value=0.01, max_value=24 * 366)
 
 
 class ReservationSerializer(serializers.ModelSerializer):

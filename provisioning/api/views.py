@@ -82,7 +82,8 @@ class ReservationViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
         """
         from ..receipts import receipts_of
 
-        return Response(s.ReceiptSerializer(receipts_of(self.get_object()), many=True).data)
+        page = self.paginate_queryset(receipts_of(self.get_object()))
+        return self.get_paginated_response(s.ReceiptSerializer(page, many=True).data)
 
     @extend_schema(responses=s.ScoreSerializer)
     @action(detail=True, methods=["get"])

@@ -7,7 +7,13 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from cloud.api.base import SLUG_PATTERN, ScopedRelatedField, StrictModelSerializer, StrictSerializer
+from cloud.api.base import (
+    SLUG_PATTERN,
+    ScopedRelatedField,
+    StrictIntegerField,
+    StrictModelSerializer,
+    StrictSerializer,
+)
 from cloud.models import GPUModel
 
 from ..choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
@@ -165,7 +171,7 @@ class APITokenSerializer(StrictModelSerializer):
     user = serializers.EmailField(source="user.email", read_only=True)
     display = serializers.SerializerMethodField(help_text="The token's public prefix, to recognise it.")
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
-    expires_in_days = serializers.IntegerField(
+    expires_in_days = StrictIntegerField(
         required=False, min_value=1, max_value=36_500, write_only=True,
         help_text="Alternative to expires_at; at most the configured maximum (365 days by default).",
     )
@@ -212,7 +218,7 @@ class QuotaSerializer(StrictModelSerializer):
         slug_field="slug", queryset=GPUModel.objects.all(), required=False, allow_null=True
     )
     resource = serializers.ChoiceField(choices=QuotaResource.choices)
-    limit = serializers.IntegerField(min_value=0, max_value=1_000_000)
+    limit = StrictIntegerField(min_value=0, max_value=1_000_000)
 
     class Meta:
         model = Quota
@@ -222,7 +228,7 @@ class QuotaSerializer(StrictModelSerializer):
 
 
 class QuotaUpdateSerializer(StrictSerializer):
-    limit = serializers.IntegerField(min_value=0, max_value=1_000_000)
+    limit = StrictIntegerField(min_value=0, max_value=1_000_000)
 
 
 #

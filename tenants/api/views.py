@@ -3,7 +3,7 @@
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
-from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
 from rest_framework.response import Response
 
 from cloud.api.base import PrincipalAPIView, ReadMixin, TenantScopedViewSet
@@ -195,7 +195,9 @@ class InvitationAcceptView(PrincipalAPIView):
     account with an e-mail address and a password. Scoped by the secret, not by a tenant.
     """
 
-    permission_classes = [WritableCredentials]
+    # Open to anyone (a new person has no account yet): AllowAny says so in the schema too; a
+    # caller who does send a token must send a read-write one.
+    permission_classes = [AllowAny, WritableCredentials]
 
     @extend_schema(request=s.InvitationAcceptSerializer, responses={201: s.MyMembershipSerializer})
     def post(self, request):

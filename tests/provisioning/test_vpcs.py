@@ -156,7 +156,7 @@ def test_a_server_joins_the_tenants_default_vpc_with_its_ports_and_leaves_on_rel
     addresses = set(PortMembership.objects.filter(instance=instance).values_list("address", flat=True))
     assert len(addresses) == 8 and all(a.startswith("10.128.0.") for a in addresses)
 
-    members = world.client("t1_viewer").get(f"{VPCS}{vpc.pk}/members/").json()
+    members = world.client("t1_viewer").get(f"{VPCS}{vpc.pk}/members/").json()["results"]
     assert [(m["name"], m["ports"]) for m in members] == [(instance.name, 8)]
     assert not any(g in str(members) for g in guids)  # instances, not raw port GUIDs
 

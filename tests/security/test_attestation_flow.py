@@ -61,7 +61,7 @@ def test_a_passing_server_is_handed_over_with_a_receipt_the_tenant_verifies(worl
     report = AttestationReport.objects.filter(node_id=node.pk).first()
     assert report.status == "pass" and len(report.gpus) == 8 and report.reasons == []
 
-    receipts = world.client("t1_viewer").get(f"{URL}{pk}/receipts/").json()
+    receipts = world.client("t1_viewer").get(f"{URL}{pk}/receipts/").json()["results"]
     assert len(receipts) == 1 and len(receipts[0]["gpus"]) == 8
     keys = Client().get("/.well-known/jwks.json").json()
     claims = receipt_verify(receipts[0]["receipt"], jwks=keys, audience=str(world.t1.tenant.pk))
