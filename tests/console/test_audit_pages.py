@@ -96,3 +96,63 @@ def test_query_count_does_not_grow_with_events(console, world, django_assert_max
     with django_assert_max_num_queries(len(few)):
         response = client.get(reverse("audit-log"))
     assert len(response.context["page"].object_list) == 50
+
+
+def event_row(body: str, target_id) -> str:
+    """The table row of the event whose target is ``target_id``."""
+    rows = body.split("<tbody>", 1)[1].split("<td><time ")  # each event's row opens with its time
+    return next(row for row in rows if str(target_id) in row)
+
+
+def test_a_target_is_named_and_linked_not_a_model_and_a_uuid(console, world):
+    from provisioning.models import VPC
+    from tests.world import world_vpc
+
+    vpc = world_vpc(world.t1.tenant)
+    AuditEvent.objects.create(tenant_id=world.t1.tenant.pk, action="vpc.update", actor_email="a@example.com",
+                              target_type=VPC._meta.label_lower, target_id=str(vpc.pk), after={"name": vpc.name})
+
+    body = console("t1_admin").get(reverse("audit-log")).content.decode()
+
+    row = event_row(body, vpc.pk)
+    assert f'<a href="/vpcs/{vpc.pk}/">VPC {vpc.name}</a>' in row
+    assert "provisioning.vpc" not in row
+    member = Membership.objects.get(user=world.users["t1_member"])
+    services.membership_set_role(actor=world.principal("t1_owner"), membership=member, role="viewer")
+    body = console("t1_admin").get(reverse("audit-log")).content.decode()
+    assert f'<a href="/teams/">Member {world.users["t1_member"].email}</a>' in body
+
+
+def test_a_target_that_is_gone_shows_its_kind_and_a_short_id_without_a_link(console, world):
+    gone = uuid.uuid4()
+    AuditEvent.objects.create(tenant_id=world.t1.tenant.pk, action="reservation.cancel", actor_email="a@example.com",
+                              target_type="provisioning.reservation", target_id=str(gone))
+
+    row = event_row(console("t1_admin").get(reverse("audit-log")).content.decode(), gone)
+
+    assert "Reservation" in row and "<a href" not in row
+    assert "provisioning.reservation" not in row
+
+
+def test_another_tenants_object_is_never_named(console, world):
+    from provisioning.models import VPC
+    from tests.world import world_vpc
+
+    theirs = world_vpc(world.t2.tenant)
+    AuditEvent.objects.create(tenant_id=world.t1.tenant.pk, action="vpc.update", actor_email="a@example.com",
+                              target_type=VPC._meta.label_lower, target_id=str(theirs.pk))
+
+    row = event_row(console("t1_admin").get(reverse("audit-log")).content.decode(), theirs.pk)
+    assert theirs.name not in row and f"/vpcs/{theirs.pk}/" not in row
+
+
+def test_actions_and_values_read_as_words_rounded_and_in_utc(console, world):
+    AuditEvent.objects.create(tenant_id=world.t1.tenant.pk, action="api_token.create", actor_email="a@example.com",
+                              target_type="tests.thing", target_id="t-1",
+                              after={"score": 0.7234567891, "starts_at": "2026-03-04T05:06:07.891234+00:00"})
+
+    row = event_row(console("t1_admin").get(reverse("audit-log")).content.decode(), "t-1")
+
+    assert "API token create" in row
+    assert "<pre>0.723</pre>" in row and "0.7234567891" not in row
+    assert "<pre>2026-03-04 05:06:07 UTC</pre>" in row
