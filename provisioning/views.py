@@ -89,7 +89,8 @@ def reservation_estimate(request):
     so the SSH key and the CSRF token travel in the body, never in a URL or an access log.
     """
     form = ReservationForm(request.POST, request=request, for_estimate=True)
-    return render(request, "provisioning/_estimate.html", _estimate_context(request, form))
+    # ``oob``: the one-line summary beside the Reserve button is swapped in too (htmx out of band).
+    return render(request, "provisioning/_estimate.html", {**_estimate_context(request, form), "oob": True})
 
 
 def _estimate_context(request, form: ReservationForm) -> dict:

@@ -101,6 +101,12 @@ def slice_gib(allocation) -> str:
 
 
 @register.filter
+def work_name(kind: str) -> str:
+    """An operation's kind as the work it does: "Provisioning", "Release"."""
+    return {"provision": "Provisioning", "release": "Release", "validate": "Validation"}.get(kind, kind.capitalize())
+
+
+@register.filter
 def factor_label(name: str) -> str:
     return FACTOR_LABELS.get(name) or name.replace("_", " ").capitalize()
 

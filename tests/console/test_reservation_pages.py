@@ -255,6 +255,16 @@ def test_an_untouched_form_gets_a_prompt_not_errors(console, fleet):
     assert "load" not in page.split('id="reservation-form"')[1].split(">")[0]  # no estimate of the empty form
 
 
+def test_the_estimate_sums_up_beside_the_reserve_button(console, fleet):
+    """On a phone the panel is below the form: the price and start are also next to the button."""
+    body = console("t1_member").post("/reservations/estimate/", form(count=2, duration_hours=3)).content.decode()
+    summary = body.split('id="estimate-summary"')[1].split("</p>")[0]
+    assert 'hx-swap-oob="true"' in summary and "$14.94" in summary and "starting now" in summary
+    page = console("t1_member").post("/reservations/new/", {**form(count=2, duration_hours=3), "action": "estimate"})
+    button_row = page.content.decode().split('id="estimate-summary"')[1].split("Reserve</button>")[0]
+    assert "$14.94" in button_row and "hx-swap-oob" not in button_row
+
+
 def test_the_estimate_needs_no_name(console, fleet):
     body = console("t1_member").post("/reservations/estimate/", form(name="")).content.decode()
     assert "Price estimate" in body and "errorlist" not in body
