@@ -3,7 +3,8 @@ What can be sold right now, per offering and region: aggregate counts only, neve
 
 Read-only selectors. A bare-metal unit is a whole available node; a VM or container unit needs
 ``gpus_per_unit`` available GPUs on one shared host; a fractional unit is one slot of a GPU.
-Spares, nodes that are not serving, unhealthy GPUs and GPUs held by a reservation now never count.
+Spares, nodes that are not serving or being attested, unhealthy GPUs and GPUs held by a reservation
+now never count.
 """
 
 from collections import defaultdict
@@ -21,10 +22,15 @@ SELLABLE_HEALTH = [Health.HEALTHY, Health.DEGRADED]
 
 def availability(offerings: list[Offering]) -> dict:
     """``{offering_id: {region_slug: {"units": n, "gpus": g}}}`` in two queries, whatever the fleet size."""
-    from provisioning.models import Allocation  # provisioning builds on the inventory, not the reverse
+    from provisioning.choices import OperationKind, OperationState
+    from provisioning.models import Allocation, Operation  # provisioning builds on the inventory, not the reverse
 
     now = timezone.now()
     held_now = Allocation.objects.holding(now)
+    # An idle node proving itself again is not sold until it has passed (as placement reads it,
+    # provisioning.snapshot): a count that took it in promised "now" to work that then queued.
+    attesting = Operation.objects.filter(kind=OperationKind.ATTEST,
+                                         state__in=[OperationState.PENDING, OperationState.RUNNING])
     model_ids = {o.gpu_model_id for o in offerings}
     # Whole available bare-metal nodes per (region, GPU model).
     nodes = defaultdict(int)
@@ -38,6 +44,7 @@ def availability(offerings: list[Offering]) -> dict:
             # a whole node sells only whole (read from gpu_unsellable_idx, which holds only such GPUs)
             .exclude(Exists(GPU.objects.filter(node=OuterRef("pk"), health__in=[Health.FAILED, Health.UNKNOWN])))
             .exclude(Exists(held_now.filter(node=OuterRef("pk"))))
+            .exclude(Exists(attesting.filter(node=OuterRef("pk"))))
             # typed, so SQLite's text ids come back as UUIDs like the offerings' model ids
             .annotate(gpu_model=Subquery(of_model.order_by().values("model_id")[:1], output_field=UUIDField()))
             .values("region__slug", "gpu_model")
@@ -54,6 +61,7 @@ def availability(offerings: list[Offering]) -> dict:
             GPU.objects.filter(node__pool=NodePool.SHARED, node__state=NodeState.IN_SERVICE, node__is_spare=False,
                                state=GPUState.AVAILABLE, health__in=SELLABLE_HEALTH, model_id__in=model_ids)
             .exclude(Exists(held_now.filter(gpu=OuterRef("pk"))))
+            .exclude(Exists(attesting.filter(node=OuterRef("node_id"))))
             .values("node_id", "node__region__slug", "model_id")
             .annotate(n=Count("id"))
         )

@@ -503,3 +503,19 @@ def test_a_refusal_over_quota_rounds_its_numbers(console, world, fleet):
     mig = offering(kind="container", gpus_per_unit=1, slots_per_gpu=7)
     body = console("t1_member").post("/reservations/new/", form(offering=mig.slug, count=1)).content.decode()
     assert "The tenant quota for GPUs is 0" in body and "0.1 asked" in body and "0.142857" not in body
+
+
+def test_nodes_being_attested_are_not_counted_free(console, world, fleet):
+    """An idle node proving itself again is not sold until it passes: the estimate does not count it."""
+    from cloud.models import Node
+    from provisioning.models import Operation
+    from tests.provisioning.factories import offering
+
+    bare_metal = offering()
+    client = console("t1_member")
+    before = client.post("/reservations/estimate/", form(offering=bare_metal.slug, count=1)).content.decode()
+    assert "Now</strong>" in before
+    for node in Node.objects.filter(pool="bare_metal"):
+        Operation.objects.create(node=node, kind="attest", step="verify", state="running")
+    body = client.post("/reservations/estimate/", form(offering=bare_metal.slug, count=1)).content.decode()
+    assert "0 nodes free" in body and "Queued" in body
