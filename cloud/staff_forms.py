@@ -33,20 +33,30 @@ class MaintenanceForm(forms.Form):
 
 
 class QuotaSetForm(forms.Form):
-    """Set (create or change) a tenant's or a team's quota: the owner by slug, as the API takes them."""
+    """
+    Set (create or change) a tenant's or a team's quota. The tenant and the team are picked from
+    lists (their slugs are the values, as the API takes them); the GPU models offered are those
+    the fleet has.
+    """
 
-    tenant = forms.SlugField(label="Tenant", max_length=50, help_text="The tenant's slug.")
-    team = forms.SlugField(label="Team", max_length=50, required=False,
-                           help_text="The team's slug in that tenant; empty for the whole tenant.")
+    tenant = forms.SlugField(label="Tenant", max_length=50, widget=forms.Select)
+    team = forms.SlugField(label="Team", max_length=50, required=False, widget=forms.Select,
+                           help_text="One of that tenant's teams, or the whole tenant.")
     resource = forms.ChoiceField(label="Resource", choices=QuotaResource.choices)
     gpu_model = forms.ChoiceField(label="GPU model", required=False,
-                                  help_text="GPU quotas only; empty for all models together.")
+                                  help_text="GPU quotas only; all models counts every GPU together.")
     limit = forms.IntegerField(label="Limit", min_value=0, max_value=QUOTA_LIMIT_MAX)
 
     def __init__(self, data=None, *, tenants, teams, gpu_models, **kwargs):
         super().__init__(data, label_suffix="", **kwargs)
-        self.fields["tenant"].widget.attrs["list"] = "tenant-slugs"  # the page's datalist of tenant slugs
         self.tenants, self.teams = tenants, teams
+        tenant_list = list(tenants.order_by("name", "slug"))
+        self.fields["tenant"].widget.choices = [("", "Choose a tenant"), *[(t.slug, t.name) for t in tenant_list]]
+        names = {t.pk: t.name for t in tenant_list}
+        grouped: dict = {}
+        for team in teams.filter(tenant__in=tenant_list).order_by("tenant__name", "name"):
+            grouped.setdefault(names[team.tenant_id], []).append((team.slug, team.name))
+        self.fields["team"].widget.choices = [("", "Whole tenant"), *grouped.items()]
         self.gpu_models = {m.slug: m for m in gpu_models}
         self.fields["gpu_model"].choices = [("", "All models"), *[(m.slug, m.name) for m in gpu_models]]
 
@@ -54,7 +64,7 @@ class QuotaSetForm(forms.Form):
         slug = self.cleaned_data["tenant"]
         tenant = self.tenants.filter(slug=slug).first()
         if tenant is None:
-            raise ValidationError("No tenant has this slug.", code="not_found")
+            raise ValidationError("Choose one of the tenants listed.", code="not_found")
         return tenant
 
     def clean_gpu_model(self):

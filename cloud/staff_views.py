@@ -19,7 +19,7 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count, F, FloatField, Q, Sum
+from django.db.models import Count, Exists, F, FloatField, OuterRef, Q, Sum
 from django.db.models.functions import Cast
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
@@ -32,7 +32,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_POST
 
 from cloud import services as cloud_services
-from cloud.choices import Health, NodeState
+from cloud.choices import Health, NodePool, NodeState
 from cloud.console import CHANGE, VIEW, add_domain_error, console_page, error_text, may, scoped
 from cloud.errors import DomainError
 from cloud.models import GPU, GPUModel, HCAPort, Node, Region
@@ -62,6 +62,8 @@ def _flash_error(request, exc: DomainError) -> None:
 #
 
 ZERO_UUID = UUID(int=0)
+# States only a shared host takes: the legend shows them on its round tile.
+SHARED_ONLY = {NodeState.IN_SERVICE}
 # Health.values rebuilds its list on every access: read once, it is looked at per node.
 HEALTHS = tuple(Health.values)
 
@@ -103,6 +105,9 @@ def fleet(request):
     for counts in health_of.values():
         for health, n in counts.items():
             gpu_health[health] += n
+    # GPUs held now per node (whole GPUs and fractional slots alike), in one grouped query.
+    in_use = dict(scoped(request, Allocation).holding(timezone.now()).filter(node__in=nodes.values("pk")).order_by()
+                  .values_list("node_id").annotate(n=Count("gpu_id", distinct=True)))
     if chosen.get("state"):
         nodes = nodes.filter(state=chosen["state"])
     rows = list(nodes.values("id", "hostname", "state", "health", "pool", "is_spare", "region__slug", "region__name",
@@ -110,6 +115,7 @@ def fleet(request):
                 .order_by("region__slug", "fabric__slug", "leaf__name", "hostname"))
     for row in rows:
         row.update({f"gpus_{h}": n for h, n in health_of[row["id"]].items()})
+        row["gpus_in_use"] = in_use.get(row["id"], 0)
     tree = _fleet_tree(rows)
     return render(request, "staff/fleet.html", {
         "form": form,
@@ -120,7 +126,7 @@ def fleet(request):
         "gpu_total": sum(gpu_health.values()),
         "chosen_region": chosen.get("region", ""),
         "chosen_state": chosen.get("state", ""),
-        "legend": NodeState.choices,
+        "legend": [(state, label) for state, label in NodeState.choices if state not in SHARED_ONLY],
     })
 
 
@@ -156,18 +162,30 @@ def _tiles(nodes: list[dict]) -> SafeString:
     """
     A leaf's node tiles as HTML: formatted here because a 1,280-node fleet is 1,280 tiles and the
     template engine took most of the page's time on them. Only the label holds free text (the
-    hostname); state, health and the URL are enumerations and a UUID.
+    hostname); state, health, pool, the fill and the URL are enumerations, numbers and a UUID.
+    A shared host is a round tile of its own colour; the share of a node's GPUs in use fills it
+    from the bottom, in eighths (``used-0`` .. ``used-8``).
     """
     return mark_safe("".join(  # noqa: S308 -- every free-text part is escaped just here
-        f'<li><a class="tile state-{n["state"]} health-{n["tile_health"]}{" spare" if n["is_spare"] else ""}" '
+        f'<li><a class="tile state-{n["state"]} health-{n["tile_health"]} pool-{n["pool"].replace("_", "-")} '
+        f'used-{_eighths(n["gpus_in_use"], n["gpus"])}{" spare" if n["is_spare"] else ""}" '
         f'href="{n["url"]}" title="{escape(n["label"])}"></a></li>' for n in nodes))
+
+
+def _eighths(used: int, total: int) -> int:
+    """How many eighths of a tile to fill: any use shows at least one, only full use all eight."""
+    if not total or not used:
+        return 0
+    return 8 if used >= total else min(7, max(1, round(8 * used / total)))
 
 
 def _tile_label(row: dict, state_labels: dict) -> str:
     health = ", ".join(f"{row[f'gpus_{h}']} {h}" for h in HEALTHS if row[f"gpus_{h}"]) or "no GPUs"
     spare = ", spare" if row["is_spare"] else ""
-    return f"{row['hostname']}: {state_labels.get(row['state'], row['state'])}{spare}; node {row['health']}; " \
-           f"GPUs {health}"
+    kind = "Shared host" if row["pool"] == NodePool.SHARED else "Bare-metal node"
+    state = state_labels.get(row["state"], row["state"]).replace(" (shared host)", "")
+    return f"{row['hostname']}: {kind}, {state.lower()}{spare}; {row['gpus_in_use']} of {row['gpus']} GPUs in use; " \
+           f"node {row['health']}; GPUs {health}"
 
 
 #
@@ -372,8 +390,10 @@ QUOTAS_PER_PAGE = 100
 
 
 def _quota_forms(request, data=None) -> QuotaSetForm:
+    in_fleet = Exists(GPU.objects.filter(model=OuterRef("pk")))  # a quota on a model the fleet lacks limits nothing
     return QuotaSetForm(data, tenants=scoped(request, Tenant), teams=scoped(request, Team),
-                        gpu_models=list(GPUModel.objects.visible_to(request.principal).order_by("slug")),
+                        gpu_models=list(GPUModel.objects.visible_to(request.principal).filter(in_fleet)
+                                        .order_by("slug")),
                         auto_id="quota-%s")
 
 
@@ -457,7 +477,6 @@ def _quota_page(request, form, *, edit_errors=None, status=200):
         "quotas": quotas_shown,
         "search": search,
         "defaults": [(label, settings.MERIDIAN_DEFAULT_QUOTAS[value]) for value, label in QuotaResource.choices],
-        "tenant_slugs": list(scoped(request, Tenant).order_by("slug").values_list("slug", flat=True)[:500]),
         "can_edit": may(request.principal, "quotas"),
     }, status=status)
 

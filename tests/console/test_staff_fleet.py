@@ -224,3 +224,46 @@ def test_a_faulty_node_goes_to_repair_and_back_through_validation(console, world
     admin.post(f"/staff/fleet/nodes/{node.pk}/repaired/")
     node.refresh_from_db()
     assert node.state == "validating"
+
+
+def tile_title(body: str, hostname: str) -> str:
+    match = re.search(r'<a class="tile [^"]*" href="[^"]*" title="(' + re.escape(hostname) + ':[^"]*)"', body)
+    assert match, f"no tile for {hostname}"
+    return match.group(1)
+
+
+def hold(world, node: Node, gpus: int) -> None:
+    """``gpus`` GPUs of ``node`` held now by a reservation of the world's first tenant."""
+    from tests.provisioning.factories import held, make_reservation
+
+    now = timezone.now()
+    held(make_reservation(world, state="active"), list(node.gpus.order_by("index")[:gpus]),
+         start=now - timedelta(minutes=5), end=now + timedelta(hours=1))
+
+
+def test_a_shared_host_is_drawn_apart_from_a_bare_metal_node(console, fleet):
+    shared = next(n for n in fleet if n.pool == "shared" and not n.is_spare)
+    body = console("platform_admin").get("/staff/fleet/").content.decode()
+    shared_tile, bare_tile = tile_of(body, shared.hostname).split(), tile_of(body, bare_metal(fleet).hostname).split()
+    assert "pool-shared" in shared_tile and "pool-shared" not in bare_tile
+    assert "Shared host" in tile_title(body, shared.hostname)
+
+
+def test_a_tile_shows_how_many_of_its_gpus_are_in_use(console, world, fleet):
+    shared = next(n for n in fleet if n.pool == "shared" and not n.is_spare)
+    hold(world, shared, 3)
+
+    body = console("platform_admin").get("/staff/fleet/").content.decode()
+
+    assert "3 of 8 GPUs in use" in tile_title(body, shared.hostname)
+    assert "used-3" in tile_of(body, shared.hostname).split()  # eighths of the tile filled
+    idle = bare_metal(fleet)
+    assert "0 of 8 GPUs in use" in tile_title(body, idle.hostname) and "used-0" in tile_of(body, idle.hostname)
+
+
+def test_the_legend_is_shown_open_with_every_kind_of_tile(console, fleet):
+    body = console("platform_admin").get("/staff/fleet/").content.decode()
+    assert '<details class="card legend"' not in body
+    legend = body[body.index('id="legend"'):]
+    legend = legend[:legend.index("</section>")]
+    assert "Shared host" in legend and "Bare-metal node" in legend and "in use" in legend

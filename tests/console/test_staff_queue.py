@@ -35,7 +35,7 @@ def queue_up(tenant, n: int, *, team=None, urgency: float = 0.5, waited_h: float
 
 def ranks(body: str) -> list[str]:
     """Reservation names in the order the table shows them."""
-    return re.findall(r'<td>(queued-\d+)<br>', body)
+    return re.findall(r'<td class="reservation"><a href="/reservations/[0-9a-f-]+/">(queued-\d+)</a>', body)
 
 
 @pytest.mark.parametrize("persona", ["t1_viewer", "t1_member", "t1_owner", "t2_member"])
@@ -91,3 +91,18 @@ def test_query_count_does_not_grow_with_the_queue(console, world, django_assert_
     with django_assert_max_num_queries(len(few)):
         body = client.get("/staff/queue/").content.decode()
     assert len(ranks(body)) == Reservation.objects.filter(state="queued").count() == 65
+
+
+def test_a_row_links_to_the_reservation_and_says_why_it_waits_in_full(console, world):
+    waiting = queue_up(world.t2.tenant, 1)[0]
+    Reservation.objects.filter(pk=waiting.pk).update(state_reason="Not enough free H100s in us-east-1: " + "x" * 300)
+    client = console("platform_approver")
+
+    body = client.get("/staff/queue/").content.decode()
+
+    assert f'<a href="/reservations/{waiting.pk}/">{waiting.name}</a>' in body
+    why = re.search(r'<tr class="why">\s*<td colspan="(\d+)">(.*?)</td>', body, re.S)
+    assert why and int(why[1]) >= 10 and "Not enough free H100s" in why[2] and "x" * 300 in why[2]
+    assert str(waiting.pk)[:8] + "</code>" not in body  # no id fragments in place of a link
+    page = client.get(f"/reservations/{waiting.pk}/")
+    assert page.status_code == 200 and waiting.name in page.content.decode()

@@ -10,7 +10,7 @@ from django.utils import timezone
 from provisioning.models import Reservation
 from security.models import AuditEvent
 from tenants.models import Quota, Team, Tenant
-from tests.world import h100, unique, vm_offering
+from tests.world import h100, small_fleet, unique, vm_offering
 
 pytestmark = pytest.mark.django_db
 
@@ -50,6 +50,7 @@ def test_approver_reads_but_gets_403_on_posts(console, world):
 
 
 def test_admin_sets_a_tenant_quota_and_a_team_quota(console, world):
+    small_fleet(2)  # H100s: a GPU model the fleet has
     client = console("platform_admin")
     response = client.post("/staff/quotas/", {"tenant": world.t1.tenant.slug, "resource": "gpus",
                                               "gpu_model": "h100-80gb-sxm", "limit": 24}, follow=True)
@@ -66,12 +67,13 @@ def test_admin_sets_a_tenant_quota_and_a_team_quota(console, world):
 @pytest.mark.parametrize("data, field, message", [
     ({"limit": -5}, "limit", "greater than or equal to 0"),
     ({"limit": "lots"}, "limit", "Enter a whole number"),
-    ({"tenant": "no-such-tenant"}, "tenant", "No tenant has this slug"),
+    ({"tenant": "no-such-tenant"}, "tenant", "Choose one of the tenants listed"),
     ({"team": "not-a-team"}, "team", "has no team"),
     ({"resource": "vpcs", "gpu_model": "h100-80gb-sxm"}, "gpu_model", "Only a GPU quota may name a GPU model"),
     ({"resource": "bananas"}, "resource", "Select a valid choice"),
 ])
 def test_bad_input_shows_errors_and_saves_nothing(console, world, data, field, message):
+    small_fleet(2)
     before = list(Quota.objects.values_list("pk", "limit"))
     audit = AuditEvent.objects.count()
     form = {"tenant": world.t1.tenant.slug, "resource": "gpus", "limit": 8} | data
@@ -118,6 +120,7 @@ def test_usage_counts_held_and_waiting_gpus(console, world):
         starts_at=now - timedelta(hours=1), ends_at=now + timedelta(hours=1))
     # The world's queued reservation (1 GPU, no team) waits: tenant-wide 3 now + 1 waiting.
     body = console("platform_admin").get("/staff/quotas/", {"tenant": tenant.slug}).content.decode()
+    body = body[body.index('id="all-quotas"'):]  # the table (the form above lists every tenant)
     assert world.t2.tenant.name not in body
     tenant_row = body[body.index('<span class="muted">whole tenant</span>'):]
     tenant_row = tenant_row[:tenant_row.index("</tr>")]
@@ -145,3 +148,38 @@ def test_query_count_does_not_grow_with_quotas(console, world, django_assert_max
     with django_assert_max_num_queries(len(few)):
         body = client.get("/staff/quotas/").content.decode()
     assert body.count('action="/staff/quotas/') >= 47  # one edit form per quota, and the set form
+
+
+def options(body: str, select_id: str) -> list[tuple[str, str]]:
+    """The (value, text) of each option of the select with ``select_id``."""
+    import re
+
+    select = re.search(r'<select[^>]*id="' + select_id + r'"[^>]*>(.*?)</select>', body, re.S)
+    assert select, f"no select #{select_id}"
+    return [(value, text.strip()) for value, text in re.findall(r'<option value="([^"]*)"[^>]*>([^<]*)</option>',
+                                                                 select[1])]
+
+
+def test_the_tenant_and_team_are_picked_from_lists_not_typed(console, world):
+    body = console("platform_admin").get("/staff/quotas/").content.decode()
+
+    tenants = options(body, "quota-tenant")
+    for side in (world.t1, world.t2):
+        assert (side.tenant.slug, side.tenant.name) in tenants
+    assert 'list="tenant-slugs"' not in body
+    teams = options(body, "quota-team")
+    assert ("", "Whole tenant") in teams and (world.t1.team.slug, world.t1.team.name) in teams
+    assert f'<optgroup label="{world.t1.tenant.name}">' in body
+
+
+def test_only_gpu_models_of_the_fleet_are_offered(console, world):
+    from cloud.models import GPUModel
+
+    small_fleet(2)  # H100s only
+    unsold = GPUModel.objects.exclude(gpus__isnull=False).first()
+    assert unsold is not None, "the catalogue has a model the fleet lacks"
+
+    models = options(console("platform_admin").get("/staff/quotas/").content.decode(), "quota-gpu_model")
+
+    assert ("h100-80gb-sxm", h100().name) in models
+    assert unsold.slug not in [value for value, _ in models]
