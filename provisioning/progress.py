@@ -122,10 +122,17 @@ def _rows(operation: Operation, now: datetime) -> list[StepRow]:
                 row.state, row.note = "retrying", settled.error
             else:
                 row.state = "running"
+        row.note = _without_repeated_host(row.note)
         if step.name == "verify" and row.is_active:
             row.counted = _verified(operation)
         rows.append(row)
     return rows
+
+
+def _without_repeated_host(note: str) -> str:
+    """A step's error names its node first ("n1: Waiting for the agent of n1 ..."): once is enough."""
+    host, _, rest = note.partition(": ")
+    return rest if rest and host in rest else note
 
 
 def _verified(operation: Operation) -> str:

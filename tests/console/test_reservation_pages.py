@@ -346,7 +346,7 @@ def provisioning_of(reservation, *, step: str, runs: list[tuple[str, str, int]],
 
     from provisioning.models import Operation, StepRun
 
-    Reservation.objects.filter(pk=reservation.pk).update(state="provisioning")
+    Reservation.objects.filter(pk=reservation.pk).update(state="provisioning", state_reason="Provisioning.")
     operation = Operation.objects.create(tenant=reservation.tenant, reservation=reservation, kind="provision",
                                          step=step, state=state, attempt=1, progress=50)
     clock = timezone.now() - timedelta(minutes=1)
@@ -385,6 +385,8 @@ def test_the_steps_are_one_row_each_with_names_and_durations(console, bare_metal
         assert name not in steps
     assert "Write the OS image" in steps and "Check and attest the hardware" in steps and "Hand over access" in steps
     assert "12 s" in steps and "Waiting for the agent" in steps and steps.count("Waiting for the agent") == 1
+    assert "n1: Waiting" not in steps  # the node is named once
+    assert "Provisioning.</p>" not in body  # the state's own name is no reason
     assert "step 5 of 6" in body
     assert operation.progress == 50 and 'aria-valuenow="67"' in body  # 4 of 6 steps done, not the stored guess
 
