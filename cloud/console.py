@@ -159,6 +159,17 @@ def add_domain_error(form, exc: DomainError, aliases: dict[str, str] | None = No
     form.add_error(None, messages_of(detail))
 
 
+ACRONYMS = {"api": "API", "vpc": "VPC", "vpcs": "VPCs", "gpu": "GPU", "gpus": "GPUs", "ib": "IB", "bmc": "BMC",
+            "sla": "SLA", "mig": "MIG", "hp": "high-priority"}
+
+
+def words(code: str) -> str:
+    """A dotted or snake-case code in words, for a page: 'api_token.create' reads 'API token create'."""
+    parts = [ACRONYMS.get(word, word) for word in code.replace(".", " ").replace("_", " ").split()]
+    text = " ".join(parts)
+    return text[:1].upper() + text[1:]
+
+
 class Abilities:
     """``{% if can.reservations %}``: whether the page's principal may write that resource."""
 
@@ -207,4 +218,4 @@ def context(request) -> dict:
 
 
 __all__ = ["CHANGE", "VIEW", "add_domain_error", "chosen_team_id", "console_page", "context", "error_text", "forbidden",
-           "may", "messages_of", "refusal", "scoped", "scoped_or_404"]
+           "may", "messages_of", "refusal", "scoped", "scoped_or_404", "words"]

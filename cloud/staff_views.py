@@ -33,7 +33,7 @@ from django.views.decorators.http import require_POST
 
 from cloud import services as cloud_services
 from cloud.choices import Health, NodePool, NodeState
-from cloud.console import CHANGE, VIEW, add_domain_error, console_page, error_text, may, scoped
+from cloud.console import CHANGE, VIEW, add_domain_error, console_page, error_text, may, scoped, words
 from cloud.errors import DomainError
 from cloud.models import GPU, GPUModel, HCAPort, Node, Region
 from cloud.staff_forms import (
@@ -238,11 +238,17 @@ def node_detail(request, pk):
         "gpus": gpus,
         "ports": ports,
         "reports": list(scoped(request, AttestationReport).filter(node_id=node.pk)[:10]),
-        "incidents": list(scoped(request, Incident).filter(node_id=node.pk)[:20]),
+        "incidents": _in_words(list(scoped(request, Incident).filter(node_id=node.pk)[:20])),
         "maintenance_form": MaintenanceForm(),
     }
     context |= _node_actions(request, node, context["running"])
     return render(request, "staff/node.html", context)
+
+
+def _in_words(incidents: list) -> list:
+    for incident in incidents:
+        incident.kind_words = words(incident.kind)
+    return incidents
 
 
 def _node_actions(request, node: Node, running: list) -> dict:

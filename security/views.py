@@ -18,7 +18,7 @@ from django.utils.text import capfirst
 from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_GET
 
-from cloud.console import console_page, scoped
+from cloud.console import console_page, scoped, words
 
 from .models import AuditEvent
 from .receipts import jwks
@@ -97,17 +97,6 @@ TARGETS = {
     "cloud.gpumodel": ("GPU model", "name", ""),
     "security.trustanchor": ("Trust anchor", "name", ""),
 }
-ACRONYMS = {"api": "API", "vpc": "VPC", "vpcs": "VPCs", "gpu": "GPU", "gpus": "GPUs", "ib": "IB", "bmc": "BMC",
-            "sla": "SLA", "mig": "MIG", "hp": "high-priority"}
-
-
-def words(code: str) -> str:
-    """A dotted code in words: 'api_token.create' reads 'API token create'."""
-    parts = [ACRONYMS.get(word, word) for word in code.replace(".", " ").replace("_", " ").split()]
-    text = " ".join(parts)
-    return text[:1].upper() + text[1:]
-
-
 def targets(request, events) -> dict:
     """
     Each event's target as ``{"label", "name", "url"}``: its kind in words, and -- when the reader

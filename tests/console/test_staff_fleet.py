@@ -267,3 +267,17 @@ def test_the_legend_is_shown_open_with_every_kind_of_tile(console, fleet):
     legend = body[body.index('id="legend"'):]
     legend = legend[:legend.index("</section>")]
     assert "Shared host" in legend and "Bare-metal node" in legend and "in use" in legend
+
+
+def test_the_node_page_names_steps_and_incidents_in_words(console, fleet):
+    from provisioning.steps import step_title
+
+    node = bare_metal(fleet)
+    operation = Operation.objects.create(node=node, kind="attest", state="failed", step="power_on_deploy")
+    operation.steps.create(node=node, name="power_on_deploy", attempt=1, state="failed", finished_at=timezone.now())
+    Incident.objects.create(kind="node_suspect", summary="No heartbeat for 2 periods.", node_id=node.pk)
+
+    body = console("platform_admin").get(f"/staff/fleet/nodes/{node.pk}/").content.decode()
+
+    assert "<td>power_on_deploy</td>" not in body and "<td>node_suspect</td>" not in body
+    assert f"<td>{step_title('power_on_deploy')}</td>" in body and "<td>Node suspect</td>" in body
