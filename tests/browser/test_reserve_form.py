@@ -14,6 +14,7 @@ from playwright.sync_api import expect
 
 from provisioning import views
 from provisioning.models import Reservation
+from provisioning.services import reservation_rescore
 from tests.browser.pages import PAGE_TIMEOUT_S, log_in, screenshot
 from tests.world import small_fleet, vm_offering
 
@@ -149,8 +150,10 @@ def test_the_form_and_a_waiting_reservation_read_well_at_each_width(tab, people,
     expect(tab.locator("#estimate")).to_contain_text("Price estimate")
     screenshot(tab, f"tenant-reservation-new-{width}")
     reservation = world.t1.objects[Reservation]
+    reservation_rescore(reservation)  # its score table, the widest part of the page
     tab.goto(f"/reservations/{reservation.pk}/")
     expect(tab.get_by_role("heading", level=1)).to_have_text(reservation.name)
+    expect(tab.get_by_role("columnheader", name="Contribution")).to_be_attached()
     overflow = tab.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 0, f"the page is {overflow} px wider than the {width} screen"
     screenshot(tab, f"tenant-reservation-queued-{width}")
