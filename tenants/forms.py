@@ -44,7 +44,8 @@ class TokenForm(forms.Form):
                               help_text="Its rights never exceed your role: a viewer's token only reads.")
     team = TeamChoiceField(queryset=Team.objects.none(), required=False, empty_label="All of my tenant",
                            help_text="Bind it to one team: it then acts for that team only.")
-    expires_in_days = forms.IntegerField(min_value=1, required=False, initial=90, label="Expires in (days)")
+    # A lifetime is asked for, 90 days proposed: an emptied field is an error, never a token that lasts forever.
+    expires_in_days = forms.IntegerField(min_value=1, initial=90, label="Expires in (days)")
 
     def __init__(self, *args, principal: Principal, **kwargs):
         super().__init__(*args, **kwargs)
@@ -55,20 +56,22 @@ class TokenForm(forms.Form):
         self.fields["team"].queryset = teams
         if principal.tenant is None:
             del self.fields["team"]  # a platform token belongs to no tenant, so to no team
+        elif not principal.has_role(TenantRole.MEMBER):
+            self.fields["scope"].choices = [(TokenScope.READ, TokenScope.READ.label)]  # a viewer's tokens only read
         max_days = settings.MERIDIAN_TOKEN_MAX_TTL.days
         field = self.fields["expires_in_days"]
         field.validators.append(MaxValueValidator(max_days, f"A token may live at most {max_days} days."))
         field.widget.attrs.update({"min": 1, "max": max_days})
-        field.help_text = f"1 to {max_days} days; leave empty for a token that does not expire."
+        field.error_messages["required"] = f"Give the token a lifetime: 1 to {max_days} days."
+        field.help_text = f"1 to {max_days} days."
 
     def service_arguments(self) -> dict:
         """The cleaned form as ``token_issue`` takes it."""
-        days = self.cleaned_data.get("expires_in_days")
         return {
             "name": self.cleaned_data["name"],
             "scope": self.cleaned_data["scope"],
             "team": self.cleaned_data.get("team"),
-            "expires_at": timezone.now() + timedelta(days=days) if days else None,
+            "expires_at": timezone.now() + timedelta(days=self.cleaned_data["expires_in_days"]),
         }
 
 

@@ -381,8 +381,10 @@ def token_issue(
 ) -> IssuedToken:
     """
     Issue a token for the acting user in the acting tenant (or a platform token for staff acting
-    platform-wide). Its expiry may not pass MERIDIAN_TOKEN_MAX_TTL, and a team-bound token needs
-    the user to be in that team. The plaintext is returned here and never again.
+    platform-wide). Its expiry may not pass MERIDIAN_TOKEN_MAX_TTL, nor the expiry of the token
+    that issues it; a team-bound token needs the user to be in that team; a tenant viewer's
+    tokens only read (403 ``token_scope_exceeds_role`` for read_write). The plaintext is
+    returned here and never again.
     """
     if actor.tenant is None and actor.platform_role == PlatformRole.NONE:
         raise Forbidden("Choose a tenant with the X-Meridian-Tenant header to issue a token.")
@@ -394,13 +396,17 @@ def token_issue(
                           code="invalid")
     parent_expiry = actor.token.expires_at if actor.token is not None else None
     if parent_expiry is not None and (expires_at is None or expires_at > parent_expiry):
-        raise DomainError({"expires_at": "A token cannot outlive the token that issues it."}, code="invalid")
+        raise DomainError({"expires_at": "A token cannot outlive the token that issues it, which expires "
+                                         f"{parent_expiry:%Y-%m-%d %H:%M} UTC: ask for an earlier expiry (or issue "
+                                         "the token from a console session)."}, code="invalid")
     if team is not None and team.pk not in actor.team_roles and not actor.sees_all_teams:
         raise Forbidden("You can bind a token only to a team you belong to.")
     if actor.team is not None and (team is None or team.pk != actor.team.pk):
         raise Forbidden("A team-bound token can only issue tokens for its own team.")
     if scope == TokenScope.READ_WRITE and not actor.can_write:
         raise Forbidden("A read-only token cannot issue a read-write token.")
+    if scope == TokenScope.READ_WRITE and actor.tenant is not None and not actor.has_role(TenantRole.MEMBER):
+        raise Forbidden("A viewer's tokens only read: ask for scope 'read'.", code="token_scope_exceeds_role")
     prefix = secrets.token_hex(6)
     secret = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     # A token issued by a token lives only as long as the token it came from (revoking that one

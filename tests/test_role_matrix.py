@@ -165,7 +165,7 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("GET", "me"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/me/"),
     ("GET", "audit-chain"): Case("401 403 403 403 403 403 403 200", lambda w: f"{V1}/audit-chain/"),
     ("POST", "invitation-accept"): Case(
-        "400 201 201 201 201 201 201 201", lambda w: f"{V1}/invitations/accept/", invitation_body),
+        "400 403 201 201 201 201 201 201", lambda w: f"{V1}/invitations/accept/", invitation_body),
     ("GET", "tenants-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/tenants/"),
     ("POST", "tenants-list"): Case(
         "401 403 403 403 403 403 403 201", lambda w: f"{V1}/tenants/",
@@ -208,11 +208,11 @@ MATRIX: dict[tuple[str, str], Case] = {
         "401 403 403 204 204 403 403 403", lambda w: f"{V1}/invitations/{w.t1.objects[Invitation].pk}/"),
     ("GET", "api-tokens-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/api-tokens/"),
     ("POST", "api-tokens-list"): Case(
-        "401 201 201 201 201 201 201 201", lambda w: f"{V1}/api-tokens/", lambda w: {"name": "ci", "scope": "read"}),
+        "401 403 201 201 201 201 201 201", lambda w: f"{V1}/api-tokens/", lambda w: {"name": "ci", "scope": "read"}),
     ("GET", "api-tokens-detail"): Case(
         "401 404 404 200 200 404 200 200", lambda w: f"{V1}/api-tokens/{w.t1.objects[APIToken].pk}/"),
     ("DELETE", "api-tokens-detail"): Case(
-        "401 404 404 204 204 404 404 204", lambda w: f"{V1}/api-tokens/{w.t1.objects[APIToken].pk}/"),
+        "401 403 404 204 204 404 404 204", lambda w: f"{V1}/api-tokens/{w.t1.objects[APIToken].pk}/"),
     ("GET", "quotas-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/quotas/"),
     ("POST", "quotas-list"): Case(
         "401 403 403 403 403 403 403 201", lambda w: f"{V1}/quotas/",
@@ -239,9 +239,9 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("GET", "notifications-detail"): Case(  # a tenant-wide notification: everyone in t1
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/notifications/{w.t1.objects[Notification].pk}/"),
     ("POST", "notifications-read"): Case(  # staff read notifications but do not mark them
-        "401 200 200 200 200 404 403 403", lambda w: f"{V1}/notifications/{w.t1.objects[Notification].pk}/read/"),
+        "401 403 200 200 200 404 403 403", lambda w: f"{V1}/notifications/{w.t1.objects[Notification].pk}/read/"),
     ("POST", "notifications-read-all"): Case(
-        "401 200 200 200 200 200 403 403", lambda w: f"{V1}/notifications/read-all/"),
+        "401 403 200 200 200 200 403 403", lambda w: f"{V1}/notifications/read-all/"),
     ("GET", "audit-events-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/audit-events/"),
     ("GET", "audit-events-detail"): Case(
         "401 403 403 200 200 403 200 200", lambda w: f"{V1}/audit-events/{w.t1.objects[AuditEvent].public_id}/"),

@@ -109,11 +109,14 @@ def make_user(email: str, **extra) -> User:
 
 
 def issue_token(user: User, tenant: Tenant | None, scope=TokenScope.READ_WRITE) -> str:
+    """A token as its user would make it: read_write, but read for a viewer (whose tokens only read)."""
     if tenant is None:
         principal = Principal(user=user)
     else:
         role = Membership.objects.get(user=user, tenant=tenant).role
         principal = Principal(user=user, tenant=tenant, role=TenantRole(role))
+        if role == TenantRole.VIEWER:
+            scope = TokenScope.READ
     return services.token_issue(actor=principal, name=unique("token"), scope=scope).secret
 
 

@@ -7,7 +7,7 @@ from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
 from rest_framework.response import Response
 
 from cloud.api.base import PrincipalAPIView, ReadMixin, TenantScopedViewSet
-from cloud.errors import Forbidden
+from cloud.errors import DomainError, Forbidden
 
 from .. import filtersets, high_priority, notifications, services
 from ..models import (
@@ -230,7 +230,13 @@ class APITokenViewSet(ReadMixin, TenantScopedViewSet):
     def create(self, request):
         data = self.get_serializer(data=request.data)
         data.is_valid(raise_exception=True)
-        issued = services.token_issue(actor=self.principal, **data.validated_data)
+        try:
+            issued = services.token_issue(actor=self.principal, **data.validated_data)
+        except DomainError as exc:
+            # The service judges expires_at; a request that gave expires_in_days is told about that field.
+            if "expires_in_days" in request.data and isinstance(exc.detail, dict) and "expires_at" in exc.detail:
+                exc.detail["expires_in_days"] = exc.detail.pop("expires_at")
+            raise
         issued.token.token = issued.secret
         return Response(s.IssuedTokenSerializer(issued.token).data, status=status.HTTP_201_CREATED)
 

@@ -49,10 +49,31 @@ def test_secret_is_shown_once_then_gone(console, world):
 
 def test_token_bound_to_own_team(console, world):
     response = console("t1_member").post(reverse("token-create"), {"name": "team-ci", "scope": "read_write",
-                                                                   "team": str(world.t1.team.pk)})
+                                                                   "team": str(world.t1.team.pk),
+                                                                   "expires_in_days": "90"})
     assert response.status_code == 302
     token = APIToken.objects.get(name="team-ci")
-    assert token.team == world.t1.team and token.scope == "read_write" and token.expires_at is None
+    assert token.team == world.t1.team and token.scope == "read_write" and token.expires_at is not None
+
+
+def test_a_new_token_expires_in_90_days_unless_changed_and_never_by_default(console, world):
+    """The form proposes 90 days; a token with no expiry is not what an empty field quietly makes."""
+    client = console("t1_member")
+    page = client.get(reverse("token-list")).content.decode()
+    assert 'name="expires_in_days"' in page and 'value="90"' in page.split('name="expires_in_days"')[1][:200]
+    response = client.post(reverse("token-create"), {"name": "no-expiry", "scope": "read"})
+    assert response.status_code == 200 and "Give the token a lifetime" in response.content.decode()
+    assert not APIToken.objects.filter(name="no-expiry").exists()
+
+
+def test_a_viewers_form_offers_read_tokens_only(console, world):
+    """A viewer's tokens only read (as the API rules): read_write is not offered, nor taken."""
+    client = console("t1_viewer")
+    page = client.get(reverse("token-list")).content.decode()
+    assert 'value="read_write"' not in page
+    response = client.post(reverse("token-create"), {"name": "rw", "scope": "read_write", "expires_in_days": "30"})
+    assert response.status_code == 200 and "Select a valid choice" in response.content.decode()
+    assert not APIToken.objects.filter(name="rw").exists()
 
 
 @pytest.mark.parametrize(("data", "message"), [
@@ -78,7 +99,8 @@ def test_viewer_may_make_and_revoke_their_own_tokens_as_the_api_allows(console, 
     """The role table lets anyone manage their own tokens; a viewer's token only reads anyway."""
     client = console("t1_viewer")
     assert 'action="/tokens/new/"' in client.get(reverse("token-list")).content.decode()
-    assert client.post(reverse("token-create"), {"name": "viewer-ci", "scope": "read"}).status_code == 302
+    assert client.post(reverse("token-create"), {"name": "viewer-ci", "scope": "read",
+                                                 "expires_in_days": "30"}).status_code == 302
     mine = own_token(world, "t1_viewer")
     assert client.post(reverse("token-revoke", args=[mine.pk])).status_code == 302
     mine.refresh_from_db()
@@ -136,7 +158,7 @@ def test_the_new_secret_never_rests_in_the_session_in_plain_text(console, world)
     from tenants.views import ISSUED_TOKEN
 
     client = console("t1_member")
-    response = client.post(reverse("token-create"), {"name": "ci", "scope": "read"})
+    response = client.post(reverse("token-create"), {"name": "ci", "scope": "read", "expires_in_days": "30"})
     assert response.status_code == 302
     held = client.session[ISSUED_TOKEN]
     assert "mrd_" not in str(held) and "secret" not in held

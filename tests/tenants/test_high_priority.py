@@ -12,6 +12,7 @@ import time_machine
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from provisioning.services import reservation_rescore
 from provisioning.team_record import team_inputs_many
@@ -180,11 +181,14 @@ def test_second_pending_application_is_a_409(world, team):
 
 
 def test_viewer_cannot_apply_even_inside_the_team(world, team):
-    """Viewers read; they do not apply (403), in the team or not."""
+    """Viewers do not apply (403), in the team or not: neither with their token (it only reads) nor signed in."""
     team_record(team)
     assert apply(world, "t1_viewer").status_code == 403
     TeamMembership.objects.create(team=team, user=world.users["t1_viewer"], role=TeamRole.MEMBER)
-    response = apply(world, "t1_viewer")
+    assert code(apply(world, "t1_viewer")) == "token_read_only"
+    session = APIClient()
+    session.force_login(world.users["t1_viewer"])
+    response = session.post(URL, {"team": str(world.t1.team.pk), "note": "Paper deadline."}, format="json")
     assert response.status_code == 403
     assert code(response) == "permission_denied"
 

@@ -5,11 +5,16 @@ Tokens are ``mrd_<prefix>_<secret>``, stored as prefix + SHA-256 digest, shown o
 token is a 401 with one body shape; a token never comes from the query string.
 """
 
+import io
+import json
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import time_machine
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
@@ -248,14 +253,63 @@ def test_expires_at_and_expires_in_days_together_is_400(world):
 
 
 def test_token_cannot_outlive_the_token_that_issues_it(world):
-    """A token with an expiry may only issue tokens that expire no later than itself."""
-    parent = bearer(issue(world, "t1_member", scope="read_write", expires_in_days=2)["token"])
+    """
+    A token with an expiry may only issue tokens that expire no later than itself; the refusal
+    names the field the request used and says when the issuing token expires.
+    """
+    issued = issue(world, "t1_member", scope="read_write", expires_in_days=2)
+    parent = bearer(issued["token"])
     before = APIToken.objects.count()
     assert_error(parent.post(TOKENS, {"name": "forever"}, format="json"), 400, "invalid", attr="expires_at")
-    assert_error(parent.post(TOKENS, {"name": "longer", "expires_in_days": 3}, format="json"), 400, "invalid",
-                 attr="expires_at")
+    error = assert_error(parent.post(TOKENS, {"name": "longer", "expires_in_days": 3}, format="json"), 400,
+                         "invalid", attr="expires_in_days")
+    assert issued["expires_at"][:16].replace("T", " ") in error["detail"]
     assert APIToken.objects.count() == before
     assert parent.post(TOKENS, {"name": "shorter", "expires_in_days": 1}, format="json").status_code == 201
+
+
+def test_the_readme_token_example_works_as_written(world):
+    """The README issues a token on the command line, then an automation token with it: as written, it works."""
+    readme = (Path(settings.BASE_DIR) / "README.md").read_text()
+    body = json.loads(re.search(r"-d '(\{\"name\": \"ci\".*?\})' \$API/api-tokens/", readme).group(1))
+    out = io.StringIO()
+    call_command("issue_token", world.users["t1_owner"].email, "--tenant", world.t1.tenant.slug, stdout=out)
+    response = bearer(out.getvalue().strip()).post(TOKENS, body, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["scope"] == body["scope"]
+
+
+#
+# A viewer's tokens only read
+#
+
+
+def viewer_session(world) -> APIClient:
+    client = APIClient()
+    client.force_login(world.users["t1_viewer"])
+    return client
+
+
+def test_a_viewer_gets_read_tokens_and_a_read_write_one_is_refused(world):
+    """The roles table's promise: a viewer creates only read-only tokens (asking for more is a clear 403)."""
+    client = viewer_session(world)
+    before = APIToken.objects.count()
+    error = assert_error(client.post(TOKENS, {"name": "rw", "scope": "read_write"}, format="json"), 403,
+                         "token_scope_exceeds_role")
+    assert "read" in error["detail"]
+    assert APIToken.objects.count() == before
+    made = client.post(TOKENS, {"name": "ro", "expires_in_days": 30}, format="json")
+    assert made.status_code == 201 and made.json()["scope"] == "read"
+
+
+def test_the_command_line_gives_a_viewer_a_read_token_and_refuses_read_write(world):
+    viewer = world.users["t1_viewer"]
+    out = io.StringIO()
+    call_command("issue_token", viewer.email, "--tenant", world.t1.tenant.slug, stdout=out)
+    assert APIToken.objects.get(prefix=out.getvalue().strip().split("_")[1]).scope == "read"
+    with pytest.raises(CommandError, match="read"):
+        call_command("issue_token", viewer.email, "--tenant", world.t1.tenant.slug, "--scope", "read_write",
+                     stdout=io.StringIO())
 
 
 #
@@ -545,7 +599,7 @@ def test_team_bound_token_for_a_team_the_user_is_not_in_is_403(world):
     """Binding a token to a team of the tenant the user does not belong to is refused (403)."""
     assert not TeamMembership.objects.filter(user=world.users["t1_viewer"]).exists()
     before = APIToken.objects.count()
-    response = world.client("t1_viewer").post(TOKENS, {"name": "x", "team": str(world.t1.team.pk)}, format="json")
+    response = viewer_session(world).post(TOKENS, {"name": "x", "team": str(world.t1.team.pk)}, format="json")
     assert_error(response, 403, "permission_denied")
     assert APIToken.objects.count() == before
 
