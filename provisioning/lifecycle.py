@@ -357,10 +357,20 @@ def _create_instances_many(starts: list[tuple[Reservation, list, Operation]]) ->
 
 
 def _requeue(reservation: Reservation, reason: str) -> None:
-    """Back to the queue keeping its place (submitted_at is unchanged), its capacity given back."""
-    allocation_end(reservation=reservation, at=timezone.now())
+    """
+    Back to the queue keeping its place (submitted_at is unchanged), its capacity given back (the
+    time it held stays in its allocations, and in its spend); the reason stays on it as its last
+    re-placement's once the state has moved on.
+    """
+    now = timezone.now()
+    allocation_end(reservation=reservation, at=now)
     _move_reservation(reservation, R.QUEUED, only_from={R.SCHEDULED, R.PROVISIONING}, reason=reason[:500],
-                      starts_at=None, ends_at=None, region=None)
+                      starts_at=None, ends_at=None, region=None, **replaced(reservation, reason, now))
+
+
+def replaced(reservation: Reservation, reason: str, now) -> dict:
+    """The fields that record one more re-placement of ``reservation`` (what the tenant reads on it)."""
+    return {"replacements": reservation.replacements + 1, "replaced_at": now, "replacement_reason": reason[:500]}
 
 
 #
@@ -767,9 +777,11 @@ def _step_failed(operation: Operation, run: StepRun, fault: NodeFault, attempt: 
     if locked.is_finished or locked.step != run.name:
         StepRun.objects.filter(pk=run.pk).update(state=StepState.FAILED, error=str(fault), finished_at=timezone.now())
         return "skipped"
-    if fault.wait_s is not None and _waits(locked, run.name) < settings.MERIDIAN_STEP_WAITS:
+    if fault.wait_s is not None and _waits(locked, run.name, fault.node) < settings.MERIDIAN_STEP_WAITS:
         # Asked, not failed (an agent has the work): look again soon, without spending an attempt.
-        StepRun.objects.filter(pk=run.pk).update(state=StepState.WAITING, error=str(fault), finished_at=timezone.now())
+        # The run names the node waited for: a step over many nodes waits for each in turn.
+        StepRun.objects.filter(pk=run.pk).update(state=StepState.WAITING, error=str(fault), finished_at=timezone.now(),
+                                                 node=fault.node)
         Operation.objects.filter(pk=locked.pk).update(attempt=attempt - 1)
         _enqueue(locked, run.name, countdown=fault.wait_s)
         return "waiting"
@@ -786,8 +798,9 @@ def _step_failed(operation: Operation, run: StepRun, fault: NodeFault, attempt: 
     return "failed"
 
 
-def _waits(operation: Operation, step: str) -> int:
-    return StepRun.objects.filter(operation=operation, name=step, state=StepState.WAITING).count()
+def _waits(operation: Operation, step: str, node) -> int:
+    """How often the step looked in vain for an answer from ``node``'s agent (the budget is per node)."""
+    return StepRun.objects.filter(operation=operation, name=step, state=StepState.WAITING, node=node).count()
 
 
 def _attempt_limit(operation: Operation) -> int:

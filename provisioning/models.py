@@ -70,6 +70,15 @@ class Reservation(TeamOwnedModel):
     released_at = models.DateTimeField(null=True, blank=True)
     # Provisioning attempts that failed for good on a node; past the limit the reservation fails.
     provision_failures = models.PositiveSmallIntegerField(default=0)
+    # Times it was placed again on other hardware (back to the queue, or failed units replaced),
+    # and why the last time: ``state_reason`` moves on with the state, this stays for the tenant.
+    # (Defaults in the database too: a process still on the code before these columns can insert.)
+    replacements = models.PositiveSmallIntegerField(default=0, db_default=0, help_text="Times it was placed again "
+                                                    "on other hardware (back to the queue, or failed hardware "
+                                                    "replaced).")
+    replaced_at = models.DateTimeField(null=True, blank=True, help_text="When it was last placed again.")
+    replacement_reason = models.CharField(max_length=500, blank=True, default="", db_default="",
+                                          help_text="Why it was last placed again; empty if it never was.")
 
     class Meta:
         ordering = ["-submitted_at"]

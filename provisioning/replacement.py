@@ -13,15 +13,17 @@ and so does the lifecycle when a step fails a node for good under other tenants'
 - replaces each reservation's lost units (``reservation_replace``).
 
 Replacement of a reservation: the instances on the failed node fail, their ports leave the
-tenant's network (``ports_abandon``) and their allocations end at the impact's start (history
-kept). New capacity is picked in the failed node's fabric -- always, the tenant's IB-VPC lives
-there -- spares first (same leaf switch, then same pod, then any leaf), then, when no spare fits
-and MERIDIAN_REPLACEMENT_FROM_POOL is on, ordinary free capacity of that fabric (the platform
-incident says so). It is bound for the rest of the window under the database's no-overlap rule,
-the reservation moves ``active`` -> ``provisioning``, and the offering's provisioning pipeline
-runs for the new instances only: it joins them to the same VPC and attests them before the
-hand-over. When the last of them is handed over the reservation is ``active`` again, the tenant
-incidents get ``restored_at`` and the tenant is told the new access details.
+tenant's network (``ports_abandon``) and their allocations end when the failure is handled
+(history kept; never earlier, so no spend already counted is taken back -- the SLA credits the
+outage from the impact's start, ``provisioning.sla``). New capacity is picked in the failed node's
+fabric -- always, the tenant's IB-VPC lives there -- spares first (same leaf switch, then same
+pod, then any leaf), then, when no spare fits and MERIDIAN_REPLACEMENT_FROM_POOL is on, ordinary
+free capacity of that fabric (the platform incident says so). It is bound for the rest of the
+window under the database's no-overlap rule, the reservation moves ``active`` -> ``provisioning``,
+and the offering's provisioning pipeline runs for the new instances only: it joins them to the
+same VPC and attests them before the hand-over. When the last of them is handed over the
+reservation is ``active`` again, the tenant incidents get ``restored_at`` and the tenant is told
+the new access details.
 
 When nothing fits, the reservation waits in ``provisioning`` with its healthy instances still
 serving (a reservation of several units keeps them), the tenant is told, and the lifecycle tick
@@ -311,8 +313,7 @@ def reservation_replace(reservation_id, *, now: datetime | None = None) -> str:
         return "skipped"
     failed = {n.pk: n for n in Node.objects.filter(pk__in={i.node_id for i in incidents}).select_related("leaf")}
     for incident in incidents:
-        _give_up(reservation, failed[incident.node_id], at=min(incident.impact_started_at or now, now),
-                 gpu_ids=incident.evidence.get("failed_gpus"))
+        _give_up(reservation, failed[incident.node_id], at=now, gpu_ids=incident.evidence.get("failed_gpus"))
     _stop_emptied(reservation)
     missing = reservation.units - reservation.instances.filter(state__in=LIVE_INSTANCES).count()
     if missing <= 0:
@@ -453,6 +454,15 @@ def _started(reservation, incidents, where: Node, picks: list[Pick]) -> None:
         platform.save(update_fields=["evidence"])
     attempt = {"state": "provisioning", "units": len(picks), **({"nodes": record["nodes"]} if bare_metal else {})}
     _mark(incidents, attempt)
+    latest = incidents[-1]
+    why = (f"{_what(reservation, where, latest.evidence.get('instances') or [], first=True)} failed "
+           f"({latest.evidence.get('cause', 'hardware failure')}) at "
+           f"{latest.impact_started_at or latest.detected_at:%Y-%m-%d %H:%M:%S} UTC; {len(picks)} unit(s) placed "
+           "again on other hardware in the same network.")
+    change = lifecycle.replaced(reservation, why, timezone.now())
+    Reservation.objects.filter(pk=reservation.pk).update(**change)
+    for name, value in change.items():
+        setattr(reservation, name, value)
     audit_record(actor=None, action="reservation.replace", target=reservation,
                  after={"state": reservation.state, "units": len(picks),
                         **({"nodes": record["nodes"]} if bare_metal else {})})

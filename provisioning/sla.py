@@ -19,15 +19,15 @@ The figures, as a tenant can recompute them from its reservations and incidents:
   tenant any availability.
 - **Availability** = 100 x (1 - unavailable / reserved) %, and 100 % when nothing was reserved;
   the month is met when it is at least ``MERIDIAN_SLA_TARGET`` (99.0).
-- **Credit** = the month's spend (held GPU-hours x the price of the billing term, as
-  ``provisioning.usage`` computes month-to-date spend) x the credit percentage of
+- **Credit** = the month's spend (the GPU-hours its allocations held x the price of the billing
+  term: ``provisioning.usage``'s month-to-date spend) x the credit percentage of
   ``MERIDIAN_SLA_CREDITS``: rows ``[threshold %, credit %]``, and the largest credit whose threshold
   the availability is *below* applies. The default ``[[99.0, 10], [95.0, 25], [90.0, 50]]`` owes
   10 % of the month's spend below 99 %, 25 % below 95 % and 50 % below 90 %.
 
 The arithmetic is exact (fractions of microseconds), so a month at exactly 99 % owes nothing and
 one a microsecond worse owes the credit. ``sla_compute`` is pure (plain data in, figures out);
-``sla_for_tenants`` reads the rows for many tenants in two queries.
+``sla_for_tenants`` reads the rows for many tenants in three queries.
 """
 
 from __future__ import annotations
@@ -233,20 +233,25 @@ def _cost(hold: Hold, since: datetime, until: datetime) -> Decimal:
 
 
 def sla_compute(*, holds: list[Hold], outages: list[Outage], since: datetime, until: datetime,
-                target: Fraction, credits: Iterable[tuple[Fraction, Decimal]]) -> SLAFigures:
-    """The SLA figures of one tenant's ``holds`` and the ``outages`` that hit them, over ``[since, until)``."""
+                target: Fraction, credits: Iterable[tuple[Fraction, Decimal]],
+                spend: Decimal | None = None) -> SLAFigures:
+    """
+    The SLA figures of one tenant's ``holds`` and the ``outages`` that hit them, over ``[since, until)``.
+    ``spend``: what the tenant spent then (``provisioning.usage``, from its allocations); None: the
+    holds' own.
+    """
     by_reservation = defaultdict(list)
     for outage in outages:
         by_reservation[outage.reservation_id].append(outage)
     reserved = unavailable = Fraction(0)
-    spend = Decimal(0)
+    held_spend = Decimal(0)
     affected, counted = [], []
     for hold in holds:
         held = hold.gpus * _micros(max(since, hold.start), min(until, hold.end))
         lost = _unavailable(hold, by_reservation.get(hold.reservation_id, []), since, until)
         reserved += held
         unavailable += lost
-        spend += _cost(hold, since, until)
+        held_spend += _cost(hold, since, until)
         if lost:
             affected.append(ReservationSLA(hold.reservation_id, hold.name, hold.gpus, _minutes(held), _minutes(lost)))
         lo, hi = max(since, hold.start), min(until, hold.end)
@@ -258,6 +263,7 @@ def sla_compute(*, holds: list[Hold], outages: list[Outage], since: datetime, un
                     counted.append(OutageSLA(outage, start, end, _minutes(alone)))
     availability = Fraction(100) if not reserved else 100 * (1 - unavailable / reserved)
     percent = credit_percent(availability, credits)
+    spend = held_spend if spend is None else spend
     return SLAFigures(
         since=since, until=until, reserved_gpu_minutes=_minutes(reserved),
         unavailable_gpu_minutes=_minutes(unavailable),
@@ -316,7 +322,7 @@ def sla_for_tenants(reservations, *, tenant_ids: Iterable[UUID] | None, month: d
                     now: datetime) -> dict[UUID, SLAFigures]:
     """
     The month's figures of each of ``tenant_ids`` (None: of every tenant that held anything), from
-    ``reservations`` (a queryset already scoped to what the caller may see): two queries however
+    ``reservations`` (a queryset already scoped to what the caller may see): three queries however
     many tenants, reservations and incidents.
     """
     from security.models import Incident
@@ -341,10 +347,12 @@ def sla_for_tenants(reservations, *, tenant_ids: Iterable[UUID] | None, month: d
         if outage.reservation_id in tenant_of:
             outages[tenant_of[outage.reservation_id]].append(outage)
     target, credits = sla_target(), credit_table()
+    spent = usage.spend_by_tenant(reservations, since=since, until=until)
     if tenant_ids is None:
-        tenant_ids = list(holds)
+        tenant_ids = list(holds.keys() | spent.keys())
     return {tenant_id: sla_compute(holds=holds.get(tenant_id, []), outages=outages.get(tenant_id, []),
-                                   since=since, until=until, target=target, credits=credits)
+                                   since=since, until=until, target=target, credits=credits,
+                                   spend=spent.get(tenant_id, Decimal(0)))
             for tenant_id in tenant_ids}
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.utils import timezone
 
 from cloud.choices import IsolationMode, NodePool, OfferingKind
 from cloud.errors import DomainError
@@ -22,7 +23,7 @@ from .choices import OperationKind
 from .drivers import DriverError, Drivers, Target
 from .drivers.libvirt_vm import domain_xml
 from .drivers.pods import pod_manifest
-from .models import Instance
+from .models import Allocation, Instance
 
 
 class NodeFault(Exception):
@@ -223,7 +224,18 @@ def _attest(ctx: Context, node, gpus: list, *, instances: list, shared: bool = F
     from security.services import attestation_challenge, attestation_outcome, attestation_submit
 
     indexes = ",".join(str(g.index) for g in gpus)
-    nonce = attestation_challenge(node_id=node.pk, reference=f"{ctx.operation.pk}:{node.pk}:{indexes}")
+    reference = f"{ctx.operation.pk}:{node.pk}:{indexes}"
+    report = _passed_before(node, reference)
+    if report is not None:
+        # This step attested the node on an earlier look and then waited for another node's agent:
+        # challenged again, every node before the one waited for would wait for its agent once more
+        # (a step over 14 nodes went one node per two agent turns and ran out of waits).
+        if ctx.operation.kind == OperationKind.PROVISION and not _receipts_kept(ctx, node, instances):
+            from .receipts import receipt_store
+
+            receipt_store(reservation=ctx.reservation, node=node, report=report, instances=instances)
+        return
+    nonce = attestation_challenge(node_id=node.pk, reference=reference)
     evidence = ctx.on(node, lambda target: ctx.drivers.host.attest(target, nonce.value, [g.index for g in gpus],
                                                                    reference=f"attest:{nonce.value}"))
     report = attestation_submit(node=node, evidence=evidence, nonce=nonce.value,
@@ -236,6 +248,22 @@ def _attest(ctx: Context, node, gpus: list, *, instances: list, shared: bool = F
         from .receipts import receipt_store
 
         receipt_store(reservation=ctx.reservation, node=node, report=report, instances=instances)
+
+
+def _passed_before(node, reference: str):
+    """The passing report of this very challenge (this operation, node and GPUs) if one was made, else None."""
+    from security.models import AttestationNonce, AttestationReport
+
+    spent = AttestationNonce.objects.filter(node_id=node.pk, reference=reference, used_at__isnull=False)
+    return (AttestationReport.objects.filter(node_id=node.pk, nonce__in=spent.values("value"),
+                                             status=AttestationReport.Status.PASS).order_by("-verified_at").first())
+
+
+def _receipts_kept(ctx: Context, node, instances: list) -> bool:
+    """Whether every allocation under ``instances`` on ``node`` carries its receipt already."""
+    gpu_ids = {d["gpu_id"] for instance in instances for d in instance.devices}
+    return not Allocation.objects.filter(reservation=ctx.reservation, node=node, gpu_id__in=gpu_ids,
+                                         attestation_receipt="", ends_at__gt=timezone.now()).exists()
 
 
 def hand_over(ctx: Context) -> None:

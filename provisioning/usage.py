@@ -3,10 +3,13 @@ Usage and month-to-date spend from what reservations held (DESIGN.md, "Money and
 
 Spend is allocated GPU-hours x the offering's list price for the reservation's billing term
 (on-demand list price, the reserved discount, or the spot floor a spot reservation ran at): no
-billing system, but the same figure the tenant can recompute from its reservations. A
-reservation held its GPUs from ``starts_at`` until it was released (``released_at``) or its
-booked end, whichever came first, and never past now; a fractional reservation holds its slots'
-share of a GPU. Reads one row per reservation, never per allocation.
+billing system, but the same figure the tenant can recompute from its reservations. The hours
+are those of the reservation's allocations -- what it actually held, each from its start until it
+ended (released, preempted, its node failed, its window over) and never past now -- not a window
+derived from where the reservation stands now: a reservation placed again keeps the hours of its
+first placement, and nothing ends an allocation before a time already counted, so the spend
+never goes down. A whole GPU is one GPU; a fractional slot is its share of one. Reads one row
+per reservation and span (its allocations made together), never one per allocation.
 """
 
 from __future__ import annotations
@@ -16,26 +19,29 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Q
+from django.db.models import Count
 
 from .choices import BillingTerm
 from .choices import ReservationState as R
+from .models import Allocation
 
-USAGE_COLUMNS = ("team_id", "team__name", "starts_at", "ends_at", "released_at", "gpus", "units",
-                 "offering__slots_per_gpu", "billing_term", "offering__price_per_gpu_hour",
-                 "offering__reserved_discount_pct", "offering__spot_floor_price")
+HOLD_COLUMNS = ("reservation_id", "reservation__tenant_id", "reservation__team__name", "starts_at", "ends_at",
+                "reservation__offering__slots_per_gpu", "reservation__billing_term",
+                "reservation__offering__price_per_gpu_hour", "reservation__offering__reserved_discount_pct",
+                "reservation__offering__spot_floor_price")
 NEVER_HELD = [R.PENDING, R.QUEUED, R.CANCELLED]
 
 
 @dataclass(frozen=True)
 class Held:
-    """One reservation's hold on capacity: a GPU-equivalent count over ``[start, end)``, at a price."""
+    """A hold on capacity: a GPU-equivalent count over ``[start, end)``, at a price."""
 
     team: str
     gpus: float
     start: datetime
     end: datetime
     price: Decimal
+    tenant_id: object = None
 
     def cost_within(self, lo: datetime, hi: datetime) -> Decimal:
         """The spend inside ``[lo, hi)``, to the cent: what the month's spend and the SLA credit are made of."""
@@ -55,17 +61,17 @@ def price_per_gpu_hour(term: str, list_price: Decimal, discount_pct: int, spot_f
 
 
 def holds(reservations, *, since: datetime, now: datetime) -> list[Held]:
-    """What each reservation (a scoped queryset) held between ``since`` and ``now``."""
-    rows = (reservations.filter(starts_at__lt=now).filter(Q(ends_at__gt=since) | Q(ends_at__isnull=True))
-            .exclude(state__in=NEVER_HELD).values_list(*USAGE_COLUMNS))
+    """
+    What the reservations (a scoped queryset) held between ``since`` and ``now``, from their
+    allocations: one hold per reservation and span of allocations made together.
+    """
+    rows = (Allocation.objects.filter(reservation__in=reservations.order_by().values("pk"), starts_at__lt=now,
+                                      ends_at__gt=since)
+            .values_list(*HOLD_COLUMNS).annotate(n=Count("pk")).order_by())
     result = []
-    for (_team_id, team, start, end, released, gpus, units, slots, term, price, discount, floor) in rows:
-        if start is None:
-            continue
-        stop = min(t for t in (end, released, now) if t is not None)
-        equivalent = gpus if gpus else units / max(slots or 1, 1)
-        result.append(Held(team=team or "Tenant-wide", gpus=float(equivalent), start=start, end=stop,
-                           price=price_per_gpu_hour(term, price, discount, floor)))
+    for (_reservation_id, tenant_id, team, start, end, slots, term, price, discount, floor, n) in rows:
+        result.append(Held(team=team or "Tenant-wide", gpus=n / max(slots or 1, 1), start=start, end=min(end, now),
+                           price=price_per_gpu_hour(term, price, discount, floor), tenant_id=tenant_id))
     return result
 
 
@@ -82,15 +88,26 @@ class Spend:
 
 def month_to_date(reservations, now: datetime) -> Spend:
     """Month-to-date GPU-hours and spend of these reservations, in total and per team."""
-    start = month_start(now)
+    return spend_within(reservations, since=month_start(now), until=now)
+
+
+def spend_within(reservations, *, since: datetime, until: datetime) -> Spend:
+    """GPU-hours and spend of these reservations inside ``[since, until)`` (``until``: now at the latest)."""
     hours, amount, by_team = 0.0, Decimal("0"), defaultdict(Decimal)
-    for held in holds(reservations, since=start, now=now):
-        h = held.hours_within(start, now)
-        cost = held.cost_within(start, now)
-        hours += h
+    for held in holds(reservations, since=since, now=until):
+        cost = held.cost_within(since, until)
+        hours += held.hours_within(since, until)
         amount += cost
         by_team[held.team] += cost
     return Spend(gpu_hours=hours, amount=amount, by_team=dict(sorted(by_team.items())))
+
+
+def spend_by_tenant(reservations, *, since: datetime, until: datetime) -> dict:
+    """The spend inside ``[since, until)`` of each tenant of these reservations (one query for them all)."""
+    amounts: dict = defaultdict(Decimal)
+    for held in holds(reservations, since=since, now=until):
+        amounts[held.tenant_id] += held.cost_within(since, until)
+    return dict(amounts)
 
 
 def daily_gpu_hours(reservations, now: datetime, days: int = 14) -> list[tuple[datetime, float]]:

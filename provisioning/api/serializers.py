@@ -153,7 +153,7 @@ class ReservationSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "state", "state_reason", "offering", "kind", "gpu_model", "spec", "units", "gpus",
                   "regions", "region", "requested_start", "starts_at", "ends_at", "duration_hours", "billing_term",
                   "spot_max_price", "eviction_policy", "urgency", "team", "vpc", "score", "submitted_at",
-                  "scheduled_at", "released_at"]
+                  "scheduled_at", "released_at", "replacements", "replaced_at", "replacement_reason"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.FloatField())
@@ -179,7 +179,8 @@ class ReservationSerializer(serializers.ModelSerializer):
             "eviction_policy": r.eviction_policy, "urgency": r.urgency,
             "team": None if r.team_id is None else str(r.team_id), "vpc": None if r.vpc_id is None else str(r.vpc_id),
             "score": r.score, "submitted_at": _moment(r.submitted_at), "scheduled_at": _moment(r.scheduled_at),
-            "released_at": _moment(r.released_at),
+            "released_at": _moment(r.released_at), "replacements": r.replacements,
+            "replaced_at": _moment(r.replaced_at), "replacement_reason": r.replacement_reason,
         }
 
 

@@ -20,9 +20,12 @@ class AgentHost(HostDriver):
         state = AgentState.objects.filter(node_id=target.node_id).first()
         silent_for = timedelta(seconds=3 * settings.MERIDIAN_AGENT_INTERVAL)
         if state is None or state.last_seen_at < timezone.now() - silent_for:
-            seen = f"last seen {state.last_seen_at:%H:%M:%S}" if state else "never seen"
-            raise DriverError(f"The node agent of {target.hostname} is silent ({seen}); check it runs and "
-                              "reaches the control plane.")
+            # Late is not failed: a loaded control plane hears its agents late, and an agent only
+            # starts once its host is up. The step waits for it (MERIDIAN_STEP_WAITS looks, per node);
+            # whether the node failed is the heartbeat watchdog's call (cloud.detection).
+            seen = f"since {state.last_seen_at:%H:%M:%S} UTC" if state else "yet"
+            raise NotYet(f"The node agent of {target.hostname} has not been heard {seen}; waiting for it (check it "
+                         "runs and reaches the control plane).", wait_s=max(1.0, settings.MERIDIAN_AGENT_INTERVAL / 2))
         return state
 
     def inventory(self, target):

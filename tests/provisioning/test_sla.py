@@ -34,7 +34,7 @@ from django.test.utils import CaptureQueriesContext
 
 from cloud.models import Offering
 from provisioning import sla, usage
-from provisioning.models import Reservation
+from provisioning.models import Allocation, Reservation
 from security.models import Incident
 from tenants.models import Tenant
 from tests.world import h100, unique, vm_offering
@@ -49,10 +49,17 @@ def at(day: int, hour: int = 0, month: int = 11) -> datetime:
 
 def reservation(tenant, *, gpus: int, start: datetime, end: datetime, state="active", released=None, team=None,
                 **extra) -> Reservation:
+    """A reservation as it stands, with the allocations it held (one per GPU or slot) unless it never held any."""
     fields = {"units": gpus, "offering": vm_offering()} | extra
-    return Reservation.objects.create(
+    made = Reservation.objects.create(
         tenant=tenant, team=team, name=unique("r"), gpu_model=h100(), gpus=gpus, regions=["us-east-1"],
         duration=end - start, state=state, starts_at=start, ends_at=end, released_at=released, **fields)
+    if state not in usage.NEVER_HELD:
+        # Spend is what the allocations held; GPUs and nodes of their own (the arithmetic needs no fleet).
+        Allocation.objects.bulk_create(
+            Allocation(reservation=made, gpu_id=uuid.uuid4(), node_id=uuid.uuid4(), mem_lo=0, mem_hi=81_920,
+                       starts_at=start, ends_at=min(end, released or end)) for _ in range(gpus or made.units))
+    return made
 
 
 def incident(r: Reservation | None, *, gpus: int, start: datetime, restored=None, resolved=None, gpu_ids=(),
