@@ -1,9 +1,20 @@
 // Small progressive enhancements; every page works without them.
 document.addEventListener("DOMContentLoaded", () => {
-  // The switchers submit on change; their button stays for keyboard users without script.
+  // The switchers submit when a pointer picks an option. A keyboard only picks (arrow keys walk
+  // the options, and each step fires "change"): its user presses Switch (WCAG 3.2.2, On Input).
   for (const form of document.querySelectorAll("form[data-autosubmit]")) {
-    for (const el of form.querySelectorAll(".js-hide")) el.hidden = true;
-    for (const select of form.querySelectorAll("select")) select.addEventListener("change", () => form.submit());
+    for (const select of form.querySelectorAll("select")) {
+      let byKey = false;
+      select.addEventListener("keydown", () => { byKey = true; });
+      select.addEventListener("pointerdown", () => { byKey = false; });
+      select.addEventListener("change", () => { if (!byKey) form.submit(); });
+    }
+  }
+  // On a phone the navigation is one line that scrolls sideways: the current page's link in view.
+  const current = document.querySelector("nav.side [aria-current=page]");
+  const side = current && current.closest("nav.side");
+  if (side && side.scrollWidth > side.clientWidth) {
+    side.scrollLeft = current.offsetLeft - (side.clientWidth - current.offsetWidth) / 2;
   }
   // Forms that ask before a destructive action: <form data-confirm="Cancel this reservation?">.
   for (const form of document.querySelectorAll("form[data-confirm]")) {
