@@ -38,7 +38,7 @@ def test_viewer_sees_the_tenants_limits_and_defaults(console, world):
     assert ("VPCs", "") in tenant and ("Concurrent instances", "") in tenant
     # The team's own quota is for the team's members (and admins), not for a viewer outside it.
     assert not any("(team)" in s["title"] for s in response.context["sections"])
-    body = response.content.decode().split('<main id="content">')[1]
+    body = response.content.decode().split('<main id="content"')[1]
     assert "<form" not in body and 'role="progressbar"' in body
 
 

@@ -37,7 +37,7 @@ def test_a_viewer_sees_the_tenants_month_and_the_credit_table(console, world, mo
     assert response.status_code == 200
     f = response.context["f"]
     assert (f.reserved_gpu_minutes, f.unavailable_gpu_minutes, f.met) == (4 * 43_200, 720, True)
-    body = response.content.decode().split('<main id="content">')[1]
+    body = response.content.decode().split('<main id="content"')[1]
     assert "99.5833%" in body and "target 99% met" in body and 'method="post"' not in body
     assert "<td>95%</td>" in body and "<td class=\"num\">25%</td>" in body  # the credit table
     assert world.t2.tenant.name not in body

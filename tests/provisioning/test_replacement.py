@@ -155,8 +155,11 @@ def test_a_server_on_a_failed_node_is_replaced_by_the_spare_on_its_leaf_in_the_s
     spare_rows = Allocation.objects.filter(reservation_id=pk, node=new.node)
     assert spare_rows.count() == 8 and all(row.attestation_receipt for row in spare_rows)
     assert all(row.ends_at == reservation(pk).ends_at for row in spare_rows)
-    # Nothing on the failed node past the failure; nothing overlaps; far and foreign spares untouched.
-    assert not Allocation.objects.filter(node=failed, ends_at__gt=tenant.impact_started_at).exists()
+    # Nothing on the failed node is held any more: its allocations ended when the failure was handled,
+    # not back at the impact (spend already counted is never taken back; the SLA credits the outage).
+    # Nothing overlaps; far and foreign spares untouched.
+    assert not Allocation.objects.filter(node=failed, ends_at__gt=timezone.now()).exists()
+    assert not Allocation.objects.filter(node=failed, ends_at__lt=tenant.impact_started_at).exists()
     assert Allocation.objects.filter(node=failed).count() == 8  # history kept
     assert not Allocation.objects.filter(node__in=[far, foreign]).exists()
     assert_no_overlap()
@@ -363,7 +366,7 @@ def test_a_vm_on_a_failed_shared_host_moves_to_a_healthy_host(world, fleet, step
     assert failed.hostname not in incident.summary  # a shared host's name is not the tenant's to read
     assert sorted(incident.gpu_ids) == sorted(old_gpus) and incident.gpus_affected == 2
     assert AttestationReport.objects.filter(node_id=new.node_id, status="pass").exists()
-    assert not Allocation.objects.filter(node=failed, ends_at__gt=incident.impact_started_at).exists()
+    assert not Allocation.objects.filter(node=failed, ends_at__gt=timezone.now()).exists()  # ended when handled
     assert_no_overlap()
 
 
@@ -448,7 +451,7 @@ def test_a_failed_gpu_of_a_shared_host_moves_only_the_work_on_it(world, fleet, s
     incident = Incident.objects.get(reservation_id=pk)
     assert sorted(incident.gpu_ids) == sorted([bad, good]) and incident.gpus_affected == 2
     assert incident.evidence["failed_gpus"] == [bad] and incident.restored_at is not None
-    assert not Allocation.objects.filter(gpu_id=bad, ends_at__gt=incident.impact_started_at).exists()
+    assert not Allocation.objects.filter(gpu_id=bad, ends_at__gt=timezone.now()).exists()  # ended when handled
     assert_no_overlap()
     again = gpus_failed(node=host, gpu_ids=[bad], cause="xid_79", summary="GPU fell off the bus", evidence={},
                         impact_started_at=now)
