@@ -19,11 +19,13 @@ run: $(VENV)/.runtime
 
 test: $(VENV)/.dev services
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	env -u DATABASE_URL $(BIN)/python manage.py makemigrations --check --dry-run
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 bench: $(VENV)/.dev services
 	for b in seed_fleet api_latency ranking planner scheduler_cycle claims trace_replay provisioning attestation console_pages failure_drill telemetry_ingest; do \

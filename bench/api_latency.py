@@ -21,7 +21,7 @@ CLIENT_THREADS = 8
 
 
 def prepare():
-    from cloud.demo import seed_demo
+    from config.demo import seed_demo
     from tenants.models import Membership, Team, User
     from tests.world import issue_token
 

@@ -77,8 +77,8 @@ _names = count()
 
 
 def prepare() -> tuple[str, dict]:
-    from cloud.demo import seed_demo
     from cloud.models import Offering
+    from config.demo import seed_demo
     from tenants.models import Membership, Quota, User
     from tests.world import issue_token
 
@@ -386,7 +386,7 @@ def breakdown(bodies: dict, n: int) -> dict:
 
     from cloud.models import Offering, Region
     from provisioning import admission, services
-    from provisioning.planner import planning
+    from provisioning.scheduling.planner import planning
     from tenants.choices import TenantRole
     from tenants.models import Membership, User
     from tenants.scoping import Principal

@@ -26,7 +26,7 @@ def scratch_database(name: str) -> str:
     url = urlunsplit(parts._replace(path=f"/{name}"))
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("MERIDIAN_DATA_DIR", tempfile.mkdtemp(prefix="meridian-bench-"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cloud.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("MERIDIAN_SECURE_TRANSPORT", "0")
     # A deployment-like run (PostgreSQL) takes its keys from the environment, never from files.
     os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-secret-key-0123456789-0123456789-0123456789")
@@ -66,7 +66,7 @@ def serve(port: int, log: Path | None = None):
 
     env = dict(os.environ, MERIDIAN_API_RATE="100000000/min")
     server = subprocess.Popen(
-        [str(REPO / ".venv/bin/gunicorn"), "cloud.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "2",
+        [str(REPO / ".venv/bin/gunicorn"), "config.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "2",
          "--threads", "4"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
         stderr=log.open("w") if log else subprocess.DEVNULL,
     )

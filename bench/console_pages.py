@@ -26,8 +26,8 @@ def seed(fleet: dict) -> dict:
     """The demo world on this fleet, a history for acme and a queue of other tenants' work."""
     from django.utils import timezone
 
-    from cloud.demo import seed_demo
     from cloud.models import Node, Offering
+    from config.demo import seed_demo
     from provisioning.admission import Ask
     from provisioning.models import Reservation
     from provisioning.services import reservation_create
@@ -81,8 +81,8 @@ def measure(ids: dict) -> dict:
     from django.db import connection
     from django.test import Client
 
-    from cloud.console import SESSION_TENANT
     from tenants.models import User
+    from web.console import SESSION_TENANT
 
     clients = {"alice": Client(raise_request_exception=False), "admin": Client(raise_request_exception=False)}
     clients["alice"].force_login(User.objects.get(email="alice@acme.example"))

@@ -3,10 +3,10 @@ Failure drill on a simulated fleet (issue 9): a bare-metal server and a GPU VM a
 node under each stops heartbeating; how long until the failure is detected, and how long from
 detection until the tenant has attested replacement hardware in the same VPC.
 
-Detection is the real heartbeat watchdog (``cloud.detection.watch_heartbeats``, the beat task
+Detection is the real heartbeat watchdog (``operations.heartbeats.watch_heartbeats``, the beat task
 ``cloud.heartbeats_watch``) ticking every BENCH_WATCHDOG_S (1.0 s), under the default policy
 (cloud.health.FailurePolicy: suspect -- no longer sold -- after 2 silent periods, failed after 3): a
-node three whole periods silent fails (``provisioning.replacement.node_failed``, the impact from
+node three whole periods silent fails (``provisioning.lifecycle.replacement.node_failed``, the impact from
 its last heartbeat) -- the issue's "detected in 3 periods and replaced". Every node's agent
 heartbeats every BENCH_HEARTBEAT_S (1.0 s; MERIDIAN_AGENT_INTERVAL_SECONDS; one UPDATE of
 AgentState for the living nodes stands in for their heartbeat requests). A node is killed at a
@@ -63,8 +63,8 @@ def seed():
     from cloud.catalogue import load_gpu_catalogue
     from cloud.fleet import FleetSpec, build_fleet
     from cloud.models import GPUModel, Node, Offering
+    from provisioning.drivers.simulated_devices import trust_simulated_fleet
     from provisioning.models import AgentState
-    from security.simulated_devices import trust_simulated_fleet
     from tenants.choices import QuotaResource, TenantRole
     from tenants.models import Membership, Quota, Tenant, User
     from tenants.scoping import Principal
@@ -96,23 +96,27 @@ class Inline:
     """The lifecycle's messages kept here and run in order, as the tests run them."""
 
     def __init__(self):
-        from provisioning import lifecycle
-        from provisioning.tasks import operation_step
+        from provisioning import task_names
+        from provisioning.lifecycle import dispatch as dispatching
 
         self.tasks: deque = deque()
-        operation_step.apply_async = lambda args, countdown=0: self.tasks.append(("step", args))
-        lifecycle.provision_when_due = lambda reservations: self.tasks.extend(("start", (str(r.pk),))
+        publish = task_names.send
+        task_names.send = lambda name, args, **options: (self.tasks.append(("step", args))
+                                                         if name == task_names.OPERATION_STEP
+                                                         else publish(name, args, **options))
+        dispatching.provision_when_due = lambda reservations: self.tasks.extend(("start", (str(r.pk),))
                                                                              for r in reservations)
 
     def drain(self) -> None:
-        from provisioning import lifecycle
 
+        from provisioning.lifecycle import runner
+        from provisioning.lifecycle import start as starting
         while self.tasks:
             what, args = self.tasks.popleft()
             if what == "start":
-                lifecycle.reservation_provision_start(*args)
+                starting.reservation_provision_start(*args)
             else:
-                lifecycle.operation_run_step(*args)
+                runner.operation_run_step(*args)
 
     def stop(self) -> None:
         pass
@@ -124,7 +128,7 @@ class Worker:
     def __init__(self):
         log = Path(tempfile.mkdtemp(prefix="meridian-drill-worker-")) / "worker.log"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "cloud", "worker", "--queues", QUEUE, "--concurrency", "2",
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "--queues", QUEUE, "--concurrency", "2",
              "--pool", "prefork", "--without-mingle", "--without-gossip", "--without-heartbeat", "--loglevel", "INFO",
              "--hostname", f"{QUEUE}@%h", "--logfile", str(log)],
             cwd=REPO, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -172,15 +176,15 @@ def beat(killed: set) -> None:
 
 def watchdog() -> dict:
     """One round of the real heartbeat watchdog (what the beat task runs)."""
-    from cloud.detection import watch_heartbeats
+    from operations.heartbeats import watch_heartbeats
 
     return watch_heartbeats()
 
 
 def drill(kind: str, principal, offering, runner, rng) -> dict:
     """Kill the node under a fresh active reservation at a random moment of a period; wait for the hand-over."""
+    from provisioning.lifecycle.replacement import NODE_FAILURE
     from provisioning.models import Instance, Reservation
-    from provisioning.replacement import NODE_FAILURE
     from security.models import Incident
 
     pk = activate(principal, offering, runner)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from provisioning.plan_types import (  # noqa: E402
+from provisioning.scheduling.plan_types import (  # noqa: E402
     BARE_METAL,
     BARE_METAL_POOL,
     CONTAINER,
@@ -44,7 +44,7 @@ from provisioning.plan_types import (  # noqa: E402
     Request,
     Snapshot,
 )
-from provisioning.planner import Planner, plan  # noqa: E402
+from provisioning.scheduling.planner import Planner, plan  # noqa: E402
 
 NODES = 1280
 NODES_PER_LEAF = 32

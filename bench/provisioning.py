@@ -61,7 +61,7 @@ def seed():
     from cloud.catalogue import load_gpu_catalogue
     from cloud.fleet import FleetSpec, build_fleet
     from cloud.models import GPUModel, Offering
-    from security.simulated_devices import trust_simulated_fleet
+    from provisioning.drivers.simulated_devices import trust_simulated_fleet
     from tenants.choices import QuotaResource, TenantRole
     from tenants.models import Membership, Quota, Tenant, User
     from tenants.scoping import Principal
@@ -94,18 +94,18 @@ def reset():
 def schedule(principal, offering, n: int) -> list[str]:
     """``n`` 1-GPU VMs placed at once (the fast path); nothing is sent to the workers yet."""
     from cloud.models import Region
-    from provisioning import lifecycle
     from provisioning.admission import Ask
+    from provisioning.lifecycle import dispatch as dispatching
     from provisioning.services import reservation_create
 
     region = Region.objects.get(slug="us-east-1")
-    held, lifecycle.provision_when_due = lifecycle.provision_when_due, lambda reservations: None
+    held, dispatching.provision_when_due = dispatching.provision_when_due, lambda reservations: None
     try:
         made = [reservation_create(actor=principal, ask=Ask(name=f"b{i}", offering=offering, units=1,
                                                             regions=(region,), duration=timedelta(hours=2)))
                 for i in range(n)]
     finally:
-        lifecycle.provision_when_due = held
+        dispatching.provision_when_due = held
     assert all(r.state == "scheduled" for r in made), {r.state for r in made}
     return [str(r.pk) for r in made]
 
@@ -119,7 +119,7 @@ def start_workers(count: int, env: dict) -> list[subprocess.Popen]:
         celery = [sys.executable, "-m", "celery"] if ATTESTATION else [
             sys.executable, str(REPO / "bench" / "worker_without_attestation.py")]
         workers.append(subprocess.Popen(
-            [*celery, "-A", "cloud", "worker", "--queues", QUEUE,
+            [*celery, "-A", "config", "worker", "--queues", QUEUE,
              "--concurrency", str(CONCURRENCY), "--pool", "prefork", "--without-mingle", "--without-gossip",
              "--without-heartbeat",
              "--loglevel", "INFO", "--hostname", f"{QUEUE}-{i}@%h", "--logfile", str(log)],
@@ -134,21 +134,21 @@ def start_workers(count: int, env: dict) -> list[subprocess.Popen]:
 
 
 def starts_per_message() -> int:
-    from provisioning import lifecycle
 
-    return STARTS_PER_MESSAGE or lifecycle.STARTS_PER_TASK
+    from provisioning.lifecycle import dispatch as dispatching
+    return STARTS_PER_MESSAGE or dispatching.STARTS_PER_TASK
 
 
 def send_starts(ids: list[str]) -> None:
     """The scheduler's own publishing of what it placed (provisioning.lifecycle), at the size chosen."""
-    from provisioning import lifecycle
+    from provisioning.lifecycle import dispatch as dispatching
 
-    held = lifecycle.STARTS_PER_TASK
-    lifecycle.STARTS_PER_TASK = starts_per_message()
+    held = dispatching.STARTS_PER_TASK
+    dispatching.STARTS_PER_TASK = starts_per_message()
     try:
-        lifecycle._publish_starts(ids)
+        dispatching._publish_starts(ids)
     finally:
-        lifecycle.STARTS_PER_TASK = held
+        dispatching.STARTS_PER_TASK = held
 
 
 def through_workers(principal, offering, workers: int) -> dict:
@@ -190,23 +190,27 @@ def in_process(principal, offering) -> dict:
 
     from django.db import connection
 
-    from provisioning import lifecycle
+    from provisioning import task_names
+    from provisioning.lifecycle import dispatch as dispatching
+    from provisioning.lifecycle import runner
+    from provisioning.lifecycle import start as starting
     from provisioning.models import Reservation
     from provisioning.services import reservation_release
-    from provisioning.tasks import operation_step
 
     reset()
     ids = schedule(principal, offering, IN_PROCESS)
     tasks: deque = deque()
     # The messages the lifecycle sends (after its commits, with their dispatch tokens) are kept here.
-    operation_step.apply_async = lambda args, countdown=0: tasks.append(args)
-    lifecycle.provision_when_due = lambda reservations: None
+    publish = task_names.send
+    task_names.send = lambda name, args, **options: (tasks.append(args) if name == task_names.OPERATION_STEP
+                                                     else publish(name, args, **options))
+    dispatching.provision_when_due = lambda reservations: None
 
     def drain() -> int:
         hops = 0
         while tasks:
             hops += 1
-            lifecycle.operation_run_step(*tasks.popleft())
+            runner.operation_run_step(*tasks.popleft())
         return hops
 
     @contextmanager
@@ -228,7 +232,7 @@ def in_process(principal, offering) -> dict:
         per_message = starts_per_message()
         for first in range(0, len(ids), per_message):
             hops += 1
-            lifecycle.reservations_start(ids[first:first + per_message])
+            starting.reservations_start(ids[first:first + per_message])
             hops += drain()
         elapsed = time.perf_counter() - began
     assert Reservation.objects.filter(pk__in=ids, state="active").count() == len(ids)

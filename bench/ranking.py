@@ -1,6 +1,6 @@
 """
 How long ranking the whole queue takes: 10,000 queued reservations with random urgency, team
-record, load, wait and recent usage, each scored and the queue sorted (provisioning.priority.rank),
+record, load, wait and recent usage, each scored and the queue sorted (provisioning.scheduling.priority.rank),
 50 times, with the garbage collector paused as the scheduler loop ranks (and again with it on,
 printed beside). Pure Python, no database. Target: under 25 ms for 10,000.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from provisioning.priority import URGENCY_LEVELS, QueueEntry, Weights, rank  # noqa: E402
+from provisioning.scheduling.priority import URGENCY_LEVELS, QueueEntry, Weights, rank  # noqa: E402
 
 TARGET_MS = 25.0
 DAY = 86_400.0

@@ -1,8 +1,8 @@
 """
-One full scheduling cycle (``provisioning.scheduler.run_cycle``: load the queue, rank it, take a
+One full scheduling cycle (``provisioning.scheduling.scheduler.run_cycle``: load the queue, rank it, take a
 snapshot, plan, apply through services) on the benchmark fleet: one region, 1,280 nodes x 8 GPUs
 (leaves of 32 nodes, a quarter shared hosts, 4 % bare-metal spares), with VM, container and
-bare-metal offerings from ``cloud.demo.offerings_for`` (plus 2- and 4-GPU VMs), eight tenants of
+bare-metal offerings from ``config.demo.offerings_for`` (plus 2- and 4-GPU VMs), eight tenants of
 four teams with quotas that never bind.
 
 Cycles run as the loop runs them (``manage.py run_scheduler``): the collector paused, a
@@ -111,9 +111,9 @@ class World:
 
 
 def build_world() -> World:
-    from cloud.demo import offerings_for
     from cloud.fleet import FleetSpec, build_fleet
     from cloud.models import GPU, GPUModel, Node, Offering, Region
+    from config.demo import offerings_for
     from tenants.choices import QuotaResource
     from tenants.models import Quota, Team, Tenant
 
@@ -226,7 +226,7 @@ def enqueue(world: World, count: int, rng: random.Random) -> None:
 
     from provisioning.choices import OperationKind
     from provisioning.models import Operation, Reservation
-    from provisioning.priority import URGENCY_LEVELS
+    from provisioning.scheduling.priority import URGENCY_LEVELS
 
     if count <= 0:
         return
@@ -320,7 +320,7 @@ _memory = []
 
 def loop_memory():
     """What the scheduler loop keeps between cycles (run_scheduler keeps one too)."""
-    from provisioning.scheduler import LoopMemory
+    from provisioning.scheduling.scheduler import LoopMemory
 
     if not _memory:
         _memory.append(LoopMemory.for_loop())
@@ -329,7 +329,7 @@ def loop_memory():
 
 def new_leader() -> float:
     """A fresh memory primed as run_scheduler primes it when it starts leading; the milliseconds it took."""
-    from provisioning.scheduler import LoopMemory
+    from provisioning.scheduling.scheduler import LoopMemory
 
     _memory[:] = [LoopMemory.for_loop()]
     started = time.perf_counter()
@@ -346,7 +346,7 @@ def rank_afresh() -> None:
 
 
 def timed_cycle():
-    from provisioning.scheduler import run_cycle
+    from provisioning.scheduling.scheduler import run_cycle
 
     started = time.perf_counter()
     report = run_cycle(memory=loop_memory())
@@ -360,21 +360,21 @@ def summary(values: list[float]) -> dict:
 
 # Functions timed (calls, total) in an instrumented cycle: (module, attribute) as run_cycle reaches them.
 TIMED = [
-    ("provisioning.scheduler", "team_inputs_many"),
-    ("provisioning.scheduler", "rank"),
-    ("provisioning.fleet_shape", "window_allocations"),
-    ("provisioning.kept_capacity", "window_allocations"),
-    ("provisioning.kept_capacity", "_node_lines"),
-    ("provisioning.kept_capacity", "blocked_now"),
-    ("provisioning.scheduler", "plan"),
-    ("provisioning.scheduler", "_owners_over_quota"),
-    ("provisioning.scheduler", "reservation_schedule_many"),
-    ("provisioning.scheduler", "reservation_schedule"),
-    ("provisioning.scheduler", "_note_waiting"),
+    ("provisioning.scheduling.scheduler", "team_inputs_many"),
+    ("provisioning.scheduling.scheduler", "rank"),
+    ("provisioning.scheduling.fleet_shape", "window_allocations"),
+    ("provisioning.scheduling.kept_capacity", "window_allocations"),
+    ("provisioning.scheduling.kept_capacity", "_node_lines"),
+    ("provisioning.scheduling.kept_capacity", "blocked_now"),
+    ("provisioning.scheduling.scheduler", "plan"),
+    ("provisioning.scheduling.scheduler", "_owners_over_quota"),
+    ("provisioning.scheduling.scheduler", "reservation_schedule_many"),
+    ("provisioning.scheduling.scheduler", "reservation_schedule"),
+    ("provisioning.scheduling.scheduler", "_note_waiting"),
     ("provisioning.services", "reservation_evict"),
     ("provisioning.services", "allocation_bind_many"),
     ("provisioning.services", "allocation_bind"),
-    ("provisioning.scheduler", "nodes_held_back"),
+    ("provisioning.scheduling.scheduler", "nodes_held_back"),
     ("provisioning.services", "_move"),
     ("provisioning.services", "audit_record_many"),
     ("provisioning.services", "audit_record"),
@@ -468,7 +468,7 @@ def load_and_rank_split() -> dict:
     """
     from django.utils import timezone
 
-    from provisioning.scheduler import QueueMirror, rank_queue
+    from provisioning.scheduling.scheduler import QueueMirror, rank_queue
     from provisioning.services import weights
 
     mirror = QueueMirror()
@@ -485,7 +485,7 @@ def load_and_rank_split() -> dict:
 
 
 def profile_cycle(top: int = int(os.environ.get("BENCH_PROFILE_TOP", "16"))) -> list[str]:
-    from provisioning.scheduler import run_cycle
+    from provisioning.scheduling.scheduler import run_cycle
 
     profiler = cProfile.Profile()
     profiler.enable()

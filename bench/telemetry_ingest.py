@@ -6,12 +6,12 @@ control plane spends under 30 % of one core on it (on the 2-core machine).
 What runs, on a scratch PostgreSQL database:
 
   - service: BENCH_SIM_SECONDS (60) of simulated time, every node's heartbeat each period through
-    ``provisioning.node_agents.heartbeat`` -- the inventory check, ``cloud.telemetry.ingest``
+    ``operations.node_api.agents.heartbeat`` -- the inventory check, ``cloud.telemetry.ingest``
     (8 raw samples, the latest per GPU and the port states that are due, in one statement) and
     the AgentState row: what the node API does for a heartbeat but the request, its signature
     and the policy answer;
   - http: the same heartbeats as agents send them, signed, through the node API in this process
-    as a WSGI server hands them to the project's WSGI application (``cloud.wsgi``: the node API's
+    as a WSGI server hands them to the project's WSGI application (``config.wsgi``: the node API's
     own handler and its short middleware chain, the key read with what is stored of its node and
     the node's desired state in one statement, the signature check, the nonce spent with the
     liveness and the telemetry in another, the policy answer): the path the fleet really
@@ -161,7 +161,7 @@ def payloads(nodes) -> dict:
 
 def service(nodes, bodies, start) -> tuple[dict, int]:
     """Every node's heartbeat each period of SIM_SECONDS, through the service the node API calls."""
-    from provisioning.node_agents import heartbeat
+    from operations.node_api.agents import heartbeat
 
     cpu = CPU()
     before = cpu.now()
@@ -180,7 +180,7 @@ def service(nodes, bodies, start) -> tuple[dict, int]:
 def http(nodes, bodies) -> dict:
     """
     Signed heartbeats through the node API in this process, as a WSGI server hands them to the
-    project's WSGI application (``cloud.wsgi.application``: the node API's handler, its middleware,
+    project's WSGI application (``config.wsgi.application``: the node API's handler, its middleware,
     the view, the response closed): one per node with no policy
     version (agents starting: the whole policy comes back; not measured), then HTTP_REQUESTS with
     the version each agent holds (the steady state: the policy only when it changed), then as
@@ -194,12 +194,12 @@ def http(nodes, bodies) -> dict:
 
     from django.test import Client
 
+    from operations.node_api.agents import credential_issue
     from provisioning.agent.signing import signed_headers
-    from provisioning.node_agents import credential_issue
 
     API = "/api/agent/v1/heartbeat/"
     keys = [(node, *credential_issue(actor=None, node=node)) for node in nodes]
-    from cloud.wsgi import application as handler
+    from config.wsgi import application as handler
     held: dict = {}
 
     def signed(count: int, versions: bool) -> list[tuple]:
@@ -316,8 +316,8 @@ def main() -> None:
     setup_django(DB)
     from django.utils import timezone
 
-    from cloud.demo import seed_demo
     from cloud.models import GPU, Node
+    from config.demo import seed_demo
 
     started = time.perf_counter()
     seed_demo(regions=1, nodes=1280)

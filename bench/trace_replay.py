@@ -6,7 +6,7 @@ Replay of the Alibaba openb v2023 GPU trace through Meridian's pure planner, in 
 Environment: BENCH_JOBS (arrivals, 25000), BENCH_LOAD (0.9), BENCH_SEED (1), BENCH_FRACTION
 (slots8 or layout, see below), MERIDIAN_TRACE_DIR (default ../shared/traces beside the repo).
 
-No Django, no database: ``provisioning.planner`` and ``provisioning.priority`` are pure. The trace
+No Django, no database: ``provisioning.scheduling.planner`` and ``provisioning.scheduling.priority`` are pure. The trace
 files stay in ``../shared/traces`` (or ``$MERIDIAN_TRACE_DIR``) and are read from there.
 
 The model, in short (every choice is also in the RESULT line under "model"):
@@ -73,7 +73,7 @@ from uuid import UUID, uuid5
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from provisioning.plan_types import (  # noqa: E402
+from provisioning.scheduling.plan_types import (  # noqa: E402
     CONTAINER,
     SHARED_POOL,
     GPUCapacity,
@@ -81,8 +81,8 @@ from provisioning.plan_types import (  # noqa: E402
     Request,
     Snapshot,
 )
-from provisioning.planner import Planner  # noqa: E402
-from provisioning.priority import DEFAULT_WEIGHTS, URGENCY_LEVELS, rank  # noqa: E402
+from provisioning.scheduling.planner import Planner  # noqa: E402
+from provisioning.scheduling.priority import DEFAULT_WEIGHTS, URGENCY_LEVELS, rank  # noqa: E402
 
 TRACE_DIR = Path(os.environ.get("MERIDIAN_TRACE_DIR") or Path(__file__).resolve().parents[2] / "shared" / "traces")
 JOBS_CSV = "alibaba_openb_v2023_jobs.csv"

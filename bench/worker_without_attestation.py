@@ -3,7 +3,7 @@ A Celery worker for bench/provisioning.py with BENCH_ATTESTATION=off: the provis
 run without their ``verify`` step, as issue 4's target was set ("attestation not yet in the
 chain"). For measuring only: a deployment always attests before it hands a node over.
 
-    python bench/worker_without_attestation.py worker -A cloud ...   (the arguments of ``celery``)
+    python bench/worker_without_attestation.py worker -A config ...   (the arguments of ``celery``)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from common import REPO  # noqa: F401  (puts the project on the path)
 def leave_out_attestation() -> None:
     """Drop ``verify`` from every provisioning pipeline (the dict the lifecycle reads, changed in place)."""
     from provisioning.choices import OperationKind
-    from provisioning.steps import PIPELINES
+    from provisioning.lifecycle.steps import PIPELINES
 
     for (kind, offering_kind), steps in PIPELINES.items():
         if kind == OperationKind.PROVISION:
@@ -25,7 +25,7 @@ def leave_out_attestation() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cloud.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()

@@ -1,5 +1,1 @@
-"""Meridian's project package and the infrastructure inventory."""
-
-from .celery import app as celery_app
-
-__all__ = ["celery_app"]
+"""The inventory: regions, fabrics, switches, nodes, GPUs and offerings, and the services that keep them."""

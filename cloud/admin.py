@@ -1,24 +1,9 @@
-"""
-The Django admin is where staff *look*: every change goes through the API and its services, so
-it is checked (transitions, caps, last owner) and audited. Only users stay editable here.
-"""
+"""The inventory in the Django admin, read-only (core.admin.ReadOnlyAdmin)."""
 
 from django.contrib import admin
 
-from .models import GPU, Fabric, GPUModel, HCAPort, Node, Offering, Region, Switch
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Browse and search, never add, change or delete: writes go through services."""
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+from cloud.models import GPU, Fabric, GPUModel, HCAPort, Node, Offering, Region, Switch
+from core.admin import ReadOnlyAdmin
 
 
 @admin.register(Region)

@@ -6,7 +6,6 @@ class CloudConfig(AppConfig):
     verbose_name = "Inventory"
 
     def ready(self):
-        from . import checks  # noqa: F401 -- registers the system checks
-        from .catalogue_cache import watch_catalogue
+        from cloud.catalogue_cache import watch_catalogue
 
         watch_catalogue()

@@ -4,7 +4,7 @@ catalogue is unchanged.
 
 Every create names its offering and its regions by slug: two queries, most of their time spent
 building them. The catalogue changes a few times a day (staff add an offering, take one off sale,
-retire a region), so a process keeps the rows it looked up under CATALOGUE_EPOCH (cloud.epochs),
+retire a region), so a process keeps the rows it looked up under CATALOGUE_EPOCH (core.epochs),
 which every saved or deleted offering, region or GPU model replaces, and for at most
 MERIDIAN_CATALOGUE_CACHE_SECONDS. Each lookup gets its own copy of the row; a slug not found is
 not remembered (it is looked up again, and a 400 costs its query).
@@ -16,7 +16,7 @@ import copy
 
 from django.conf import settings
 
-from .epochs import Epoch, KeptUnder
+from core.epochs import Epoch, KeptUnder
 
 CATALOGUE_EPOCH = Epoch("meridian:catalogue-epoch")
 
@@ -39,6 +39,6 @@ CATALOGUE = SlugLookups()
 
 
 def watch_catalogue() -> None:
-    from .models import GPUModel, Offering, Region
+    from cloud.models import GPUModel, Offering, Region
 
     CATALOGUE_EPOCH.watch(Offering, Region, GPUModel)

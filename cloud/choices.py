@@ -67,3 +67,8 @@ class IsolationMode(models.TextChoices):
     EXCLUSIVE = "exclusive", "Exclusive GPU"
     MIG = "mig", "MIG partition"
     SHARED = "shared", "Shared with a memory cap"
+
+
+def pool_of(kind: str) -> str:
+    """The node pool that sells an offering of ``kind``: bare-metal servers, or shared hosts for VMs and containers."""
+    return NodePool.BARE_METAL if kind == OfferingKind.BARE_METAL else NodePool.SHARED

@@ -2,7 +2,7 @@
 
 import django_filters
 
-from .models import GPU, Node, Offering
+from cloud.models import GPU, Node, Offering
 
 
 class OfferingFilterSet(django_filters.FilterSet):

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.utils import timezone
 
+from cloud.choices import GPUState, Health, NodePool, NodeState, SwitchTier
+from cloud.models import GPU, Fabric, GPUModel, HCAPort, Node, Region, Switch
 from security.audit import audit_record
-
-from .choices import GPUState, Health, NodePool, NodeState, SwitchTier
-from .models import GPU, Fabric, GPUModel, HCAPort, Node, Region, Switch
 
 NODES_PER_LEAF = 32
 LEAVES_PER_POD = 8

@@ -6,7 +6,7 @@ how many missed heartbeats make a node suspect and then faulty, what each XID cl
 (NVIDIA's application-level XIDs such as 13, 31, 43, 45, 68 and 109 are the tenant's program,
 not the hardware, and never take a node out), how many XIDs within a window escalate, the
 temperature limit, and how many link changes make an InfiniBand port "flapping". The services in
-``cloud.detection`` act on the findings (incidents, resets, drains, replacement).
+``operations.detection`` act on the findings (incidents, resets, drains, replacement).
 """
 
 from __future__ import annotations

@@ -11,25 +11,12 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from cloud.choices import GPUState, Health, IsolationMode, NodePool, NodeState, OfferingKind, SwitchTier
 from security.crypto import EncryptedTextField
-
-from .choices import GPUState, Health, IsolationMode, NodePool, NodeState, OfferingKind, SwitchTier
+from tenants.scoping import PlatformQuerySet
 
 PKEY_MIN = 0x0001
 PKEY_MAX = 0x7FFE  # 0x7FFF is the default (management) partition and is never handed out.
-
-
-class PlatformQuerySet(models.QuerySet):
-    """Platform-owned rows: staff see all of them; tenants see them only where a model opts in."""
-
-    tenant_readable = False
-
-    def visible_to(self, principal, action="view"):
-        if principal is None:
-            return self.none()
-        if principal.is_platform:
-            return self.all() if (action == "view" or principal.is_platform_admin) else self.none()
-        return self.all() if (self.tenant_readable and action == "view") else self.none()
 
 
 class CatalogueQuerySet(PlatformQuerySet):
@@ -453,7 +440,7 @@ class Offering(models.Model):
         validators=[MinValueValidator(0), MaxValueValidator(10_000)],
     )
     is_active = models.BooleanField(default=True)
-    # Usage policy (provisioning.no_shows): reserved GPUs nobody uses, or holds past the end, go back.
+    # Usage policy (provisioning.lifecycle.no_shows): reserved GPUs nobody uses, or holds past the end, go back.
     no_show_grace_minutes = models.PositiveSmallIntegerField(
         default=15, validators=[MaxValueValidator(240)],
         help_text="An active reservation whose GPUs stay idle this long after its start is warned, then "

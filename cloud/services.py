@@ -8,12 +8,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Model
 from django.utils import timezone
 
+from cloud.choices import NodeState
+from cloud.models import GPU, GPUModel, HCAPort, Node, Offering, Region
+from cloud.transitions import NODE_RETURNABLE, NODE_TRANSITIONS
+from core.errors import Conflict
+from core.transitions import compare_and_set
 from security.audit import audit_record, snapshot
-
-from .choices import NodeState
-from .errors import Conflict
-from .models import GPU, GPUModel, HCAPort, Node, Offering, Region
-from .transitions import NODE_RETURNABLE, NODE_TRANSITIONS, compare_and_set
 
 #
 # Catalogue: regions, GPU models, offerings
@@ -121,20 +121,6 @@ def node_enrol(*, actor, gpus: list[dict], gpu_model, ib_port_guids: list[str], 
     return node
 
 
-def node_maintenance_start(*, actor, node: Node, reason: str) -> Node:
-    """
-    Hold a node for the operator. A node a tenant holds -- allocated bare metal, or a shared
-    host with live allocations -- cannot be held (409): drain it first.
-    """
-    from provisioning.models import Allocation
-
-    now = timezone.now()
-    if Allocation.objects.holding(now).filter(node=node).exists():
-        raise Conflict(f"Node {node.hostname} carries tenants' work now; drain it before maintenance.",
-                       code="node_in_use")
-    return node_transition(actor=actor, node=node, target=NodeState.MAINTENANCE, reason=reason)
-
-
 def node_maintenance_end(*, actor, node: Node) -> Node:
     """
     End a hold: back to ``available``/``in_service`` when the node was there before it, else to
@@ -154,21 +140,3 @@ def node_repair_start(*, actor, node: Node, reason: str = "") -> Node:
                            only_from=frozenset({NodeState.FAULTY, NodeState.QUARANTINED}))
 
 
-@transaction.atomic
-def node_repair_done(*, actor, node: Node) -> Node:
-    """
-    The repair is finished: the node moves ``repair`` -> ``validating`` and its validation
-    (burn-in, attestation) starts unless one runs already; only a passed validation sells it
-    again. Its open failure incidents are resolved. 409 when the node is not in repair.
-    """
-    from provisioning.lifecycle import node_validate
-    from provisioning.replacement import NODE_FAILURE
-    from security.models import Incident
-
-    node = node_transition(actor=actor, node=node, target=NodeState.VALIDATING,
-                           reason="Repaired: validation (burn-in) before it is sold again.",
-                           only_from=frozenset({NodeState.REPAIR}))
-    node_validate(actor=actor, node=node)
-    Incident.objects.filter(kind=NODE_FAILURE, node_id=node.pk, tenant_id__isnull=True,
-                            resolved_at__isnull=True).update(resolved_at=timezone.now())
-    return node

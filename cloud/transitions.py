@@ -1,13 +1,11 @@
 """
-Legal state moves, one table per model, and the one way to make a move: compare-and-set.
-
-Later issues add states and moves to these tables; they do not invent parallel ones.
+Legal state moves of the inventory, one table per model (nodes, GPUs), made only through
+``core.transitions.compare_and_set``; new states and moves go into these tables, never into a
+parallel one.
 """
 
-from django.db import models
 
-from .choices import GPUState, NodeState
-from .errors import InvalidTransition
+from cloud.choices import GPUState, NodeState
 
 N = NodeState
 NODE_TRANSITIONS: dict[str, frozenset[str]] = {
@@ -43,36 +41,3 @@ GPU_TRANSITIONS: dict[str, frozenset[str]] = {
     G.SCRUBBING: frozenset({G.AVAILABLE, G.QUARANTINED}),
     G.QUARANTINED: frozenset({G.AVAILABLE}),
 }
-
-
-def sources_of(table: dict[str, frozenset[str]], target: str) -> frozenset[str]:
-    """Every state from which ``target`` may be reached."""
-    return frozenset(source for source, targets in table.items() if target in targets)
-
-
-def compare_and_set(
-    queryset: models.QuerySet, pk, *, table: dict[str, frozenset[str]], target: str, field: str = "state",
-    only_from: frozenset[str] | None = None, previous: bool = True, **also
-) -> str | None:
-    """
-    Move row ``pk`` to ``target`` if its current state allows it, in one conditional UPDATE.
-
-    Returns the state it was in (read first; with ``previous=False`` nothing is read unless the
-    move fails, and None is returned: one statement). Raises InvalidTransition naming the current
-    state when the move is illegal, or when another writer moved the row first (the UPDATE matched
-    nothing). ``only_from`` narrows the legal sources further (ending maintenance starts only from it).
-    """
-    sources = sources_of(table, target)
-    if only_from is not None:
-        sources &= only_from
-    if not previous and queryset.filter(pk=pk, **{f"{field}__in": sorted(sources)}).update(**{field: target}, **also):
-        return None
-    current = queryset.filter(pk=pk).values_list(field, flat=True).first()
-    if current is None:
-        raise queryset.model.DoesNotExist
-    if previous and current in sources:
-        updated = queryset.filter(pk=pk, **{f"{field}__in": [current]}).update(**{field: target}, **also)
-        if updated:
-            return current
-        current = queryset.filter(pk=pk).values_list(field, flat=True).first()
-    raise InvalidTransition(model=queryset.model._meta.verbose_name, current=current, target=target)

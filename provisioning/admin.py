@@ -2,9 +2,8 @@
 
 from django.contrib import admin
 
-from cloud.admin import ReadOnlyAdmin
-
-from .models import (
+from core.admin import ReadOnlyAdmin
+from provisioning.models import (
     VPC,
     AgentCommand,
     AgentState,

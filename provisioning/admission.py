@@ -20,17 +20,15 @@ from django.db import connection
 from django.db.models import Case, Count, DateTimeField, ExpressionWrapper, F, FloatField, Q, Sum, Value, When
 from django.db.models.functions import Cast
 
-from cloud.capacity import SELLABLE_HEALTH
-from cloud.choices import OfferingKind
-from cloud.errors import DomainError
+from cloud.choices import OfferingKind, pool_of
 from cloud.models import GPU, GPUModel, Offering, Region
+from core.errors import DomainError
+from provisioning.capacity import SELLABLE_HEALTH
+from provisioning.choices import BillingTerm
+from provisioning.models import Reservation
+from provisioning.transitions import QUOTA_STATES, WAITING_STATES
 from tenants.choices import QuotaResource
 from tenants.quotas import QuotaLimit, quota_check, quota_limits, quota_limits_many
-
-from .choices import BillingTerm
-from .models import Reservation
-from .snapshot import pool_of
-from .transitions import QUOTA_STATES, WAITING_STATES
 
 
 @dataclass(frozen=True)
@@ -145,7 +143,7 @@ def not_sold_in(offering: Offering, regions) -> DomainError:
 
 def check_vpc(ask: Ask) -> None:
     """The VPC must be usable and in one of the regions asked (the reservation then goes only there)."""
-    from .choices import VPCState
+    from provisioning.choices import VPCState
 
     vpc = ask.vpc
     if vpc.state in (VPCState.DELETING, VPCState.DELETED):

@@ -19,12 +19,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from cloud.choices import NodeState
-from cloud.db import copy_rows
-from cloud.errors import Conflict
 from cloud.models import GPU, Node
-
-from .models import Allocation, Reservation
-from .plan_types import Assignment
+from core.db import copy_rows
+from core.errors import Conflict
+from provisioning.models import Allocation, Reservation
+from provisioning.scheduling.plan_types import Assignment
 
 DEADLOCK_DETECTED = "40P01"
 # Nodes in these states may take new allocations (for now or a later window). Everything else
@@ -161,7 +160,7 @@ INSERTED_COLUMNS = ("reservation_id", "gpu_id", "node_id", "mem_lo", "mem_hi", "
 
 
 def _insert(rows: list[tuple]) -> None:
-    """Rows of INSERTED_COLUMNS into the allocation table, by COPY on PostgreSQL (cloud.db.copy_rows)."""
+    """Rows of INSERTED_COLUMNS into the allocation table, by COPY on PostgreSQL (core.db.copy_rows)."""
     copy_rows(Allocation, INSERTED_COLUMNS, rows)
 
 

@@ -12,15 +12,14 @@ from decimal import Decimal
 
 from django.db.models import Q, Sum
 
-from cloud.capacity import availability
-
-from .admission import Ask, quota_headroom
-from .choices import BillingTerm
-from .choices import ReservationState as R
-from .models import Reservation
-from .queue import free_enough_at
-from .snapshot import pool_of
-from .usage import price_per_gpu_hour
+from cloud.choices import pool_of
+from provisioning.admission import Ask, quota_headroom
+from provisioning.capacity import availability
+from provisioning.choices import BillingTerm
+from provisioning.choices import ReservationState as R
+from provisioning.models import Reservation
+from provisioning.scheduling.queue import free_enough_at
+from provisioning.usage import price_per_gpu_hour
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def _expected_start(ask: Ask, fits_now: str | None, now: datetime) -> tuple[date
                          "then it waits its turn"), True
         return now, f"placed at once in {fits_now}", True
     # When enough GPUs of the model free up in the first region for it and what is queued of that
-    # model (as a queued reservation's estimate is made, provisioning.queue).
+    # model (as a queued reservation's estimate is made, provisioning.scheduling.queue).
     region = ask.regions[0]
     start = free_enough_at(gpu_model_id=ask.offering.gpu_model_id, region=Q(node__region=region),
                            pool=pool_of(ask.offering.kind), needed=max(ask.gpus, 1) + queued, start=now, now=now)

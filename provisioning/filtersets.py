@@ -2,7 +2,7 @@
 
 import django_filters
 
-from .models import Instance, Operation, Reservation
+from provisioning.models import Instance, Operation, Reservation
 
 
 class ReservationFilterSet(django_filters.FilterSet):

@@ -11,13 +11,14 @@ from rest_framework import serializers
 
 from cloud.choices import OfferingKind
 from cloud.models import Offering, Region
+from core.errors import DomainError
+from provisioning.admission import best_offering_for_spec, count_field
+from provisioning.api.serializers import ReservationCreateSerializer, validate_ssh_public_key
+from provisioning.choices import BillingTerm, EvictionPolicy
+from provisioning.models import VPC
+from provisioning.scheduling.priority import URGENCY_LEVELS
 from tenants.models import Team
-
-from .admission import count_field
-from .api.serializers import ReservationCreateSerializer, validate_ssh_public_key
-from .choices import BillingTerm, EvictionPolicy
-from .models import VPC
-from .priority import URGENCY_LEVELS
+from web.console import add_domain_error
 
 START_CHOICES = [("now", "As soon as possible"), ("window", "At a set time (advance reservation)")]
 MODE_CHOICES = [("offering", "An offering"), ("spec", "A logical GPU (minimum compute and memory)")]
@@ -145,9 +146,6 @@ class ReservationForm(forms.Form):
 
     @staticmethod
     def _best_for_spec(spec: dict) -> Offering | None:
-        from cloud.errors import DomainError
-
-        from .admission import best_offering_for_spec
         try:
             return best_offering_for_spec(**spec)
         except DomainError:
@@ -155,9 +153,6 @@ class ReservationForm(forms.Form):
 
     def validated(self):
         """The API serializer over this form's payload: errors land on the form's fields, else the Ask."""
-        from cloud.console import add_domain_error
-        from cloud.errors import DomainError
-
         serializer = ReservationCreateSerializer(data=self.payload(), context={"request": self.request})
         try:
             if serializer.is_valid():

@@ -14,10 +14,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
-from security.crypto import EncryptedTextField
-from tenants.scoping import TeamOwnedModel, TenantOwnedModel, TenantScopedQuerySet
-
-from .choices import (
+from provisioning.choices import (
     BillingTerm,
     EvictionPolicy,
     InstanceState,
@@ -27,7 +24,9 @@ from .choices import (
     StepState,
     VPCState,
 )
-from .transitions import HOLDING_STATES, QUOTA_STATES, TERMINAL_STATES, WAITING_STATES
+from provisioning.transitions import HOLDING_STATES, QUOTA_STATES, TERMINAL_STATES, WAITING_STATES
+from security.crypto import EncryptedTextField
+from tenants.scoping import TeamOwnedModel, TenantOwnedModel, TenantScopedQuerySet
 
 
 class Reservation(TeamOwnedModel):

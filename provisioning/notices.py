@@ -18,11 +18,10 @@ from django.conf import settings
 from django.db.models import F
 from django.urls import reverse
 
+from provisioning.choices import ReservationState as R
+from provisioning.models import Reservation
 from tenants.models import Notification
 from tenants.notifications import notify_once
-
-from .choices import ReservationState as R
-from .models import Reservation
 
 READY = "reservation.ready"
 QUEUED = "reservation.queued"

@@ -16,12 +16,11 @@ from statistics import median
 
 from django.core.cache import cache
 
+from provisioning.choices import OperationKind, OperationState, StepState
+from provisioning.lifecycle.dispatch import pipeline_of
+from provisioning.lifecycle.steps import step_title
+from provisioning.models import Instance, Operation, Reservation
 from security.models import AttestationNonce, AttestationReport
-
-from .choices import OperationKind, OperationState, StepState
-from .lifecycle import pipeline_of
-from .models import Instance, Operation, Reservation
-from .steps import step_title
 
 # The operations a reservation's page follows: the ones that run steps on its hardware.
 FOLLOWED = (OperationKind.PROVISION, OperationKind.RELEASE)

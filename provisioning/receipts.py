@@ -11,9 +11,8 @@ from django.utils import timezone
 
 from cloud.choices import OfferingKind
 from cloud.models import GPU
+from provisioning.models import Allocation
 from security.receipts import receipt_issue
-
-from .models import Allocation
 
 
 def receipt_store(*, reservation, node, report, instances) -> str:

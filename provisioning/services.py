@@ -13,17 +13,13 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from cloud.db import insert_objects, insert_statement, mark_saved, update_rows
-from cloud.errors import Conflict, Forbidden
+from cloud.choices import pool_of
 from cloud.models import Region
-from cloud.telemetry import fast_cursor
-from cloud.transitions import compare_and_set, sources_of
-from security.audit import audit_event, audit_record, audit_record_many, snapshot
-from security.models import AuditEvent
-from tenants.models import Tenant
-
-from . import admission, lifecycle, notices
-from .allocations import (
+from core.db import fast_cursor, insert_objects, insert_statement, mark_saved, update_rows
+from core.errors import Conflict, Forbidden
+from core.transitions import sources_of
+from provisioning import admission, lock_objects, notices
+from provisioning.allocations import (
     BindDeadlocked,
     Binding,
     CapacityTaken,
@@ -35,40 +31,25 @@ from .allocations import (
     bound_in_time,
     deadlocked,
 )
-from .choices import BillingTerm, EvictionPolicy, OperationKind, OperationState
-from .choices import ReservationState as R
-from .free_hint import FREE_HINT
-from .models import Operation, Reservation
-from .plan_types import Placement, Request
-from .planner import Planner
-from .priority import ScoreInputs, Weights, score
-from .snapshot import load_snapshot, pool_of, request_for
-from .team_record import team_inputs, team_inputs_recent
-from .transitions import RESERVATION_TRANSITIONS
-
-AUDITED = ["state", "units", "gpus", "regions", "starts_at", "ends_at", "billing_term", "score"]
+from provisioning.choices import BillingTerm, EvictionPolicy, OperationKind, OperationState
+from provisioning.choices import ReservationState as R
+from provisioning.lifecycle import dispatch as dispatching
+from provisioning.lifecycle import release as releasing
+from provisioning.models import Operation, Reservation
+from provisioning.scheduling.free_hint import FREE_HINT
+from provisioning.scheduling.plan_types import Placement, Request
+from provisioning.scheduling.planner import Planner
+from provisioning.scheduling.priority import ScoreInputs, Weights, score
+from provisioning.scheduling.snapshot import load_snapshot, request_for
+from provisioning.scheduling.team_record import team_inputs, team_inputs_recent
+from provisioning.transitions import RESERVATION_TRANSITIONS, reservation_audited, reservation_transition
+from security.audit import audit_event, audit_record, audit_record_many
+from security.models import AuditEvent
+from tenants.models import Tenant
 
 
 def weights() -> Weights:
     return Weights.from_mapping(settings.MERIDIAN_PRIORITY_WEIGHTS)
-
-
-def _move(reservation: Reservation, target: str, *, only_from=None, reason: str = "", **also) -> None:
-    """
-    Compare-and-set the reservation's state in one UPDATE (409 names the current state), and the
-    same values on ``reservation`` (plain values: nothing to read back).
-    """
-    changes = {"state_reason": reason[:500], "state_changed_at": timezone.now(), **also}
-    compare_and_set(
-        Reservation.objects.all(), reservation.pk, table=RESERVATION_TRANSITIONS, target=target,
-        only_from=frozenset(only_from) if only_from else None, previous=False, **changes,
-    )
-    for name, value in {"state": target, **changes}.items():
-        setattr(reservation, name, value)
-
-
-def _snap(reservation: Reservation) -> dict:
-    return snapshot(reservation, AUDITED)
 
 
 #
@@ -134,7 +115,7 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
         raise admission.invalid("vpc", f"VPC {ask.vpc.name} belongs to a team; book the reservation for that team.",
                                 code="vpc_team")
     admission.check_never_fits(ask, timezone.now())
-    tenant = _lock_tenant(actor.tenant)
+    tenant = lock_objects.tenant_lock(actor.tenant)
     # Taken once the lock is held: a create that waited for others of its tenant binds from now,
     # not from when it arrived (nothing may be bound to start long ago: allocations._check_fresh).
     now = timezone.now()
@@ -172,23 +153,8 @@ def _place_operation(reservation: Reservation) -> Operation:
 
 
 def _create_event(actor, reservation: Reservation):
-    return audit_event(actor=actor, action="reservation.create", target=reservation, after=_snap(reservation))
-
-
-def _lock_tenant(tenant: Tenant) -> Tenant:
-    """
-    One create at a time per tenant, so two racing requests cannot both pass the quota check:
-    the tenant's row locked for the transaction (SQLite serialises writers anyway). The
-    principal's own copy of the tenant serves; only the lock is asked for, by a statement of
-    the same short text every time.
-    """
-    if connection.vendor == "postgresql":
-        table = connection.ops.quote_name(Tenant._meta.db_table)
-        with fast_cursor() as cursor:  # prepared: its plan is the primary key's, whatever the id
-            cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [tenant.pk])  # noqa: S608
-            if cursor.fetchone() is None:
-                raise Forbidden("This tenant no longer exists.")
-    return tenant
+    return audit_event(actor=actor, action="reservation.create", target=reservation,
+                       after=reservation_audited(reservation))
 
 
 def team_for(actor, team):
@@ -268,7 +234,7 @@ def _store_scheduled(reservation: Reservation, placement: Placement, *, region: 
         reservation.scheduled_at = None
         reservation.starts_at = reservation.ends_at = reservation.region = None
         return False
-    lifecycle.provision_when_due([reservation])
+    dispatching.provision_when_due([reservation])
     return True
 
 
@@ -357,12 +323,13 @@ def reservation_schedule(
         reservation_evict(victim_id=eviction.victim_reservation_id, by=reservation, at=eviction.at)
     allocation_bind(reservation=reservation, assignments=list(placement.assignments), starts_at=placement.start,
                     ends_at=placement.end, checked=checked)
-    _move(reservation, R.SCHEDULED, only_from={R.PENDING, R.QUEUED}, reason="", scheduled_at=timezone.now(),
-          starts_at=placement.start, ends_at=placement.end, region=region, score=reservation.score)
+    reservation_transition(reservation, R.SCHEDULED, only_from={R.PENDING, R.QUEUED}, reason="",
+                           scheduled_at=timezone.now(),
+                           starts_at=placement.start, ends_at=placement.end, region=region, score=reservation.score)
     Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE).exclude(
         state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
-    audit_record(actor=actor, action="reservation.schedule", target=reservation, after=_snap(reservation))
-    lifecycle.provision_when_due([reservation])
+    audit_record(actor=actor, action="reservation.schedule", target=reservation, after=reservation_audited(reservation))
+    dispatching.provision_when_due([reservation])
 
 
 @transaction.atomic
@@ -395,8 +362,8 @@ def reservation_schedule_many(*, items: list[tuple[Reservation, Placement, Regio
     Operation.objects.filter(reservation__in=moved, kind=OperationKind.PLACE).exclude(
         state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
     audit_record_many(actor=None, action="reservation.schedule",
-                      changes=[(reservation, _snap(reservation)) for reservation in moved])
-    lifecycle.provision_when_due(moved)
+                      changes=[(reservation, reservation_audited(reservation)) for reservation in moved])
+    dispatching.provision_when_due(moved)
     return moved
 
 
@@ -417,9 +384,9 @@ def reservation_evict(*, victim_id, by: Reservation, at: datetime) -> None:
     # The reason names no other reservation: the preemptor may belong to another tenant.
     why = "Preempted by higher-priority work" + (" after its grace period." if at > now else ".")
     if victim.state == R.SCHEDULED and (victim.starts_at is None or victim.starts_at >= at):
-        _move(victim, R.PREEMPTED, reason=why, preempted_by=by)
+        reservation_transition(victim, R.PREEMPTED, reason=why, preempted_by=by)
     else:
-        _move(victim, R.RELEASING, reason=why, preempted_by=by, released_at=at)
+        reservation_transition(victim, R.RELEASING, reason=why, preempted_by=by, released_at=at)
     # The victim's tenant reads this event: it says when, not by whom (preempted_by stays internal).
     audit_record(actor=None, action="reservation.preempt", target=victim,
                  after={"at": at.isoformat(), "state": victim.state})
@@ -444,16 +411,17 @@ def reservation_cancel(*, actor, reservation: Reservation) -> Reservation:
                        current_state=reservation.state)
     if reservation.state == R.PROVISIONING:
         allocation_end(reservation=reservation, at=now)
-        _move(reservation, R.RELEASING, only_from={R.PROVISIONING}, reason="Cancelled by the tenant.",
-              released_at=now)
+        reservation_transition(reservation, R.RELEASING, only_from={R.PROVISIONING}, reason="Cancelled by the tenant.",
+                               released_at=now)
     else:
-        _move(reservation, R.CANCELLED, only_from={R.PENDING, R.QUEUED, R.SCHEDULED}, reason="Cancelled by the tenant.")
+        reservation_transition(reservation, R.CANCELLED, only_from={R.PENDING, R.QUEUED, R.SCHEDULED},
+                               reason="Cancelled by the tenant.")
         allocation_end(reservation=reservation, at=now)
     Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE, state=OperationState.PENDING).update(
         state=OperationState.CANCELLED, error="Cancelled before it was placed.")
     if reservation.state == R.RELEASING:
-        lifecycle.release_start(reservation)
-    audit_record(actor=actor, action="reservation.cancel", target=reservation, after=_snap(reservation))
+        releasing.release_start(reservation)
+    audit_record(actor=actor, action="reservation.cancel", target=reservation, after=reservation_audited(reservation))
     return reservation
 
 
@@ -461,83 +429,12 @@ def reservation_cancel(*, actor, reservation: Reservation) -> Reservation:
 def reservation_release(*, actor, reservation: Reservation) -> Reservation:
     """Release a scheduled, provisioning or active reservation early: its capacity is free from now."""
     now = timezone.now()
-    _move(reservation, R.RELEASING, only_from={R.SCHEDULED, R.PROVISIONING, R.ACTIVE},
-          reason="Released by the tenant.", released_at=now)
+    reservation_transition(reservation, R.RELEASING, only_from={R.SCHEDULED, R.PROVISIONING, R.ACTIVE},
+                           reason="Released by the tenant.", released_at=now)
     allocation_end(reservation=reservation, at=now)
-    lifecycle.release_start(reservation)
-    audit_record(actor=actor, action="reservation.release", target=reservation, after=_snap(reservation))
+    releasing.release_start(reservation)
+    audit_record(actor=actor, action="reservation.release", target=reservation, after=reservation_audited(reservation))
     return reservation
-
-
-@transaction.atomic
-def reservation_expire(*, reservation: Reservation) -> bool:
-    """
-    The window ended: release what is provisioning or running, or expire what never started
-    (its capacity was never taken up). The system's act, audited. False if it moved on.
-    """
-    now = timezone.now()
-    if reservation.state == R.SCHEDULED:
-        try:
-            _move(reservation, R.EXPIRED, only_from={R.SCHEDULED}, reason="The window ended before it could start.")
-        except Conflict:
-            return False
-        allocation_end(reservation=reservation, at=now)
-        audit_record(actor=None, action="reservation.expire", target=reservation, after=_snap(reservation))
-        return True
-    try:
-        _move(reservation, R.RELEASING, only_from={R.PROVISIONING, R.ACTIVE}, reason="The reservation's window ended.",
-              released_at=now)
-    except Conflict:
-        return False
-    allocation_end(reservation=reservation, at=now)
-    lifecycle.release_start(reservation)
-    audit_record(actor=None, action="reservation.expire", target=reservation, after=_snap(reservation))
-    return True
-
-
-@transaction.atomic
-def reservation_no_show(*, reservation: Reservation, evidence: dict, warned_at: str | None = None) -> bool:
-    """
-    Release an active reservation whose GPUs were never used as a no-show (provisioning.no_shows
-    decides, with the evidence): it ends ``no_show`` at once -- counted against its team's
-    fulfilment -- its capacity is free from now and its GPUs are cleaned like any release (the
-    cleaning operation finishes without moving the reservation again). The system's act,
-    audited with the evidence. False if it moved on meanwhile.
-    """
-    now = timezone.now()
-    try:
-        _move(reservation, R.NO_SHOW, only_from={R.ACTIVE}, released_at=now,
-              reason="Released as a no-show: its GPUs showed no use after its start and after the warning.")
-    except Conflict:
-        return False
-    allocation_end(reservation=reservation, at=now)
-    lifecycle.release_start(reservation)
-    audit_record(actor=None, action="reservation.no_show", target=reservation,
-                 after={**_snap(reservation), "warned_at": warned_at, "evidence": evidence})
-    return True
-
-
-@transaction.atomic
-def reservation_reclaim(*, reservation: Reservation, evidence: dict) -> bool:
-    """
-    Take back the GPUs of a provisioning or active reservation held past its end plus its
-    offering's release grace (provisioning.no_shows): released now, so ``released_at - ends_at``
-    is the release delay its team's record reads. The system's act, audited with the delay and
-    the evidence. False if it moved on meanwhile.
-    """
-    now = timezone.now()
-    try:
-        _move(reservation, R.RELEASING, only_from={R.PROVISIONING, R.ACTIVE}, released_at=now,
-              reason="Reclaimed: its GPUs were held past its end and the release grace.")
-    except Conflict:
-        return False
-    allocation_end(reservation=reservation, at=now)
-    lifecycle.release_start(reservation)
-    audit_record(actor=None, action="reservation.reclaim", target=reservation,
-                 after={**_snap(reservation), "released_at": now.isoformat(),
-                        "release_delay_s": round((now - reservation.ends_at).total_seconds(), 3),
-                        "evidence": evidence})
-    return True
 
 
 @transaction.atomic
@@ -560,9 +457,10 @@ def reservation_extend(*, actor, reservation: Reservation, by: timedelta) -> Res
     extra = admission.Ask(name=locked.name, offering=locked.offering, units=locked.units, regions=(),
                           duration=new_end - locked.ends_at)
     admission.check_quota(tenant=locked.tenant, team=locked.team, ask=extra, window_start=locked.ends_at)
-    before = _snap(locked)
+    before = reservation_audited(locked)
     allocation_extend(reservation=locked, new_end=new_end)
     Reservation.objects.filter(pk=locked.pk).update(ends_at=new_end, duration=locked.duration + by)
     locked.refresh_from_db()
-    audit_record(actor=actor, action="reservation.extend", target=locked, before=before, after=_snap(locked))
+    audit_record(actor=actor, action="reservation.extend", target=locked, before=before,
+                 after=reservation_audited(locked))
     return locked

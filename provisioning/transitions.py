@@ -1,10 +1,21 @@
 """
-The reservation transition table (DESIGN.md, Reservations). Services move reservations only
-through ``cloud.transitions.compare_and_set`` with this table.
+The reservation transition table (DESIGN.md, Reservations), and the one way to move a
+reservation through it (``reservation_transition``: compare-and-set with this table).
 """
 
-from .choices import ReservationState as R
-from .choices import VPCState as V
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.utils import timezone
+
+from core.transitions import compare_and_set
+from provisioning.choices import ReservationState as R
+from provisioning.choices import VPCState as V
+from security.audit import snapshot
+
+if TYPE_CHECKING:
+    from provisioning.models import Reservation
 
 RESERVATION_TRANSITIONS: dict[str, frozenset[str]] = {
     R.PENDING: frozenset({R.QUEUED, R.SCHEDULED, R.CANCELLED, R.FAILED}),
@@ -16,7 +27,7 @@ RESERVATION_TRANSITIONS: dict[str, frozenset[str]] = {
     # Provisioning that failed on a node goes back to the queue, keeping its place.
     R.PROVISIONING: frozenset({R.ACTIVE, R.QUEUED, R.FAILED, R.RELEASING}),
     # Active work whose hardware failed is provisioned again on a replacement. Active work whose
-    # GPUs were never used ends as a no-show (provisioning.no_shows); its GPUs are cleaned after.
+    # GPUs were never used ends as a no-show (provisioning.lifecycle.no_shows); its GPUs are cleaned after.
     R.ACTIVE: frozenset({R.RELEASING, R.PROVISIONING, R.FAILED, R.NO_SHOW}),
     R.RELEASING: frozenset({R.RELEASED, R.CANCELLED, R.PREEMPTED, R.FAILED}),
 }
@@ -40,3 +51,25 @@ VPC_TRANSITIONS: dict[str, frozenset[str]] = {
     V.DELETING: frozenset({V.DELETED, V.ERROR}),
     V.DELETED: frozenset(),
 }
+
+
+AUDITED = ["state", "units", "gpus", "regions", "starts_at", "ends_at", "billing_term", "score"]
+
+
+def reservation_transition(reservation: Reservation, target: str, *, only_from=None, reason: str = "", **also) -> None:
+    """
+    Compare-and-set the reservation's state in one UPDATE (409 names the current state), and the
+    same values on ``reservation`` (plain values: nothing to read back).
+    """
+    changes = {"state_reason": reason[:500], "state_changed_at": timezone.now(), **also}
+    compare_and_set(
+        type(reservation).objects.all(), reservation.pk, table=RESERVATION_TRANSITIONS, target=target,
+        only_from=frozenset(only_from) if only_from else None, previous=False, **changes,
+    )
+    for name, value in {"state": target, **changes}.items():
+        setattr(reservation, name, value)
+
+
+def reservation_audited(reservation: Reservation) -> dict:
+    """The reservation's fields an audit event records (before and after)."""
+    return snapshot(reservation, AUDITED)

@@ -1,8 +1,9 @@
-"""The console's provisioning pages: reservations and VPCs."""
+"""The console's provisioning pages: reservations, VPCs and quotas with their usage."""
 
 from django.urls import path
 
-from . import views, vpc_views
+from provisioning import quota_views, views
+from provisioning.networks import views as vpc_views
 
 urlpatterns = [
     path("reservations/", views.reservation_list, name="reservation-list"),
@@ -12,4 +13,5 @@ urlpatterns = [
     path("reservations/<uuid:pk>/progress/", views.reservation_progress, name="reservation-progress"),
     path("reservations/<uuid:pk>/<str:verb>/", views.reservation_act, name="reservation-act"),
     *vpc_views.urlpatterns,
+    path("quotas/", quota_views.quota_list, name="quota-list"),
 ]

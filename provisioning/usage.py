@@ -21,9 +21,9 @@ from decimal import Decimal
 
 from django.db.models import Count
 
-from .choices import BillingTerm
-from .choices import ReservationState as R
-from .models import Allocation
+from provisioning.choices import BillingTerm
+from provisioning.choices import ReservationState as R
+from provisioning.models import Allocation
 
 HOLD_COLUMNS = ("reservation_id", "reservation__tenant_id", "reservation__team__name", "starts_at", "ends_at",
                 "reservation__offering__slots_per_gpu", "reservation__billing_term",

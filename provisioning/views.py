@@ -15,17 +15,16 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from cloud.console import CHANGE, add_domain_error, chosen_team_id, console_page, error_text, may, scoped, scoped_or_404
-from cloud.errors import DomainError
-
-from . import estimates, services
-from .choices import ReservationState as R
-from .forms import ReservationForm
-from .models import Allocation, Instance, Reservation
-from .no_shows import usage_report
-from .progress import progress_of
-from .queue import score_report
-from .receipts import receipts_of
+from core.errors import DomainError
+from provisioning import estimates, services
+from provisioning.choices import ReservationState as R
+from provisioning.forms import ReservationForm
+from provisioning.lifecycle.no_shows import usage_report
+from provisioning.models import Allocation, Instance, Reservation
+from provisioning.progress import progress_of
+from provisioning.receipts import receipts_of
+from provisioning.scheduling.queue import score_report
+from web.console import CHANGE, add_domain_error, chosen_team_id, console_page, error_text, may, scoped, scoped_or_404
 
 PAGE_SIZE = 50
 USAGE_SHOWN = {R.ACTIVE, R.RELEASING, R.NO_SHOW}

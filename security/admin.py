@@ -1,8 +1,7 @@
 from django.contrib import admin
 
-from cloud.admin import ReadOnlyAdmin
-
-from .models import AuditEvent, Incident
+from core.admin import ReadOnlyAdmin
+from security.models import AuditEvent, Incident
 
 
 @admin.register(AuditEvent)

@@ -16,10 +16,9 @@ from typing import Any
 from django.db import connection, models
 from django.utils import timezone
 
-from cloud.db import copy_rows
-from cloud.middleware import current_request_id
-
-from .models import AuditEvent
+from core.db import copy_rows
+from core.middleware import current_request_id
+from security.models import AuditEvent
 
 
 def _jsonable(value: Any) -> Any:
@@ -66,7 +65,7 @@ def audit_event(
 ) -> AuditEvent:
     """
     ``audit_record``'s event, not yet saved: for a service that inserts it in one statement with
-    the change it records (cloud.db.insert_objects). Must be saved in that change's transaction.
+    the change it records (core.db.insert_objects). Must be saved in that change's transaction.
     """
     _require_transaction()
     return _event(actor=actor, action=action, target=target, tenant_id=tenant_id, after=after)

@@ -28,11 +28,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from cloud.db import update_rows
-
-from .audit_heads import head_dir, publish_head, published_heads
-from .models import AuditCheckpoint, AuditEvent, ReceiptKey
-from .receipts import sign_bytes, verify_bytes
+from core.db import update_rows
+from security.audit_heads import head_dir, publish_head, published_heads
+from security.models import AuditCheckpoint, AuditEvent, ReceiptKey
+from security.receipts import sign_bytes, verify_bytes
 
 GENESIS = "0" * 64
 SEAL_BATCH = 5_000

@@ -5,11 +5,9 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
-from cloud.models import PlatformQuerySet
-from tenants.scoping import TenantScopedQuerySet
-
-from .choices import TrustAnchorKind
-from .crypto import EncryptedTextField
+from security.choices import TrustAnchorKind
+from security.crypto import EncryptedTextField
+from tenants.scoping import PlatformQuerySet, TenantScopedQuerySet
 
 
 class AuditEvent(models.Model):

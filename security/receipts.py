@@ -26,8 +26,8 @@ from django.db.models import Q
 from django.utils import timezone
 from jwt.algorithms import ECAlgorithm
 
-from .audit import audit_record
-from .models import ReceiptKey
+from security.audit import audit_record
+from security.models import ReceiptKey
 
 ALGORITHM = "ES384"
 TOKEN_TYPE = "attestation-receipt+jwt"

@@ -20,11 +20,12 @@ from django.db.models import Q
 from django.utils import timezone
 
 from cloud.choices import GPUState, NodeState
-from cloud.errors import Conflict, DomainError
-
-from .attestation import ChainCache, NodeEvidence, NonceRecord, verify
-from .audit import audit_record
-from .models import (
+from cloud.models import GPU
+from cloud.services import node_transition
+from core.errors import Conflict, DomainError
+from security.attestation import ChainCache, NodeEvidence, NonceRecord, verify
+from security.audit import audit_record
+from security.models import (
     AttestationNonce,
     AttestationReport,
     Incident,
@@ -143,9 +144,6 @@ def attestation_outcome(*, node, report: AttestationReport, gpus=None) -> None:
     one instance: the other tenants' work goes on) -- and opens an incident; firmware with no
     reference values holds the node in ``reference_unavailable`` until staff register them.
     """
-    from cloud.models import GPU
-    from cloud.services import node_transition
-
     if report.status == Status.PASS:
         return
     summary = "; ".join(dict.fromkeys(f"{r['check']}: {r['detail']}" for r in report.reasons))[:450]
@@ -239,17 +237,5 @@ def reference_register(*, actor, gpu_model: str, vbios_version: str, driver_vers
     audit_record(actor=actor, action="attestation.reference_register", target=reference,
                  after={"gpu_model": gpu_model, "vbios": vbios_version, "driver": driver_version,
                         "indices": sorted(clean, key=int), "replaced": not created})
-    transaction.on_commit(_revalidate_held_nodes)
     return reference
 
-
-def _revalidate_held_nodes() -> None:
-    """Nodes held for want of reference values are validated (and attested) again."""
-    from cloud.models import Node
-    from provisioning.lifecycle import node_validate
-
-    for node in Node.objects.filter(state=NodeState.REFERENCE_UNAVAILABLE):
-        try:
-            node_validate(actor=None, node=node)
-        except Conflict:
-            log.warning("Could not revalidate %s after a reference registration", node.hostname)

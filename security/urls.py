@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import views
+from security import views
 
 urlpatterns = [
     path("audit/", views.audit_log, name="audit-log"),

@@ -18,10 +18,9 @@ from django.utils.text import capfirst
 from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_GET
 
-from cloud.console import console_page, scoped, words
-
-from .models import AuditEvent
-from .receipts import jwks
+from security.models import AuditEvent
+from security.receipts import jwks
+from web.console import console_page, scoped, words
 
 
 @require_GET

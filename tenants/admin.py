@@ -2,10 +2,9 @@ from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.db import transaction
 
-from cloud.admin import ReadOnlyAdmin
+from core.admin import ReadOnlyAdmin
 from security.audit import audit_record
-
-from .models import (
+from tenants.models import (
     APIToken,
     HighPriorityApplication,
     Invitation,

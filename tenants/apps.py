@@ -6,9 +6,9 @@ class TenantsConfig(AppConfig):
     verbose_name = "Tenants and identity"
 
     def ready(self):
-        from .api import schema  # noqa: F401 -- registers the OpenAPI auth scheme
-        from .quotas import watch_quotas
-        from .token_cache import watch_auth
+        from tenants.api import schema  # noqa: F401 -- registers the OpenAPI auth scheme
+        from tenants.quotas import watch_quotas
+        from tenants.token_cache import watch_auth
 
         watch_auth()
         watch_quotas()

@@ -17,7 +17,7 @@ from django.utils import timezone
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 
-from .models import APIToken
+from tenants.models import APIToken
 
 TOKEN_FORMAT = re.compile(r"^mrd_(?P<prefix>[0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -93,7 +93,7 @@ class APITokenAuthentication(BaseAuthentication):
             raw = parts[1].decode("ascii")
         except UnicodeDecodeError:
             raise token_invalid() from None
-        from .principals import principal_for_bearer
+        from tenants.principals import principal_for_bearer
 
         # The principal too, from the same remembered rows (tenants.token_cache): PrincipalMixin uses it.
         request.bearer_principal = principal = principal_for_bearer(raw)

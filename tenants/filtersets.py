@@ -6,7 +6,7 @@ for another tenant's, telling the two apart.
 
 import django_filters
 
-from .models import APIToken, HighPriorityApplication, Invitation, Notification, Quota, TeamMembership
+from tenants.models import APIToken, HighPriorityApplication, Invitation, Notification, Quota, TeamMembership
 
 
 class TeamMembershipFilterSet(django_filters.FilterSet):

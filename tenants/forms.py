@@ -14,11 +14,10 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, RegexValidator
 from django.utils import timezone
 
-from cloud.api.base import SLUG_PATTERN
-
-from .choices import TeamRole, TenantRole, TokenScope
-from .models import Membership, Team, User
-from .scoping import Principal
+from tenants.choices import TeamRole, TenantRole, TokenScope
+from tenants.models import Membership, Team, User
+from tenants.scoping import Principal
+from web.api.base import SLUG_PATTERN
 
 SLUG_MESSAGE = "Use lower-case letters, digits and single hyphens (for example 'vision-lab')."
 

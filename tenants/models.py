@@ -14,8 +14,8 @@ from django.db.models import Q
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from .choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
-from .scoping import TeamOwnedModel, TenantOwnedModel, TenantScopedQuerySet
+from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope, kind_label
+from tenants.scoping import TeamOwnedModel, TenantOwnedModel, TenantScopedQuerySet
 
 SLUG_HELP = "Lower-case letters, digits and hyphens."
 
@@ -117,7 +117,7 @@ class Team(TenantOwnedModel):
     """
     A group inside a tenant (a lab, a product team) that owns reservations and quotas. A team may
     hold high-priority status until ``high_priority_until`` (set by an approved application,
-    cleared when it expires or is revoked; tenants.high_priority changes it).
+    cleared when it expires or is revoked; provisioning.high_priority.services changes it).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -385,7 +385,7 @@ class HighPriorityApplication(TenantOwnedModel):
     A team's request for high-priority status, with the team's record frozen at application time
     (``snapshot``: the three figures, the thresholds, which were met, the verdict and its reasons)
     so the reviewer decides on what the team saw. One pending application per team (constraint);
-    state moves only through tenants.high_priority. ``override_note`` is set when a platform admin
+    state moves only through provisioning.high_priority.services. ``override_note`` is set when a platform admin
     filed it for a team below the thresholds.
     """
 
@@ -486,6 +486,4 @@ class Notification(TenantOwnedModel):
     @property
     def kind_label(self) -> str:
         """The kind in words, for the console ('Reservation ready', not ``reservation.ready``)."""
-        from .notifications import kind_label
-
         return kind_label(self.kind)

@@ -10,32 +10,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from security.audit import audit_record
-
-from .models import Notification, Team, Tenant, User
-from .scoping import CHANGE, Principal
+from tenants.models import Notification, Team, Tenant, User
+from tenants.scoping import CHANGE, Principal
 
 TITLE_MAX = Notification._meta.get_field("title").max_length
-
-# What a person reads for a kind where its words alone would mislead ("reservation.evicted" reads
-# "Reservation evicted"; the console and the notice say preempted).
-KIND_LABELS = {
-    "reservation.evicted": "Reservation preempted",
-    "reservation.reclaim": "Reservation reclaimed",
-    "reservation.gpus_idle": "GPUs idle",
-    "reservation.no_show": "Released as a no-show",
-    "reservation.no_show_warning": "No-show warning",
-    "reservation.no_show_cleared": "No-show warning withdrawn",
-    "reservation.hardware_replaced": "Replacement ready",
-    "gpu.back": "GPU back",
-    "node.back": "Server back",
-    "node.drained": "Server drained",
-    "node.suspect": "Server not answering",
-}
-
-
-def kind_label(kind: str) -> str:
-    """A notification's kind in words: 'reservation.ending_soon' reads 'Reservation ending soon'."""
-    return KIND_LABELS.get(kind) or kind.replace(".", " ").replace("_", " ").capitalize()
 
 
 def unread_count(principal: Principal) -> int:

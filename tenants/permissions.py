@@ -11,7 +11,8 @@ tenant-scoped queryset does that, and what a principal cannot see answers 404.
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
-from .choices import TenantRole
+from core.errors import DomainError
+from tenants.choices import TenantRole
 
 ANY = "any"  # any signed-in principal, in a tenant or platform-wide (catalogue reads, own tokens)
 PLATFORM = "platform"  # any platform role (staff reads)
@@ -75,15 +76,12 @@ def allows(principal, need: str, *, safe: bool) -> bool:
     if need == ANY:
         return True
     if principal.tenant is None:
-        from cloud.errors import DomainError
-
         raise DomainError(TENANT_REQUIRED, code="tenant_required")
     return principal.has_role(need)
 
 
 class WritableCredentials(BasePermission):
     """For views open to anyone: a caller who does send a token must send a read-write one to write."""
-
     def has_permission(self, request, view):
         principal = getattr(request, "principal", None)
         if request.method not in SAFE_METHODS and principal is not None and not principal.can_write:
@@ -93,7 +91,6 @@ class WritableCredentials(BasePermission):
 
 class RolePolicy(BasePermission):
     """Applies POLICIES and the token's scope to every request of a Meridian viewset."""
-
     def has_permission(self, request, view):
         principal = getattr(request, "principal", None)
         if principal is None:

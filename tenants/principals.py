@@ -4,11 +4,11 @@ import uuid
 
 from rest_framework.exceptions import NotFound
 
-from .authentication import authenticate_token, check_token, token_prefix, token_revoked
-from .choices import PlatformRole, TenantRole
-from .models import APIToken, Membership, TeamMembership, User
-from .scoping import Principal
-from .token_cache import TOKENS, copies
+from tenants.authentication import authenticate_token, check_token, token_prefix, token_revoked
+from tenants.choices import PlatformRole, TenantRole
+from tenants.models import APIToken, Membership, TeamMembership, User
+from tenants.scoping import Principal
+from tenants.token_cache import TOKENS, copies
 
 TENANT_HEADER = "X-Meridian-Tenant"
 

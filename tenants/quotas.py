@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db.models import Q
 
-from cloud.epochs import Epoch, KeptUnder
-from cloud.errors import QuotaExceeded
-
-from .choices import QuotaResource
-from .models import Quota, Team, Tenant
+from core.epochs import Epoch, KeptUnder
+from core.errors import QuotaExceeded
+from tenants.choices import QuotaResource
+from tenants.models import Quota, Team, Tenant
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ def quota_limits(*, tenant: Tenant, resource: str, team: Team | None = None, gpu
     Every limit that bounds a request for ``resource`` (of ``gpu_model``) by ``team`` of ``tenant``:
     the tenant's rows (per model and overall), the team's rows, and the default when the tenant
     has no row of its own for the resource. A team without rows is bounded by its tenant only.
-    Kept per process while no quota row changed anywhere (QUOTA_EPOCH, cloud.epochs): a limit
+    Kept per process while no quota row changed anywhere (QUOTA_EPOCH, core.epochs): a limit
     set or removed is seen by the next request in every process.
     """
     tenant_id, team_id = getattr(tenant, "pk", tenant), getattr(team, "pk", team)

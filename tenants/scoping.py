@@ -18,10 +18,10 @@ from uuid import UUID
 from django.db import models
 from django.db.models import Q
 
-from .choices import PlatformRole, TeamRole, TenantRole, TokenScope
+from tenants.choices import PlatformRole, TeamRole, TenantRole, TokenScope
 
 if TYPE_CHECKING:
-    from .models import APIToken, Team, Tenant, User
+    from tenants.models import APIToken, Team, Tenant, User
 
 VIEW = "view"
 CHANGE = "change"
@@ -82,6 +82,19 @@ class Principal:
         if self.team is not None and self.team.pk != team_id:
             return False
         return self.team_roles.get(team_id) == TeamRole.ADMIN
+
+
+class PlatformQuerySet(models.QuerySet):
+    """Platform-owned rows: staff see all of them; tenants see them only where a model opts in."""
+
+    tenant_readable = False
+
+    def visible_to(self, principal, action="view"):
+        if principal is None:
+            return self.none()
+        if principal.is_platform:
+            return self.all() if (action == "view" or principal.is_platform_admin) else self.none()
+        return self.all() if (self.tenant_readable and action == "view") else self.none()
 
 
 class TenantScopedQuerySet(models.QuerySet):

@@ -17,13 +17,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from cloud.errors import Conflict, DomainError, Forbidden
+from core.errors import Conflict, DomainError, Forbidden
 from security.audit import audit_record, snapshot
-
-from .choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
-from .models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User, secret_digest
-from .scoping import Principal
-from .token_cache import auth_changed
+from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
+from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User, secret_digest
+from tenants.scoping import Principal
+from tenants.token_cache import auth_changed
 
 TOKEN_PREFIX = "mrd_"
 INVITATION_PREFIX = "mri_"

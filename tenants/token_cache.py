@@ -3,7 +3,7 @@ Who a bearer token acts as, remembered by each process for a few seconds.
 
 Resolving a token is three queries (the token with its user, tenant and team; the membership;
 the team roles): on a small API call a quarter of its time. A process keeps what they returned
-for MERIDIAN_AUTH_CACHE_SECONDS, and only while the auth epoch (cloud.epochs) is the one it read
+for MERIDIAN_AUTH_CACHE_SECONDS, and only while the auth epoch (core.epochs) is the one it read
 before it loaded them: every change to a token, a user, a membership, a team membership, a team
 or a tenant replaces it. So a revocation, a demotion or a removal is seen by the next request in
 every process, as when every request read the database.
@@ -20,7 +20,7 @@ import copy
 
 from django.conf import settings
 
-from cloud.epochs import Epoch, KeptUnder
+from core.epochs import Epoch, KeptUnder
 
 AUTH_EPOCH = Epoch("meridian:auth-epoch")
 # Token prefix -> (the token with its user, tenant and team; the tenant role; the team roles).
@@ -43,6 +43,6 @@ def copies(token):
 
 def watch_auth() -> None:
     """Every saved or deleted row that decides what a token may do changes the epoch."""
-    from .models import APIToken, Membership, Team, TeamMembership, Tenant, User
+    from tenants.models import APIToken, Membership, Team, TeamMembership, Tenant, User
 
     AUTH_EPOCH.watch(APIToken, User, Membership, TeamMembership, Team, Tenant)

@@ -1,8 +1,8 @@
-"""The console's tenant pages: teams and members, API tokens, quotas and usage, high priority."""
+"""The console's tenant pages: teams and members, API tokens and invitations."""
 
 from django.urls import path
 
-from . import views
+from tenants import notification_views, views
 
 urlpatterns = [
     # API tokens
@@ -21,6 +21,8 @@ urlpatterns = [
     path("teams/invitations/new/", views.invitation_create, name="invitation-create"),
     path("teams/invitations/<uuid:pk>/", views.invitation_created, name="invitation-created"),
     path("teams/invitations/<uuid:pk>/revoke/", views.invitation_revoke, name="invitation-revoke"),
-    # Quotas and usage
-    path("quotas/", views.quota_list, name="quota-list"),
+    # Notifications (names apart from the API router's "notifications-*")
+    path("notifications/", notification_views.notification_list, name="notification-list"),
+    path("notifications/read-all/", notification_views.notification_read_all, name="notification-read-all"),
+    path("notifications/<uuid:pk>/read/", notification_views.notification_read, name="notification-read"),
 ]

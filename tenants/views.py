@@ -2,7 +2,7 @@
 The console's tenant pages: API tokens, teams and members (with invitations), and quotas with
 their usage. Thin, like the API's views: each parses a form, calls one service with
 ``actor=request.principal`` and renders; a service's refusal becomes a form error or a flash
-message. Rows are read through ``cloud.console.scoped``, so another tenant's object is a 404.
+message. Rows are read through ``web.console.scoped``, so another tenant's object is a 404.
 
 Secrets (a new token, an invitation link) are shown once: the create handler keeps the secret
 in the session only until the next page, which takes it out as it shows it, so a reload or the
@@ -12,24 +12,25 @@ back button never shows it again.
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
+from django import forms
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.password_validation import validate_password
 from django.core.paginator import Paginator
-from django.db.models import Count, Prefetch
+from django.db.models import Prefetch
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from cloud.console import CHANGE, add_domain_error, console_page, error_text, may, scoped, scoped_or_404
-from cloud.errors import DomainError
+from core.errors import DomainError
 from security import crypto
-
-from . import services
-from .choices import QuotaResource, TeamRole, TenantRole
-from .forms import (
+from tenants import services
+from tenants import services as tenant_services
+from tenants.choices import TeamRole, TenantRole
+from tenants.forms import (
     InvitationForm,
     MembershipRoleForm,
     TeamForm,
@@ -38,8 +39,16 @@ from .forms import (
     TokenForm,
     grantable_roles,
 )
-from .models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant
-from .quotas import QuotaLimit, limits_from_rows
+from tenants.models import APIToken, Invitation, Membership, Team, TeamMembership
+from web.console import (
+    CHANGE,
+    add_domain_error,
+    console_page,
+    error_text,
+    may,
+    scoped,
+    scoped_or_404,
+)
 
 PAGE_SIZE = 50
 ISSUED_TOKEN = "console_issued_token"
@@ -348,76 +357,50 @@ def invitation_revoke(request, pk):
 # Quotas and usage
 #
 
-# What counts as an instance in use, for the instance quota.
-LIVE_INSTANCE_STATES = ("provisioning", "active", "releasing")
+
+class AcceptInvitationForm(forms.Form):
+    email = forms.EmailField(label="E-mail (the address you were invited at)")
+    password = forms.CharField(label="Choose a password", widget=forms.PasswordInput, min_length=10)
+
+    def clean_password(self):
+        password = self.cleaned_data["password"]
+        validate_password(password)
+        return password
 
 
-@console_page("quotas")
-def quota_list(request):
+INVITATION_SESSION_KEY = "invitation_secret"
+
+
+def invitation_open(request, secret: str):
     """
-    The tenant's and its teams' limits with what counts against each right now: GPUs as admission
-    counts them (held and waiting work whose window covers now), VPCs that are not deleted (the
-    default ones aside), live instances. Tenant-wide figures cover every team, as the 409 of an
-    over-quota request does.
+    The link in an invitation. Its secret moves into the session at once and the browser is
+    sent on, so the secret stays out of later requests, Referer headers and page URLs.
     """
-    principal = request.principal
-    if principal.tenant is None:
-        return redirect("console-tenants")
-    rows = list(scoped(request, Quota).select_related("team", "gpu_model").order_by("resource", "gpu_model__name"))
-    model_names = {row.gpu_model_id: row.gpu_model.name for row in rows if row.gpu_model_id}
-    usage = _Usage(request, now=timezone.now())
-
-    tenant_limits = []
-    for resource in QuotaResource.values:
-        mine = [row for row in rows if row.team_id is None and row.resource == resource]
-        tenant_limits += limits_from_rows(mine, resource=resource, team_id=None, gpu_model_id=None)
-    teams = {}
-    for row in rows:
-        if row.team_id is not None:
-            teams.setdefault(row.team, []).append(
-                QuotaLimit(scope="team", resource=row.resource, gpu_model_id=row.gpu_model_id, limit=row.limit))
-    sections = [{"title": f"{principal.tenant.name} (tenant)", "team": None,
-                 "lines": [usage.line(limit, None, model_names) for limit in tenant_limits]}]
-    for team, limits in sorted(teams.items(), key=lambda item: item[0].name):
-        sections.append({"title": f"{team.name} (team)", "team": team,
-                         "lines": [usage.line(limit, team, model_names) for limit in limits]})
-    return render(request, "tenants/quota_list.html", {"sections": sections})
+    request.session[INVITATION_SESSION_KEY] = secret
+    return redirect("invitation-accept-page")
 
 
-class _Usage:
-    """What counts against a limit now; VPC and instance counts come from one grouped query each."""
-
-    def __init__(self, request, *, now):
-        from provisioning.models import VPC, Instance
-
-        self.tenant, self.now = request.principal.tenant, now
-        # Usage is the tenant's, whatever part of it the viewer may list: counted over the tenant
-        # the principal sees (one row), not over the principal's own rows.
-        tenants = scoped(request, Tenant)
-        vpcs = (VPC.objects.filter(tenant__in=tenants, is_default=False).exclude(state="deleted")
-                .values_list("team_id").annotate(n=Count("pk")))
-        self.vpcs = dict(vpcs)
-        instances = (Instance.objects.filter(tenant__in=tenants, state__in=LIVE_INSTANCE_STATES)
-                     .values_list("team_id").annotate(n=Count("pk")))
-        self.instances = dict(instances)
-
-    def used(self, limit: QuotaLimit, team) -> float:
-        if limit.resource == QuotaResource.GPUS:
-            from provisioning.admission import gpus_counted
-
-            # The admission rule over a window that is this moment: held work overlapping now,
-            # waiting work that asked for now (or as soon as possible).
-            return gpus_counted(self.tenant, team, limit, self.now, self.now + timedelta(seconds=1))
-        counts = self.vpcs if limit.resource == QuotaResource.VPCS else self.instances
-        return sum(counts.values()) if team is None else counts.get(team.pk, 0)
-
-    def line(self, limit: QuotaLimit, team, model_names: dict) -> dict:
-        used = self.used(limit, team)
-        share = min(100.0, used / limit.limit * 100) if limit.limit else (100.0 if used else 0.0)
-        return {
-            "resource": QuotaResource(limit.resource).label,
-            "gpu_model": model_names.get(limit.gpu_model_id, "") if limit.gpu_model_id else
-            "All models" if limit.resource == QuotaResource.GPUS else "",
-            "limit": limit.limit, "used": used, "left": max(limit.limit - used, 0), "percent": round(share),
-            "is_default": limit.is_default, "level": "over" if share >= 100 else "high" if share >= 80 else "",
-        }
+def invitation_accept(request):
+    """Join a tenant from the invitation opened in this session: signed-in users join as themselves."""
+    secret = request.session.get(INVITATION_SESSION_KEY)
+    if not secret:
+        messages.error(request, tenant_services.INVITATION_INVALID)
+        return redirect("login")
+    signed_in = request.user.is_authenticated
+    form = None if signed_in else AcceptInvitationForm(request.POST or None)
+    if request.method == "POST" and (signed_in or form.is_valid()):
+        try:
+            membership = tenant_services.invitation_accept(
+                secret=secret, user=request.user if signed_in else None,
+                email="" if signed_in else form.cleaned_data["email"],
+                password="" if signed_in else form.cleaned_data["password"],
+            )
+        except DomainError as exc:
+            messages.error(request, str(exc.detail))
+        else:
+            request.session.pop(INVITATION_SESSION_KEY, None)
+            if not signed_in:
+                login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
+            messages.success(request, f"You joined {membership.tenant.name} as {membership.role}.")
+            return redirect("home")
+    return render(request, "tenants/invitation_accept.html", {"form": form})

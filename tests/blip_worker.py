@@ -10,7 +10,7 @@ import os
 import psycopg
 from celery.signals import worker_process_init
 
-from cloud.celery import app
+from config.celery import app
 
 __all__ = ["app"]
 
@@ -20,9 +20,9 @@ def _blip_once(**_):
     """In the pool child: wrap the step bookkeeping so that it meets a terminated connection once."""
     from django.db import connection
 
-    from provisioning import lifecycle
+    from provisioning.lifecycle import runner
 
-    step, recorded, done = os.environ["MERIDIAN_TEST_BLIP_STEP"], lifecycle._steps_succeeded, []
+    step, recorded, done = os.environ["MERIDIAN_TEST_BLIP_STEP"], runner._steps_succeeded, []
 
     def blip(succeeded, **kwargs):
         if not done and any(run.name == step for _, run in succeeded):
@@ -35,4 +35,4 @@ def _blip_once(**_):
             print(f"blip: terminated backend {pid} before recording {step}", flush=True)
         return recorded(succeeded, **kwargs)
 
-    lifecycle._steps_succeeded = blip
+    runner._steps_succeeded = blip

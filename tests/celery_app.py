@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from kombu import pools
 from kombu.utils.collections import eqhash
 
-from cloud.celery import app
+from config.celery import app
 
 KEYS = ("broker_url", "broker_transport_options", "task_default_queue")
 

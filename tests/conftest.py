@@ -16,7 +16,7 @@ def _clear_cache():
 
     from cloud.catalogue_cache import CATALOGUE
     from provisioning.admission import REGION_SIZES
-    from provisioning.free_hint import FREE_HINT
+    from provisioning.scheduling.free_hint import FREE_HINT
     from tenants.quotas import KEPT_LIMITS
     from tenants.token_cache import TOKENS
 
@@ -27,7 +27,7 @@ def _clear_cache():
     CATALOGUE.clear()
     KEPT_LIMITS.clear()
     yield
-    from provisioning.lifecycle import START_SENDER
+    from provisioning.lifecycle.dispatch import START_SENDER
 
     START_SENDER.flush()  # a test's start messages leave before the next test stands in for the broker
 
@@ -59,11 +59,11 @@ def steps(monkeypatch, settings):
     The lifecycle's tasks, collected and run here in order (``steps.run()``) instead of by Celery,
     one step per task (tests of chained steps turn MERIDIAN_STEP_CHAIN_SECONDS back on).
     """
-    from provisioning import lifecycle
+    from provisioning.lifecycle import dispatch as dispatching
     from tests.provisioning.pipeline import Steps
 
     settings.MERIDIAN_STEP_CHAIN_SECONDS = 0
     collected = Steps()
-    monkeypatch.setattr(lifecycle, "_enqueue", collected.enqueue)
-    monkeypatch.setattr(lifecycle, "provision_when_due", collected.when_due)
+    monkeypatch.setattr(dispatching, "enqueue", collected.enqueue)
+    monkeypatch.setattr(dispatching, "provision_when_due", collected.when_due)
     return collected

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cloud.api.urls import router, urlpatterns
+from config.api_router import router, urlpatterns
 
 SAFE = {"GET", "HEAD", "OPTIONS"}
 

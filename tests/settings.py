@@ -14,7 +14,7 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "test-only-secret-key-that-is-long-en
 os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
 os.environ.setdefault("MERIDIAN_SECURE_TRANSPORT", "0")
 
-from cloud.settings import *  # noqa: E402,F403
+from config.settings import *  # noqa: E402,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 REST_FRAMEWORK = {

@@ -32,8 +32,8 @@ def test_tenant_owners_and_approvers_are_sent_to_the_admin_login(world):
 
 def test_lifecycle_pages_show_steps_but_never_a_node_key(world):
     """Operations with their steps, instances, agents' keys (without the secret) are browsable, read-only."""
+    from operations.node_api.agents import credential_issue
     from provisioning.models import StepRun
-    from provisioning.node_agents import credential_issue
 
     node = small_fleet(4)[0]
     operation = world.t1.objects[Instance].reservation.operations.first()

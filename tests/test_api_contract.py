@@ -12,10 +12,10 @@ from django.urls import get_resolver
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework import serializers
 
-from cloud.api.base import JSONNumberMixin, StrictSerializerMixin
 from provisioning.models import VPC, Instance, PortMembership, Reservation
 from tests.provisioning.factories import make_reservation
 from tests.world import fleet_node, small_fleet, vm_offering, world_vpc
+from web.api.base import JSONNumberMixin, StrictSerializerMixin
 
 V1 = "/api/v1"
 

@@ -45,7 +45,7 @@ def test_worker_on_rabbitmq_runs_the_invitation_expiry_task(world):
     env = {**os.environ, "DATABASE_URL": database_url_of_tests(), "CELERY_BROKER_URL": BROKER,
            "MERIDIAN_CELERY_QUEUE": queue}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "cloud", "worker", "--queues", queue, "--concurrency", "1",
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "--queues", queue, "--concurrency", "1",
          "--without-mingle", "--without-gossip", "--without-heartbeat", "--loglevel", "WARNING",
          "--hostname", f"{queue}@%h"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

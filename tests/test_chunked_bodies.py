@@ -29,14 +29,14 @@ def database_url_of_tests() -> str:
 
 @pytest.fixture
 def gunicorn(tmp_path):
-    """gunicorn serving cloud.wsgi on the test database; yields its port."""
+    """gunicorn serving config.wsgi on the test database; yields its port."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "DATABASE_URL": database_url_of_tests(), "DJANGO_SETTINGS_MODULE": "tests.settings",
            "MERIDIAN_DATA_DIR": str(tmp_path)}
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "cloud.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "1",
+        [sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "1",
          "--threads", "2", "--log-level", "warning"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

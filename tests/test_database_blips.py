@@ -20,8 +20,8 @@ import psycopg
 import pytest
 from django.db import connection
 
+from provisioning.lifecycle.steps import PIPELINES
 from provisioning.models import Allocation, IdempotencyKey, Operation, Reservation, StepRun
-from provisioning.steps import PIPELINES
 from security.models import AuditEvent
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud.demo import DEMO_PASSWORD
+from config.demo import DEMO_PASSWORD
 
 REPO = Path(__file__).resolve().parent.parent
 # Settings of the test run that must not reach the embedded run.

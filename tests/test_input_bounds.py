@@ -11,10 +11,10 @@ from django.urls import get_resolver
 from rest_framework import serializers
 from rest_framework.relations import ManyRelatedField
 
-from cloud.api.base import BoundedDictField, BoundedListField, StrictSerializerMixin
-from cloud.api.errors import MAX_ATTR_CHARS, MAX_DETAIL_CHARS, MAX_ERRORS
 from provisioning.api.serializers import MAX_REGIONS
 from tests.world import small_fleet, vm_offering
+from web.api.base import BoundedDictField, BoundedListField, StrictSerializerMixin
+from web.api.errors import MAX_ATTR_CHARS, MAX_DETAIL_CHARS, MAX_ERRORS
 
 RESERVATIONS = "/api/v1/reservations/"
 # An error answer's size whatever the body: MAX_ERRORS errors of bounded detail and attr, and one more

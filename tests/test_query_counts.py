@@ -16,11 +16,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from cloud.api.base import PlatformViewSet
-from cloud.api.urls import router
 from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region, Switch
+from config.api_router import router
 from provisioning.models import VPC, Instance, Operation, PortMembership, Reservation
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
 from tenants.choices import QuotaResource, TeamRole, TenantRole
@@ -37,6 +36,7 @@ from tenants.models import (
     secret_digest,
 )
 from tests.world import World, fleet_node, h100, hp_snapshot, make_user, unique, vm_offering
+from web.api.base import PlatformViewSet
 
 SMALL, LARGE = 2, 20
 
@@ -428,7 +428,10 @@ def telemetry_of_gpu(world, n):
 
 
 def usage_of_reservation(world, n):
-    """t1's reservation, active on n GPUs with samples and rollups: its usage evidence (provisioning.no_shows)."""
+    """
+    t1's reservation, active on n GPUs with samples and rollups: its usage evidence
+    (provisioning.lifecycle.no_shows).
+    """
     url, persona = telemetry_of_reservation(world, n)
     reservation = world.t1.objects[Reservation]
     Reservation.objects.filter(pk=reservation.pk).update(

@@ -20,10 +20,10 @@ import pytest
 
 from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region
 from provisioning.admission import Ask
+from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from provisioning.models import VPC, Instance, Operation, Reservation
 from provisioning.services import reservation_create
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
-from security.simulated_devices import trust_simulated_fleet
 from tenants import services
 from tenants.choices import TenantRole
 from tenants.models import (

@@ -15,12 +15,12 @@ import pytest
 from django.forms.models import model_to_dict
 from rest_framework.relations import RelatedField
 
-from cloud.api.base import PlatformViewSet, TenantScopedViewSet
-from cloud.api.urls import router
+from config.api_router import router
 from tenants.models import User
 from tenants.scoping import TenantScopedQuerySet
 from tests.routes import api_routes
 from tests.world import issue_token
+from web.api.base import PlatformViewSet, TenantScopedViewSet
 
 # Platform-owned resources: the catalogue (every tenant reads the same rows), the fleet and what
 # attestation trusts (staff only; tenants get 403, proven cell by cell in the role matrix).

@@ -29,7 +29,7 @@ def test_the_previous_window_counts_by_the_share_of_it_still_within_a_period(wor
     """10/min: a full minute of requests leaves half the rate for the first half of the next minute."""
     from unittest import mock
 
-    from cloud.api.throttling import PrincipalRateThrottle
+    from web.api.throttling import PrincipalRateThrottle
 
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"principal": "10/min",
                                                                                      "anonymous": "10/min"}}
@@ -59,8 +59,8 @@ def test_an_hourly_count_outlives_the_caches_default_expiry(world, settings, tmp
 
     import time_machine
 
-    from cloud.api.throttling import PrincipalRateThrottle
-    from cloud.file_cache import AtomicFileCache
+    from core.file_cache import AtomicFileCache
+    from web.api.throttling import PrincipalRateThrottle
 
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"principal": "3/hour",
                                                                                      "anonymous": "3/hour"}}
@@ -82,7 +82,7 @@ def hammer(cache, *, threads: int, calls: int) -> int:
     from types import SimpleNamespace
     from unittest import mock
 
-    from cloud.api.throttling import PrincipalRateThrottle
+    from web.api.throttling import PrincipalRateThrottle
 
     request = SimpleNamespace(user=SimpleNamespace(is_authenticated=True, pk=1), auth=SimpleNamespace(pk=7))
     allowed, start = [], threading.Barrier(threads)
@@ -109,11 +109,11 @@ def rate_120(settings):
 
 def test_concurrent_requests_on_one_token_never_pass_the_rate_on_the_embedded_cache(rate_120, tmp_path):
     """Eight threads on one token against the embedded default's file cache: exactly the rate is let through."""
-    from cloud import settings as project
-    from cloud.file_cache import AtomicFileCache
+    from config import settings as project
+    from core.file_cache import AtomicFileCache
 
     if not project.REDIS_URL:
-        assert project.CACHES["default"]["BACKEND"] == "cloud.file_cache.AtomicFileCache"
+        assert project.CACHES["default"]["BACKEND"] == "core.file_cache.AtomicFileCache"
     assert hammer(AtomicFileCache(str(tmp_path / "cache"), {}), threads=8, calls=60) == 120
 
 

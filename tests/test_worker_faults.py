@@ -32,10 +32,10 @@ from django.conf import settings
 from kombu import Connection
 
 from cloud.models import Node
-from provisioning import lifecycle
 from provisioning.drivers.simulated import Simulated
+from provisioning.lifecycle import dispatch as dispatching
+from provisioning.lifecycle.steps import PIPELINES
 from provisioning.models import Allocation, Instance, Operation, Reservation, SimulatedDevice, StepRun
-from provisioning.steps import PIPELINES
 from tests.celery_app import app_on_broker
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY
@@ -97,7 +97,7 @@ def kill(pid: int, sig: int = signal.SIGKILL) -> None:
 class Worker:
     """``celery worker`` in a subprocess: one queue, one prefork child, the test database; its log in a file."""
 
-    def __init__(self, name: str, queue: str, log_dir: Path, simulation: dict, *, app: str = "cloud",
+    def __init__(self, name: str, queue: str, log_dir: Path, simulation: dict, *, app: str = "config",
                  env: dict | None = None):
         self.name = name
         # In the command line of the worker and of its pool children (forked from it): a process
@@ -281,7 +281,7 @@ def test_a_worker_killed_while_writing_the_image_is_redelivered_and_provisions_o
     pk = response.json()["id"]
     # The API's commit handed the start to the process's sender, which published it through
     # RabbitMQ (publisher confirms) to our queue...
-    assert lifecycle.START_SENDER.flush()
+    assert dispatching.START_SENDER.flush()
     assert [(task, key) for task, key, _ in published] == [("provisioning.reservation_start_many", queue)]
     start_id = published[0][2]
 

@@ -18,10 +18,10 @@ from rest_framework.test import APIClient
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Node, Offering
+from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from provisioning.models import VPC, Instance, Operation, Reservation
 from security.audit import audit_record
 from security.models import AuditEvent
-from security.simulated_devices import trust_simulated_fleet
 from tenants import services
 from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
 from tenants.models import (
@@ -150,7 +150,7 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
 
 
 def hp_snapshot(*, eligible: bool) -> dict:
-    """A frozen team record as an application stores it (tenants.high_priority.hp_assess's shape)."""
+    """A frozen team record as an application stores it (provisioning.high_priority.services.hp_assess's shape)."""
     rate = 1.0 if eligible else 0.5
     return {
         "computed_at": timezone.now().isoformat(),

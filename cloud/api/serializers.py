@@ -5,10 +5,11 @@ from decimal import Decimal
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
-from ..choices import NodePool, SwitchTier
-from ..models import GPU, Fabric, GPUModel, HCAPort, Node, Offering, Region
-from .base import SLUG_PATTERN as SLUG
-from .base import BoundedListField, StrictIntegerField, StrictModelSerializer, StrictSerializer
+from cloud.choices import NodePool, SwitchTier
+from cloud.guids import normal_guid
+from cloud.models import GPU, Fabric, GPUModel, HCAPort, Node, Offering, Region
+from web.api.base import SLUG_PATTERN as SLUG
+from web.api.base import BoundedListField, StrictIntegerField, StrictModelSerializer, StrictSerializer
 
 
 class RegionSerializer(StrictModelSerializer):
@@ -101,7 +102,6 @@ class GPUEnrolSerializer(StrictSerializer):
 
 class NodeEnrolSerializer(StrictSerializer):
     """A new node and its GPUs as the vendor's inventory lists them; validation starts at once."""
-
     hostname = serializers.RegexField(HOSTNAME, max_length=253)
     region = serializers.SlugRelatedField(slug_field="slug", queryset=Region.objects.all())
     fabric = serializers.RegexField(SLUG, max_length=50)
@@ -121,8 +121,6 @@ class NodeEnrolSerializer(StrictSerializer):
     ib_port_guids = BoundedListField(child=serializers.CharField(max_length=18), min_length=1, max_length=16)
 
     def validate_ib_port_guids(self, guids):
-        from provisioning.drivers.fabric import normal_guid
-
         try:
             normal = [normal_guid(guid) for guid in guids]
         except ValueError as exc:
@@ -177,7 +175,6 @@ class GPUSerializer(StrictModelSerializer):
 
 class TelemetryQuerySerializer(serializers.Serializer):
     """The query of a telemetry read: raw samples or 1-minute/1-hour buckets, since a time."""
-
     period = serializers.ChoiceField(choices=["raw", "1m", "1h"], default="1m",
                                      help_text="raw (one sample per heartbeat), 1m or 1h buckets.")
     since = serializers.DateTimeField(required=False,
@@ -195,7 +192,6 @@ class TelemetryQuerySerializer(serializers.Serializer):
 
 class TelemetryLatestSerializer(serializers.Serializer):
     """The latest sample of a GPU; a reading the GPU (or, out of band, the BMC) does not give is null."""
-
     sampled_at = serializers.DateTimeField()
     utilization_pct = serializers.IntegerField(allow_null=True)
     memory_used_mib = serializers.IntegerField(allow_null=True)
@@ -211,7 +207,6 @@ class TelemetryLatestSerializer(serializers.Serializer):
 
 class RawPointSerializer(serializers.Serializer):
     """One raw sample."""
-
     at = serializers.DateTimeField()
     utilization_pct = serializers.IntegerField(allow_null=True)
     memory_used_mib = serializers.IntegerField(allow_null=True)
@@ -225,7 +220,6 @@ class RawPointSerializer(serializers.Serializer):
 
 class RollupPointSerializer(serializers.Serializer):
     """One 1-minute or 1-hour bucket: means over the samples that had the reading, maxima, counts."""
-
     at = serializers.DateTimeField(help_text="The bucket's start.")
     samples = serializers.IntegerField()
     utilization_mean = serializers.FloatField(allow_null=True)

@@ -7,14 +7,12 @@ GPU telemetry: what the node agents sample, stored cheaply and kept while it is 
   detection (``cloud.health.evaluate_gpu`` / ``evaluate_port``) needs, with no further query.
 - ``rollup`` / ``prune`` (rollups.py): raw -> 1-minute -> 1-hour buckets in SQL, idempotent;
   retention by ``MERIDIAN_TELEMETRY_RETENTION``.
-- ``bmc_collect`` (bmc.py): out-of-band readings of the bare-metal nodes a tenant holds.
-- ``gpu_series`` / ``reservation_telemetry`` (reads.py): the staff and tenant reads.
+- ``gpu_series`` / ``held_telemetry`` (reads.py): the staff and tenant reads.
 
 Times are the control plane's (the agent's clock is trusted only as far as the request signature).
 """
 
-from .bmc import bmc_collect
-from .ingestion import (
+from cloud.telemetry.ingestion import (
     LATEST_FIELDS,
     MAX_GPUS_PER_NODE,
     MAX_PORTS_PER_NODE,
@@ -26,7 +24,6 @@ from .ingestion import (
     Known,
     PortReading,
     changes_in_window,
-    fast_cursor,
     ingest,
     ingest_check,
     ingest_write,
@@ -35,8 +32,8 @@ from .ingestion import (
     write_params,
     write_sql,
 )
-from .reads import PERIODS, gpu_series, latest_dict, reservation_telemetry, rollup_point
-from .rollups import RAW, ROLLUP_GRACE, prune, rollup
+from cloud.telemetry.reads import PERIODS, gpu_series, held_telemetry, latest_dict, rollup_point
+from cloud.telemetry.rollups import RAW, ROLLUP_GRACE, prune, rollup
 
 __all__ = [
     "LATEST_FIELDS",
@@ -52,9 +49,7 @@ __all__ = [
     "Ingested",
     "Known",
     "PortReading",
-    "bmc_collect",
     "changes_in_window",
-    "fast_cursor",
     "gpu_series",
     "ingest",
     "ingest_check",
@@ -63,7 +58,7 @@ __all__ = [
     "latest_dict",
     "node_known",
     "prune",
-    "reservation_telemetry",
+    "held_telemetry",
     "rollup",
     "rollup_point",
     "write_params",

@@ -26,11 +26,12 @@ from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from ..errors import DomainError, Forbidden
-from ..models import GPU, GPUSample, GPUTelemetry, HCAPort, HCAPortStatus, Node, PortLink, TelemetrySource
+from cloud.models import GPU, GPUSample, GPUTelemetry, HCAPort, HCAPortStatus, Node, PortLink, TelemetrySource
+from core.db import fast_cursor
+from core.errors import DomainError, Forbidden
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,6 @@ MAX_TEMPERATURE_C = 200
 # A port's status is written when its link changes, and otherwise at most this often (``seen_at``
 # says when it was last confirmed): rewriting eight unchanged rows every heartbeat buys nothing.
 PORT_REFRESH = timedelta(seconds=60)
-PREPARE_THRESHOLD = 5  # a hot statement (``fast_cursor``) is prepared on its fifth use on a connection
 _GUID = re.compile(r"^(0x)?([0-9a-f]{1,16})$")
 
 # The readings of a sample: name -> (kind, upper bound). Lower bounds are 0: a negative reading is refused.
@@ -139,7 +139,7 @@ def ingest(
     ports of ``node`` by GUID). A reading out of range, a malformed entry or more samples than the
     node has GPUs is a 400 (BadTelemetry), a GPU of another node a 403; then nothing is stored.
     Every such refusal is raised before the one write, so a caller may catch it and keep its own
-    writes (the heartbeat's liveness, provisioning.node_agents.heartbeat). A port GUID that is not
+    writes (the heartbeat's liveness, operations.node_api.agents.heartbeat). A port GUID that is not
     one of the node's HCAPorts (an SR-IOV virtual function, a newly fitted HCA) is skipped and
     logged, never refused: the rest of the heartbeat is stored. Fields it does not know are
     ignored. ``known`` is ``node_known(node)`` when the caller read it already. Returns each GPU's
@@ -275,7 +275,7 @@ def _check_port(position: int, port) -> tuple[str, str]:
 # by primary key whatever the planner's statistics say (a join planned on the stale statistics of
 # a freshly filled table scanned all 10,240 latest rows on every heartbeat). The select list is
 # public (the node as ``%(node)s``): a caller that reads more of the node in the same turn puts it
-# in its own statement (provisioning.node_agents reads the desired state with it).
+# in its own statement (operations.node_api.agents reads the desired state with it).
 NODE_KNOWN_COLUMNS = (
     "(SELECT json_agg(json_build_array(g.id, g.index, g.uuid, "  # noqa: S608
     f"(SELECT json_build_array({', '.join(f't.{f}' for f in LATEST_FIELDS)}) "
@@ -296,30 +296,6 @@ _PORTS_SQL = (
     f"FROM {HCAPort._meta.db_table} p LEFT JOIN {HCAPortStatus._meta.db_table} s ON s.port_id = p.id "
     "WHERE p.node_id = ANY(%s)"
 )
-
-
-def fast_cursor():
-    """
-    PostgreSQL: a cursor with server-side binding whose statements are prepared once per
-    connection (on their fifth use, psycopg's threshold) where Django's client-side cursor has
-    every one parsed and planned again -- most of the database's work for these small statements.
-    Django turns preparing off on its connections (for transaction-mode poolers, which do not keep
-    a session's prepared statements); it is turned on here for this connection's server-side
-    binding cursors only, which are these (Django's own cursors bind client-side and never
-    prepare), unless the database's OPTIONS say ``prepare_threshold`` (None: a deployment behind
-    such a pooler keeps it off). Logged like any Django cursor when queries are captured.
-    Prepared, a statement always runs on its generic plan (settings: ``plan_cache_mode``), made
-    once for any values: use it only for statements whose generic plan is the one they need --
-    key lookups, not the fast path's quota count or competitor check (five times slower so).
-    """
-    import psycopg
-
-    db = connections[DEFAULT_DB_ALIAS]  # one lookup: each use of the ``connection`` proxy is another
-    db.ensure_connection()
-    if db.connection.prepare_threshold is None and "prepare_threshold" not in db.settings_dict["OPTIONS"]:
-        db.connection.prepare_threshold = PREPARE_THRESHOLD
-    raw = psycopg.Cursor(db.connection)
-    return db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)
 
 
 def node_known(node: Node) -> Known:

@@ -10,9 +10,9 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from ..models import GPU, GPUSample, GPUSampleRollup, GPUTelemetry, RollupPeriod
-from .ingestion import LATEST_FIELDS, SAMPLE_FIELDS
-from .rollups import RAW
+from cloud.models import GPU, GPUSample, GPUSampleRollup, GPUTelemetry, RollupPeriod
+from cloud.telemetry.ingestion import LATEST_FIELDS, SAMPLE_FIELDS
+from cloud.telemetry.rollups import RAW
 
 PERIODS = (RAW, RollupPeriod.MINUTE.value, RollupPeriod.HOUR.value)
 MAX_POINTS = 3000  # a series read is bounded whatever ``since`` says: per GPU, and in all
@@ -96,29 +96,24 @@ def gpu_series(*, gpu: GPU, period: str, since: datetime | None = None, now: dat
     }
 
 
-def reservation_telemetry(
-    *, reservation, period: str = RollupPeriod.MINUTE, since: datetime | None = None, now: datetime | None = None
+def held_telemetry(
+    *, holds, shared: bool, period: str = RollupPeriod.MINUTE, since: datetime | None = None,
+    now: datetime | None = None,
 ) -> dict:
     """
-    The telemetry of a reservation's own GPUs (through its allocations), limited to the time each
-    GPU was the reservation's: what the GPU did for an earlier or later tenant is never shown.
-    A GPU shared by slots (fractional offerings) shows GPU-wide figures, less its process count,
-    which would tell the neighbours' work. Three queries, whatever the GPU count.
+    The telemetry of GPUs held by someone, limited to the times each was held: ``holds`` are
+    ``(gpu_id, gpu_uuid, starts_at, ends_at)`` rows (a reservation's allocations), and what a GPU
+    did for an earlier or later holder is never shown. A GPU ``shared`` by slots (fractional
+    offerings) shows GPU-wide figures, less its process count, which would tell the neighbours'
+    work. Two queries, whatever the GPU count.
     """
-    from provisioning.models import Allocation
-
     now = now or timezone.now()
     since = since or default_since(period, now)
-    windows: dict = {}  # GPU -> (its UUID, [(start, end)] of the reservation's allocations of it)
-    for gpu_id, uuid, starts_at, ends_at in (
-        Allocation.objects.filter(reservation=reservation)
-        .values_list("gpu_id", "gpu__uuid", "starts_at", "ends_at")
-        .order_by("gpu__node__hostname", "gpu__index")
-    ):
+    windows: dict = {}  # GPU -> (its UUID, [(start, end)] of its holds)
+    for gpu_id, uuid, starts_at, ends_at in holds:
         windows.setdefault(gpu_id, (uuid, []))[1].append((starts_at, ends_at))
     if windows:
         since = max(since, min(start for _, spans in windows.values() for start, _ in spans))
-    shared = reservation.offering.slots_per_gpu > 1
     latest = {row.gpu_id: row for row in GPUTelemetry.objects.filter(gpu_id__in=list(windows))}
     series = _series(list(windows), period, since) if windows else {}
     span = SPANS[period]
@@ -133,7 +128,7 @@ def reservation_telemetry(
             for point in points:
                 point.pop("processes", None)
         gpus.append({"uuid": uuid, "latest": current, "series": points})
-    return {"reservation": reservation.pk, "period": period, "since": since, "gpus": gpus}
+    return {"period": period, "since": since, "gpus": gpus}
 
 
 def _inside(at: datetime, span: timedelta, spans: list) -> bool:

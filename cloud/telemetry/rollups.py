@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from django.db.models import Max, Min
 from django.utils import timezone
 
-from ..models import GPUSample, GPUSampleRollup, RollupPeriod
+from cloud.models import GPUSample, GPUSampleRollup, RollupPeriod
 
 RAW = "raw"
 # A minute is rolled up once it closed this long ago: a heartbeat stamped in its last second has

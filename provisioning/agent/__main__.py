@@ -14,9 +14,9 @@ import threading
 import uuid
 from pathlib import Path
 
-from .agent import Agent, ControlPlane, simulated_host
-from .nvml import RealNVML, SimulatedGPU, SimulatedNVML
-from .ports import SimulatedPorts, SysfsPorts
+from provisioning.agent.agent import Agent, ControlPlane, simulated_host
+from provisioning.agent.nvml import RealNVML, SimulatedGPU, SimulatedNVML
+from provisioning.agent.ports import SimulatedPorts, SysfsPorts
 
 
 def main(argv=None) -> None:

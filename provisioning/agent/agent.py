@@ -14,10 +14,9 @@ import time
 import urllib.error
 import urllib.request
 
+from provisioning.agent.nvml import NVMLReadError
+from provisioning.agent.signing import signed_headers
 from security.isolation import KILL_PROCESS, STOP_CONTAINER, GPUPolicy, Process, evaluate
-
-from .nvml import NVMLReadError
-from .signing import signed_headers
 
 log = logging.getLogger("meridian.agent")
 API = "/api/agent/v1"

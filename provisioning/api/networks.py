@@ -8,7 +8,18 @@ from rest_framework import serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from cloud.api.base import (
+from cloud.models import Fabric, Region
+from core.errors import DomainError
+from provisioning import services
+from provisioning.api.idempotency import IdempotentCreateMixin
+from provisioning.api.views import IDEMPOTENCY_PARAMETER
+from provisioning.choices import VPCState
+from provisioning.drivers.fabric import MTUS, PKEY_MAX, PKEY_MIN
+from provisioning.models import VPC
+from provisioning.networks import vpcs
+from provisioning.networks.ports import isolation_report, vpc_members
+from tenants.models import Team
+from web.api.base import (
     SLUG_PATTERN,
     NumberChoiceField,
     ReadMixin,
@@ -18,17 +29,6 @@ from cloud.api.base import (
     StrictSerializer,
     TenantScopedViewSet,
 )
-from cloud.api.idempotency import IdempotentCreateMixin
-from cloud.errors import DomainError
-from cloud.models import Fabric, Region
-from tenants.models import Team
-
-from .. import services, vpcs
-from ..choices import VPCState
-from ..drivers.fabric import MTUS, PKEY_MAX, PKEY_MIN
-from ..models import VPC
-from ..network import isolation_report, vpc_members
-from .views import IDEMPOTENCY_PARAMETER
 
 NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 

@@ -11,23 +11,22 @@ from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from cloud.api.base import (
+from cloud.api.fields import CatalogueSlugField
+from cloud.api.serializers import TELEMETRY_POINTS, TelemetryLatestSerializer, telemetry_points
+from cloud.choices import OfferingKind
+from cloud.models import Offering, Region
+from provisioning.admission import Ask, best_offering_for_spec, count_field
+from provisioning.choices import BillingTerm, EvictionPolicy
+from provisioning.models import VPC, Instance, Operation, Reservation, StepRun
+from provisioning.scheduling.priority import URGENCY_LEVELS
+from tenants.models import Team
+from web.api.base import (
     BoundedListField,
-    CatalogueSlugField,
     ScopedRelatedField,
     StrictFloatField,
     StrictIntegerField,
     StrictSerializer,
 )
-from cloud.api.serializers import TELEMETRY_POINTS, TelemetryLatestSerializer, telemetry_points
-from cloud.choices import OfferingKind
-from cloud.models import Offering, Region
-from tenants.models import Team
-
-from ..admission import Ask, best_offering_for_spec, count_field
-from ..choices import BillingTerm, EvictionPolicy
-from ..models import VPC, Instance, Operation, Reservation, StepRun
-from ..priority import URGENCY_LEVELS
 
 MAX_REGIONS = 8
 MAX_KEY_LENGTH = 16_384

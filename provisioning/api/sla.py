@@ -1,6 +1,6 @@
 """
 SLA API: ``GET /api/v1/sla/?month=2026-11`` -- per tenant and month, availability of what it
-reserved against the target, and the service credit owed (``provisioning.sla`` computes).
+reserved against the target, and the service credit owed (``provisioning.sla.accounting`` computes).
 
 The resource is the tenant: a tenant principal lists (and reads) only its own, staff list every
 tenant (``?tenant=<id>`` or ``?slug=`` narrows it) or read one at ``/sla/<tenant id>/``; another
@@ -15,10 +15,9 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from cloud.api.base import ReadMixin, TenantScopedViewSet
+from provisioning.sla.accounting import TenantSLA, parse_month, shown, sla_read
 from tenants.models import Tenant
-
-from ..sla import TenantSLA, parse_month, shown, sla_read
+from web.api.base import ReadMixin, TenantScopedViewSet
 
 MONTH_PARAMETER = OpenApiParameter(
     "month", str, required=False, pattern=r"^\d{4}-\d{2}$",

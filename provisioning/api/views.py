@@ -8,15 +8,14 @@ from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from cloud.api.base import ReadMixin, TenantScopedViewSet
-from cloud.api.idempotency import HEADER, IdempotentCreateMixin
 from cloud.api.serializers import TelemetryQuerySerializer
-
-from .. import services
-from ..filtersets import InstanceFilterSet, OperationFilterSet, ReservationFilterSet
-from ..models import Instance, Operation, Reservation, StepRun
-from ..queue import score_report
-from . import serializers as s
+from provisioning import services
+from provisioning.api import serializers as s
+from provisioning.api.idempotency import HEADER, IdempotentCreateMixin
+from provisioning.filtersets import InstanceFilterSet, OperationFilterSet, ReservationFilterSet
+from provisioning.models import Instance, Operation, Reservation, StepRun
+from provisioning.scheduling.queue import score_report
+from web.api.base import ReadMixin, TenantScopedViewSet
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     HEADER, location=OpenApiParameter.HEADER, required=False,
@@ -80,7 +79,7 @@ class ReservationViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
         Signed attestation receipts (JWT, ES384) of the GPUs this reservation was handed over on;
         verify them with the keys at /.well-known/jwks.json.
         """
-        from ..receipts import receipts_of
+        from provisioning.receipts import receipts_of
 
         page = self.paginate_queryset(receipts_of(self.get_object()))
         return self.get_paginated_response(s.ReceiptSerializer(page, many=True).data)
@@ -98,7 +97,7 @@ class ReservationViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
         Telemetry of the reservation's GPUs, only from the time each was the reservation's: the
         latest sample and a series (1-minute buckets of the last hour by default).
         """
-        from cloud.telemetry import reservation_telemetry
+        from provisioning.telemetry import reservation_telemetry
 
         reservation = self.get_object()
         query = TelemetryQuerySerializer(data=request.query_params)
@@ -114,7 +113,7 @@ class ReservationViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
         Whether the reservation's GPUs are used, with the telemetry as evidence, and any pending
         no-show warning or overdue end: what is shown before anything is taken back.
         """
-        from ..no_shows import usage_report
+        from provisioning.lifecycle.no_shows import usage_report
 
         return Response(s.ReservationUsageSerializer(usage_report(self.get_object())).data)
 

@@ -11,8 +11,17 @@ from importlib import import_module
 
 from django.conf import settings
 
-from .base import ContainerDriver, DriverError, HostDriver, ImageDriver, NotYet, PowerDriver, Target, VMDriver
-from .fabric import FabricDriver
+from provisioning.drivers.base import (
+    ContainerDriver,
+    DriverError,
+    HostDriver,
+    ImageDriver,
+    NotYet,
+    PowerDriver,
+    Target,
+    VMDriver,
+)
+from provisioning.drivers.fabric import FabricDriver
 
 IMPLEMENTATIONS = {
     "power": {"simulated": "simulated.SimulatedPower", "redfish": "redfish.RedfishPower"},

@@ -10,19 +10,19 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from .base import DriverError, HostDriver, NotYet, Target
+from provisioning.drivers.base import DriverError, HostDriver, NotYet, Target
 
 
 class AgentHost(HostDriver):
     def _state(self, target: Target):
-        from ..models import AgentState
+        from provisioning.models import AgentState
 
         state = AgentState.objects.filter(node_id=target.node_id).first()
         silent_for = timedelta(seconds=3 * settings.MERIDIAN_AGENT_INTERVAL)
         if state is None or state.last_seen_at < timezone.now() - silent_for:
             # Late is not failed: a loaded control plane hears its agents late, and an agent only
             # starts once its host is up. The step waits for it (MERIDIAN_STEP_WAITS looks, per node);
-            # whether the node failed is the heartbeat watchdog's call (cloud.detection).
+            # whether the node failed is the heartbeat watchdog's call (operations.detection).
             seen = f"since {state.last_seen_at:%H:%M:%S} UTC" if state else "yet"
             raise NotYet(f"The node agent of {target.hostname} has not been heard {seen}; waiting for it (check it "
                          "runs and reaches the control plane).", wait_s=max(1.0, settings.MERIDIAN_AGENT_INTERVAL / 2))
@@ -33,8 +33,8 @@ class AgentHost(HostDriver):
                 for g in self._state(target).gpus]
 
     def scrub(self, target, devices, reference=""):
-        from ..models import AgentCommand
-        from ..node_agents import command_enqueue
+        from provisioning.agents.commands import command_enqueue
+        from provisioning.models import AgentCommand
 
         self._state(target)
         command_enqueue(node_id=target.node_id, kind=AgentCommand.Kind.SCRUB, reference=reference,
@@ -45,8 +45,8 @@ class AgentHost(HostDriver):
 
     def set_mig_layout(self, target, index, layout, reference=""):
         """The agent cuts the GPU (its host's MIG command) and reports the layout in its next heartbeat."""
-        from ..models import AgentCommand
-        from ..node_agents import command_enqueue
+        from provisioning.agents.commands import command_enqueue
+        from provisioning.models import AgentCommand
 
         command = command_enqueue(node_id=target.node_id, kind=AgentCommand.Kind.MIG, reference=reference,
                                   payload={"index": index, "layout": layout})
@@ -60,8 +60,8 @@ class AgentHost(HostDriver):
 
     def attest(self, target, nonce, gpus, reference=""):
         """The agent is asked to sign evidence for the nonce; its answer is read back on a later call."""
-        from ..models import AgentCommand
-        from ..node_agents import command_enqueue
+        from provisioning.agents.commands import command_enqueue
+        from provisioning.models import AgentCommand
 
         self._state(target)
         command = command_enqueue(node_id=target.node_id, kind=AgentCommand.Kind.ATTEST, reference=reference,
@@ -75,7 +75,7 @@ class AgentHost(HostDriver):
                      wait_s=max(1.0, settings.MERIDIAN_AGENT_INTERVAL / 2))
 
     def scrubbed(self, target, devices, reference=""):
-        from ..models import AgentCommand
+        from provisioning.models import AgentCommand
 
         command = AgentCommand.objects.filter(node_id=target.node_id, kind=AgentCommand.Kind.SCRUB,
                                               reference=reference).first()

@@ -7,7 +7,7 @@ chosen per fabric by ``settings.MERIDIAN_FABRICS``. Every call may be repeated (
 or the reconciler calls it again) and ``read`` always tells what the fabric has, so callers check
 after they act.
 
-Port GUIDs are plain strings of 16 lower-case hex digits without ``0x`` (``normal_guid``);
+Port GUIDs are plain strings of 16 lower-case hex digits without ``0x`` (``cloud.guids.normal_guid``);
 memberships are ``full`` or ``limited``. Two ports can talk over a partition they share when at
 least one of them is a full member (InfiniBand Architecture Specification, 10.9.1), so tenant
 ports are never full members of the default partition 0x7FFF.
@@ -15,12 +15,12 @@ ports are never full members of the default partition 0x7FFF.
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .base import DriverError
+from cloud.guids import normal_guid
+from provisioning.drivers.base import DriverError
 
 DEFAULT_PKEY = 0x7FFF
 PKEY_MIN, PKEY_MAX = 0x0001, 0x7FFE
@@ -32,15 +32,6 @@ MTUS = (256, 512, 1024, 2048, 4096)  # bytes; OpenSM and UFM number them 1..5
 # 168, 25, 100, 200, 300, 28, 50, 400, 600.
 RATE_CODES = {2.5: 2, 10: 3, 30: 4, 5: 5, 20: 6, 40: 7, 60: 8, 80: 9, 120: 10, 14: 11, 56: 12, 112: 13,
               168: 14, 25: 15, 100: 16, 200: 17, 300: 18, 28: 19, 50: 20, 400: 21, 600: 22}
-_GUID = re.compile(r"^(0x)?([0-9a-f]{1,16})$")
-
-
-def normal_guid(guid: str) -> str:
-    """A port GUID as 16 lower-case hex digits, no ``0x``; ValueError when it is not one."""
-    match = _GUID.match(str(guid).strip().lower())
-    if not match:
-        raise ValueError(f"'{guid}' is not a 64-bit port GUID (16 hex digits, optionally 0x-prefixed).")
-    return match.group(2).rjust(16, "0")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 from django.conf import settings
 
-from .base import DriverError, Target, VMDriver
+from provisioning.drivers.base import DriverError, Target, VMDriver
 
 PCI_BUS_ID = re.compile(r"^([0-9a-f]{4,8}):([0-9a-f]{2}):([01][0-9a-f])\.([0-7])$", re.IGNORECASE)
 

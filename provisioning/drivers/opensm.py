@@ -58,8 +58,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
-from .base import DriverError
-from .fabric import (
+from provisioning.drivers.base import DriverError
+from provisioning.drivers.fabric import (
     DEFAULT_PKEY,
     FULL,
     LIMITED,

@@ -12,7 +12,7 @@ import sushy
 from django.conf import settings
 from sushy import exceptions as sushy_errors
 
-from .base import DriverError, PowerDriver, Target
+from provisioning.drivers.base import DriverError, PowerDriver, Target
 
 BOOT_SOURCES = {"pxe": sushy.BootSource.PXE, "cd": sushy.BootSource.CD, "hdd": sushy.BootSource.HDD}
 # Transitional states read as on: a server powering off (a reboot, a tenant's shutdown) or on has

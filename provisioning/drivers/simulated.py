@@ -18,9 +18,27 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from ..models import SimulatedDevice
-from .base import ContainerDriver, DriverError, HostDriver, ImageDriver, PowerDriver, Target, VMDriver
-from .fabric import DEFAULT_PKEY, FULL, FabricDriver, Partition, PartitionSpec, check_members, normal_guid
+from cloud.guids import normal_guid
+from cloud.models import GPU, Node
+from provisioning.drivers.base import (
+    ContainerDriver,
+    DriverError,
+    HostDriver,
+    ImageDriver,
+    PowerDriver,
+    Target,
+    VMDriver,
+)
+from provisioning.drivers.fabric import (
+    DEFAULT_PKEY,
+    FULL,
+    FabricDriver,
+    Partition,
+    PartitionSpec,
+    check_members,
+)
+from provisioning.drivers.simulated_devices import misbehaviour, simulated_evidence
+from provisioning.models import SimulatedDevice
 
 
 def _knob(name: str, action: str) -> float:
@@ -30,7 +48,6 @@ def _knob(name: str, action: str) -> float:
 
 class Simulated:
     """One simulated device per (kind, node): read its state, change it, count the calls."""
-
     kind = ""
 
     def _key(self, target: Target) -> str:
@@ -111,8 +128,6 @@ class SimulatedPower(Simulated, PowerDriver):
         A BMC's sensors, deterministic: an idle CPU, the intake air and one sensor per GPU (as HGX
         boards list them), and the draw of a node on or off; ``set_readings`` overrides any of it.
         """
-        from cloud.models import GPU
-
         state = self._state(target)
         on = state.get("power", "off") == "on"
         try:
@@ -199,12 +214,9 @@ class SimulatedContainers(Simulated, ContainerDriver):
 
 class SimulatedHost(Simulated, HostDriver):
     """The node agent's answers, with GPUs as the catalogue has them unless a test breaks one."""
-
     kind = "host"
 
     def inventory(self, target):
-        from cloud.models import GPU
-
         state = self._state(target)
         missing, unhealthy = set(state.get("missing", [])), set(state.get("unhealthy", []))
         return [{"index": index, "uuid": uuid, "healthy": index not in unhealthy}
@@ -226,10 +238,7 @@ class SimulatedHost(Simulated, HostDriver):
         self._act(target, "set_mig_layout", lambda s: s.setdefault("mig", {}).update({str(index): layout}))
 
     def attest(self, target, nonce, gpus, reference=""):
-        """Evidence signed by each simulated GPU's own device key (security.simulated_devices)."""
-        from cloud.models import GPU, Node
-        from security.simulated_devices import misbehaviour, simulated_evidence
-
+        """Evidence signed by each simulated GPU's own device key (provisioning.drivers.simulated_devices)."""
         self._act(target, "attest", lambda state: None)
         node = Node.objects.get(pk=target.node_id)
         rows = GPU.objects.filter(node=node, index__in=list(gpus)).select_related("model").order_by("index")
@@ -251,7 +260,6 @@ class SimulatedFabric(Simulated, FabricDriver):
     ones, and able to say which ports can reach each other (``reachable``) -- what the isolation
     tests and a tenant's isolation report ask of it.
     """
-
     kind = "fabric"
 
     def __init__(self, *, name: str = "default"):

@@ -41,8 +41,9 @@ from collections.abc import Iterable, Mapping
 
 import requests
 
-from .base import DriverError
-from .fabric import (
+from cloud.guids import normal_guid
+from provisioning.drivers.base import DriverError
+from provisioning.drivers.fabric import (
     DEFAULT_PKEY,
     FULL,
     LIMITED,
@@ -54,7 +55,6 @@ from .fabric import (
     Partition,
     PartitionSpec,
     check_members,
-    normal_guid,
 )
 
 log = logging.getLogger(__name__)

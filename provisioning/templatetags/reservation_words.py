@@ -13,8 +13,8 @@ from fractions import Fraction
 from django import template
 from django.contrib.humanize.templatetags.humanize import intcomma
 
-from ..priority import FACTOR_LABELS
-from ..steps import step_title
+from provisioning.lifecycle.steps import step_title
+from provisioning.scheduling.priority import FACTOR_LABELS
 
 register = template.Library()
 

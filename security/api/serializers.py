@@ -1,9 +1,8 @@
 from rest_framework import serializers
 
-from cloud.api.base import BoundedDictField, StrictSerializer
 from cloud.models import GPUModel
-
-from ..models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
+from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
+from web.api.base import BoundedDictField, StrictSerializer
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

@@ -5,13 +5,12 @@ from rest_framework import mixins, status
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from cloud.api.base import PlatformViewSet, PrincipalAPIView, TenantScopedViewSet
+from security import services
+from security.api import serializers as s
+from security.api.serializers import AuditEventSerializer
+from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
 from tenants.permissions import RolePolicy
-
-from .. import services
-from ..models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
-from . import serializers as s
-from .serializers import AuditEventSerializer
+from web.api.base import PlatformViewSet, PrincipalAPIView, TenantScopedViewSet
 
 
 class AuditEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
@@ -33,7 +32,7 @@ class AuditChainView(PrincipalAPIView):
 
     @extend_schema(responses=s.AuditChainSerializer)
     def get(self, request):
-        from ..audit_chain import audit_verify
+        from security.audit_chain import audit_verify
 
         return Response(s.AuditChainSerializer(audit_verify().as_dict()).data)
 

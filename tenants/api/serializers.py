@@ -7,17 +7,9 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from cloud.api.base import (
-    SLUG_PATTERN,
-    ScopedRelatedField,
-    StrictIntegerField,
-    StrictModelSerializer,
-    StrictSerializer,
-)
 from cloud.models import GPUModel
-
-from ..choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
-from ..models import (
+from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
+from tenants.models import (
     APIToken,
     HighPriorityApplication,
     Invitation,
@@ -28,6 +20,13 @@ from ..models import (
     TeamMembership,
     Tenant,
     User,
+)
+from web.api.base import (
+    SLUG_PATTERN,
+    ScopedRelatedField,
+    StrictIntegerField,
+    StrictModelSerializer,
+    StrictSerializer,
 )
 
 SLUG_MESSAGE = "Use lower-case letters, digits and single hyphens (for example 'vision-lab')."

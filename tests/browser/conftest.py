@@ -30,7 +30,7 @@ from celery.signals import setup_logging, task_postrun
 from django.db import connections
 from playwright.sync_api import sync_playwright
 
-from cloud.celery import app
+from config.celery import app
 from tests.browser.pages import CHROMIUM, LAUNCH_ARGS, PAGE_TIMEOUT_S, PASSWORD, ConsoleLog
 from tests.celery_app import app_on_broker
 

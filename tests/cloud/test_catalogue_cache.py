@@ -10,9 +10,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from cloud import epochs, services
+from cloud import services
 from cloud.catalogue_cache import CATALOGUE
 from cloud.models import Region
+from core import epochs
 from provisioning.models import Reservation
 from tests.world import small_fleet, vm_offering
 

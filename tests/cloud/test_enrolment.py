@@ -103,9 +103,9 @@ def test_a_hostname_or_gpu_enrolled_twice_is_refused(world, leaf):
 
 def test_two_enrolments_of_one_node_at_once_are_a_409_not_a_500(world, leaf):
     """The serializer's check can race; the database decides, and the loser gets a clean 409."""
-    from cloud.errors import Conflict
     from cloud.models import GPUModel, Region
     from cloud.services import node_enrol
+    from core.errors import Conflict
 
     fields = body(leaf)
     gpus = fields.pop("gpus")

@@ -10,12 +10,13 @@ from collections import Counter
 import pytest
 from django.db import connection
 
-from cloud.capacity import availability
 from cloud.choices import GPUState, Health, IsolationMode, NodePool, NodeState, OfferingKind, SwitchTier
-from cloud.errors import InvalidTransition
 from cloud.fleet import GPUS_PER_NODE, HGX_PCI_BUS_IDS, NODES_PER_LEAF, FleetSpec, build_fleet
 from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Switch
-from cloud.transitions import NODE_TRANSITIONS, compare_and_set
+from cloud.transitions import NODE_TRANSITIONS
+from core.errors import InvalidTransition
+from core.transitions import compare_and_set
+from provisioning.capacity import availability
 from security.crypto import decrypt
 from security.models import AuditEvent
 from tests.world import h100, small_fleet, unique

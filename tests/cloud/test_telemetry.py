@@ -17,7 +17,6 @@ from django.test.utils import CaptureQueriesContext
 
 from cloud import telemetry
 from cloud.choices import NodePool, NodeState
-from cloud.errors import DomainError, Forbidden
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import (
     GPU,
@@ -29,6 +28,9 @@ from cloud.models import (
     Node,
     NodeBMCReading,
 )
+from core.db import PREPARE_THRESHOLD
+from core.errors import DomainError, Forbidden
+from operations import bmc
 from provisioning.drivers import Target, fabric_driver_for
 from provisioning.drivers.simulated import SimulatedPower
 from provisioning.models import Allocation, Reservation
@@ -180,9 +182,9 @@ def test_the_hot_statements_are_prepared_unless_the_database_options_say_not(fle
         with mock.patch.dict(connection.settings_dict["OPTIONS"], {"prepare_threshold": None}):
             telemetry.node_known(node)
         assert raw.prepare_threshold is None  # behind a transaction-mode pooler: left off
-        for _ in range(telemetry.ingestion.PREPARE_THRESHOLD + 1):
+        for _ in range(PREPARE_THRESHOLD + 1):
             telemetry.node_known(node)
-        assert raw.prepare_threshold == telemetry.ingestion.PREPARE_THRESHOLD
+        assert raw.prepare_threshold == PREPARE_THRESHOLD
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
@@ -467,7 +469,7 @@ def test_a_held_bare_metal_node_is_read_through_its_bmc_and_fabric(fleet):
     down = held.ib_ports.order_by("index").first().guid
     fabric_driver_for(held.fabric).set_port_state(down, "down")
 
-    result = telemetry.bmc_collect(now=T0)
+    result = bmc.bmc_collect(now=T0)
     assert result == {"nodes": 1, "failed": 0, "ports": 8}
     reading = NodeBMCReading.objects.get(node=held)
     assert (reading.power_w, reading.health) == (5600.0, "warning")

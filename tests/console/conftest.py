@@ -3,8 +3,8 @@
 import pytest
 from django.test import Client
 
-from cloud.console import SESSION_TENANT
 from tests.world import TENANT_ROLES
+from web.console import SESSION_TENANT
 
 
 @pytest.fixture

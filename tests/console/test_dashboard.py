@@ -64,7 +64,7 @@ def test_gpus_in_use_are_the_active_ones_and_those_being_prepared_are_counted_ap
 
     from django.utils import timezone
 
-    from cloud.dashboard import summary
+    from operations.dashboard import summary
     from tests.provisioning.factories import make_reservation, offering
 
     now = timezone.now()

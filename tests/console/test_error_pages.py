@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.urls import path
 
-from cloud import urls as cloud_urls
+from config import urls as cloud_urls
 
 pytestmark = pytest.mark.django_db
 
@@ -82,7 +82,7 @@ def broken(request):
 
 
 urlpatterns = [path("broken/", broken), *cloud_urls.urlpatterns]
-handler500 = "cloud.error_views.server_error"
+handler500 = "web.error_views.server_error"
 
 
 @pytest.mark.urls(__name__)
@@ -100,7 +100,7 @@ def test_a_server_error_is_a_500_in_the_console_shell_with_the_request_id(consol
 
 def test_the_500_page_renders_without_a_database(rf):
     """The database may be why it failed: the page draws from the request alone."""
-    from cloud.error_views import server_error
+    from web.error_views import server_error
 
     request = rf.get("/x/")
     request.id = "req-5678"

@@ -10,11 +10,11 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from cloud.console import SESSION_TEAM
-from tenants import high_priority as hp
+from provisioning.high_priority import services as hp
 from tenants.choices import PlatformRole, TeamRole, TenantRole
 from tenants.models import HighPriorityApplication, Membership, Notification, Team, TeamMembership
 from tests.world import hp_snapshot, make_user, team_record, unique
+from web.console import SESSION_TEAM
 
 pytestmark = pytest.mark.django_db
 

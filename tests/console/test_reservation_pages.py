@@ -458,7 +458,7 @@ def test_a_running_operation_says_about_how_long_is_left(console, world, bare_me
 def test_why_it_waits_names_the_gpu_model_once_on_the_page(console, world, fleet):
     """The scheduler's reason names the model (not its id), and the page shows the one current reason once."""
     from cloud.models import GPUModel
-    from provisioning.scheduler import run_cycle
+    from provisioning.scheduling.scheduler import run_cycle
 
     client = console("t1_owner")
     assert client.post("/reservations/new/", form(offering=vm_offering(8).slug, count=8)).status_code == 302

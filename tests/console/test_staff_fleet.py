@@ -270,7 +270,7 @@ def test_the_legend_is_shown_open_with_every_kind_of_tile(console, fleet):
 
 
 def test_the_node_page_names_steps_and_incidents_in_words(console, fleet):
-    from provisioning.steps import step_title
+    from provisioning.lifecycle.steps import step_title
 
     node = bare_metal(fleet)
     operation = Operation.objects.create(node=node, kind="attest", state="failed", step="power_on_deploy")

@@ -9,8 +9,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from provisioning.models import Reservation
-from provisioning.priority import ScoreInputs, Weights, score
-from provisioning.scheduler import run_cycle
+from provisioning.scheduling.priority import ScoreInputs, Weights, score
+from provisioning.scheduling.scheduler import run_cycle
 from tests.world import h100, unique, vm_offering
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,8 @@ stop between a driver call and its commit.
 import uuid
 from collections import deque
 
-from provisioning import lifecycle
+from provisioning.lifecycle import runner
+from provisioning.lifecycle import start as starting
 from provisioning.models import Reservation
 
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGn0E1yq1j3pUzY6v7K5QkqQjL0Ck8gqX8m3FZqgYkWd alice@laptop"
@@ -21,7 +22,7 @@ class Steps:
         self.together = False
 
     def enqueue(self, operation, step, countdown=0):
-        """What lifecycle._enqueue does, with the message kept here: a new dispatch token, then the step."""
+        """What dispatching.enqueue does, with the message kept here: a new dispatch token, then the step."""
         from provisioning.models import Operation
 
         if countdown:
@@ -52,12 +53,12 @@ class Steps:
             what, pk, step, token = task = self.queue.popleft()
             try:
                 if what == "start":
-                    lifecycle.reservation_provision_start(pk)
+                    starting.reservation_provision_start(pk)
                     continue
                 if what == "starts":
-                    lifecycle.reservations_start(pk)
+                    starting.reservations_start(pk)
                     continue
-                outcomes = lifecycle.operation_run_step(pk, step, token)
+                outcomes = runner.operation_run_step(pk, step, token)
                 if not isinstance(outcomes, dict):
                     outcomes = {pk: outcomes}
                 kinds = dict(Operation.objects.filter(pk__in=list(outcomes)).values_list("pk", "kind"))

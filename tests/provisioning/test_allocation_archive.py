@@ -14,7 +14,7 @@ from django.utils import timezone
 from cloud.models import GPU
 from provisioning import allocations
 from provisioning.allocations import CapacityTaken, allocation_bind, allocation_extend, allocations_archive
-from provisioning.lifecycle import tick
+from provisioning.lifecycle.tick import tick
 from provisioning.models import Allocation
 from tests.provisioning.factories import held, make_reservation
 from tests.provisioning.test_allocations import whole

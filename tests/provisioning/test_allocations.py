@@ -15,7 +15,7 @@ from django.utils import timezone
 from cloud.models import GPU
 from provisioning.allocations import CapacityTaken, allocation_bind, allocation_end
 from provisioning.models import Allocation, Reservation
-from provisioning.plan_types import Assignment
+from provisioning.scheduling.plan_types import Assignment
 from tests.provisioning.factories import make_reservation
 from tests.world import small_fleet
 

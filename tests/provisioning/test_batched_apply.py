@@ -12,14 +12,16 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from cloud.db import copy_rows, update_rows
 from cloud.models import GPU, Node, Region
-from provisioning import scheduler
+from core.db import copy_rows, update_rows
 from provisioning.admission import quota_suspects
 from provisioning.allocations import Binding, CapacityTaken, allocation_bind, allocation_bind_many
+from provisioning.lifecycle import dispatch as dispatching
+from provisioning.lifecycle import start as starting
 from provisioning.models import Allocation, Operation, Reservation
-from provisioning.plan_types import Assignment, Eviction, Placement
-from provisioning.scheduler import TeamRecords, run_cycle
+from provisioning.scheduling import scheduler
+from provisioning.scheduling.plan_types import Assignment, Eviction, Placement
+from provisioning.scheduling.scheduler import TeamRecords, run_cycle
 from security.models import AuditEvent
 from tenants.choices import QuotaResource
 from tenants.models import Quota
@@ -223,7 +225,7 @@ def test_the_loop_rereads_team_records_only_after_the_refresh(world):
 def test_creates_score_with_a_team_record_at_most_a_few_seconds_old(world):
     from django.core.cache import cache
 
-    from provisioning import team_record
+    from provisioning.scheduling import team_record
 
     cache.clear()
     owner = {"tenant": world.t1.tenant.pk, "team": None, "gpu_model_id": vm_offering().gpu_model_id,
@@ -238,7 +240,8 @@ def test_creates_score_with_a_team_record_at_most_a_few_seconds_old(world):
 
 def test_the_fast_path_reads_only_free_gpus_when_they_are_enough(world, fleet):
     """On-demand whole-GPU work is placed from the free GPUs alone; the pool with its holders is not read."""
-    from provisioning import free_hint, services
+    from provisioning import services
+    from provisioning.scheduling import free_hint
 
     with (mock.patch.object(free_hint, "free_snapshot", wraps=free_hint.free_snapshot) as free,
           mock.patch.object(services, "load_snapshot", wraps=services.load_snapshot) as pool):
@@ -250,7 +253,7 @@ def test_the_fast_path_reads_only_free_gpus_when_they_are_enough(world, fleet):
 
 def test_free_candidates_are_the_best_fitting_hosts_and_a_whole_free_leaf(world, fleet):
     from provisioning.allocations import allocation_bind
-    from provisioning.snapshot import free_candidates, request_for
+    from provisioning.scheduling.snapshot import free_candidates, request_for
     from tests.provisioning.factories import make_reservation, offering
 
     now = timezone.now()
@@ -281,23 +284,23 @@ def test_a_cycle_commits_at_most_max_placements_and_the_rest_wait(world, fleet, 
 
 
 def test_work_due_now_is_started_a_few_reservations_per_message(db, monkeypatch, django_capture_on_commit_callbacks):
-    from provisioning import lifecycle, tasks
+    from provisioning import task_names
+    from provisioning.lifecycle import dispatch as dispatching
 
     sent = []
-    monkeypatch.setattr(tasks.reservation_start_many, "apply_async", lambda args, **kw: sent.append(args[0]))
+    monkeypatch.setattr(task_names, "send", lambda name, args, **kw: sent.append(args[0]))
     now = timezone.now()
-    due = [mock.Mock(pk=i, starts_at=now) for i in range(lifecycle.STARTS_PER_TASK * 2 + 1)]
+    due = [mock.Mock(pk=i, starts_at=now) for i in range(dispatching.STARTS_PER_TASK * 2 + 1)]
     later = mock.Mock(pk="later", starts_at=now + timedelta(hours=1))
     with django_capture_on_commit_callbacks(execute=True):
-        lifecycle.provision_when_due(due + [later])
-    assert lifecycle.START_SENDER.flush()
-    assert [len(chunk) for chunk in sent] == [lifecycle.STARTS_PER_TASK, lifecycle.STARTS_PER_TASK, 1]
+        dispatching.provision_when_due(due + [later])
+    assert dispatching.START_SENDER.flush()
+    assert [len(chunk) for chunk in sent] == [dispatching.STARTS_PER_TASK, dispatching.STARTS_PER_TASK, 1]
     assert [rid for chunk in sent for rid in chunk] == [str(r.pk) for r in due]
 
 
 def test_one_start_that_fails_does_not_stop_the_others(monkeypatch, caplog):
     """Started together in one transaction; when that fails, each alone: only the bad one is left to the tick."""
-    from provisioning import lifecycle
 
     tried = []
 
@@ -308,10 +311,11 @@ def test_one_start_that_fails_does_not_stop_the_others(monkeypatch, caplog):
         return [mock.Mock(pk=pk, step="define_domain") for pk in reservation_ids]
 
     sent = []
-    monkeypatch.setattr(lifecycle, "_provision_start_many", start)
-    monkeypatch.setattr(lifecycle, "_placed_just_now", lambda **_: [])
-    monkeypatch.setattr(lifecycle, "_enqueue", lambda operations, step: sent.append(([o.pk for o in operations], step)))
-    assert lifecycle.reservations_start(["a", "bad", "c"]) == 2
+    monkeypatch.setattr(starting, "provision_start_many", start)
+    monkeypatch.setattr(starting, "_placed_just_now", lambda **_: [])
+    monkeypatch.setattr(dispatching, "enqueue",
+                        lambda operations, step: sent.append(([o.pk for o in operations], step)))
+    assert starting.reservations_start(["a", "bad", "c"]) == 2
     assert tried == [["a", "bad", "c"], ["a"], ["bad"], ["c"]]
     assert "Starting reservation bad failed" in caplog.text
     assert sent == [(["a", "c"], "define_domain")]  # the started go on together, in one message

@@ -10,9 +10,9 @@ from unittest import mock
 
 import pytest
 
-from provisioning import scheduler
 from provisioning.models import Reservation
-from provisioning.scheduler import CycleBudget, LoopMemory, run_cycle
+from provisioning.scheduling import scheduler
+from provisioning.scheduling.scheduler import CycleBudget, LoopMemory, run_cycle
 from tests.provisioning.factories import make_reservation, offering
 from tests.world import small_fleet
 

@@ -14,10 +14,10 @@ from django.utils import timezone
 
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPU, Node, Region
-from provisioning import free_hint
 from provisioning.allocations import allocation_bind
 from provisioning.models import Allocation, Reservation
-from provisioning.plan_types import Assignment
+from provisioning.scheduling import free_hint
+from provisioning.scheduling.plan_types import Assignment
 from tenants.choices import QuotaResource
 from tenants.models import Quota
 from tests.provisioning.factories import make_reservation, offering

@@ -14,12 +14,13 @@ from django.db import connection
 from django.utils import timezone
 
 from cloud.catalogue import load_gpu_catalogue
+from cloud.choices import pool_of
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPU, Fabric, GPUModel, Node
 from provisioning.choices import OperationKind, OperationState
 from provisioning.models import Operation, Reservation
-from provisioning.plan_types import Request
-from provisioning.snapshot import free_candidates, free_snapshot, load_snapshot, pool_of
+from provisioning.scheduling.plan_types import Request
+from provisioning.scheduling.snapshot import free_candidates, free_snapshot, load_snapshot
 from tests.provisioning.factories import held, make_reservation
 from tests.world import h100
 

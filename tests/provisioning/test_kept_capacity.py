@@ -1,5 +1,5 @@
 """
-The scheduler loop's kept planning index (provisioning.kept_capacity) answers as an index built
+The scheduler loop's kept planning index (provisioning.scheduling.kept_capacity) answers as an index built
 afresh would: after placements, releases, deletions, spot work and allocations that ended on
 their own between cycles, after what a plan wrote without committing, and across a moved "now"
 (a later cycle plans and evicts from its own now, not from the build's).
@@ -13,12 +13,12 @@ from django.utils import timezone
 
 from cloud.models import GPU, Node
 from provisioning.choices import OperationKind, OperationState
-from provisioning.fleet_shape import FleetShape
-from provisioning.kept_capacity import AHEAD, KeptCapacity
 from provisioning.models import Allocation, Operation, Reservation
-from provisioning.plan_types import VM, Busy, GPUCapacity, NodeCapacity, Request, Snapshot
-from provisioning.planner import Planner, plan
-from provisioning.planner.state import Capacity
+from provisioning.scheduling.fleet_shape import FleetShape
+from provisioning.scheduling.kept_capacity import AHEAD, KeptCapacity
+from provisioning.scheduling.plan_types import VM, Busy, GPUCapacity, NodeCapacity, Request, Snapshot
+from provisioning.scheduling.planner import Planner, plan
+from provisioning.scheduling.planner.state import Capacity
 from tests.provisioning.test_loop_memory import hold, sellable_nodes
 from tests.world import h100, small_fleet
 

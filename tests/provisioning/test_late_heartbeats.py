@@ -13,12 +13,13 @@ import time_machine
 from django.utils import timezone
 
 from cloud.models import Node
-from provisioning import node_agents
+from operations.node_api import agents as node_agents
 from provisioning.agent.agent import Agent
 from provisioning.agent.attester import SimulatedAttester
 from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
+from provisioning.agents import commands as agent_commands
+from provisioning.drivers.simulated_devices import attester_identities
 from provisioning.models import AgentCommand, Instance, Operation, Reservation, StepRun
-from security.simulated_devices import attester_identities
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY, reservation
 from tests.world import small_fleet
@@ -40,9 +41,9 @@ def agent_turn(node: Node) -> None:
                           node.gpus.order_by("index").values_list("index", "uuid", "memory_mib")])
     agent = Agent(None, nvml, attester=SimulatedAttester(attester_identities(node)), hostname=node.hostname)
     node_agents.heartbeat(node=node, agent_version="1", gpus=nvml.inventory())
-    for command in node_agents.commands_take(node=node):
+    for command in agent_commands.commands_take(node=node):
         result = agent.execute({"id": command.pk, "kind": command.kind, "payload": command.payload})
-        node_agents.command_answer(node=node, command_id=command.pk, ok=result["ok"], result=result)
+        node_agents.command_answered(node=node, command_id=command.pk, ok=result["ok"], result=result)
 
 
 def bare_metal(world, nodes: int) -> str:

@@ -8,6 +8,9 @@ from django.db import connection
 
 from cloud.models import GPU, Node
 from provisioning.drivers.simulated import Simulated
+from provisioning.lifecycle import runner
+from provisioning.lifecycle import start as starting
+from provisioning.lifecycle import tick as ticking
 from provisioning.models import Instance, Operation, StepRun
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY, reservation
@@ -92,7 +95,7 @@ def test_a_vm_gets_its_gpus_passed_through_and_gives_them_back(world, fleet, ste
 
 def test_a_container_slot_carries_its_memory_cap(world, fleet, steps):
     from provisioning.drivers.simulated import SimulatedContainers
-    from provisioning.steps import target_of
+    from provisioning.lifecycle.steps import target_of
 
     chosen = offering("container", 1, slots_per_gpu=8)
     pk = create(world, chosen, slots=1)
@@ -133,11 +136,11 @@ def test_a_chain_runs_an_operations_steps_in_one_task_and_records_each(world, fl
 
 
 def test_a_chain_hands_the_rest_to_a_new_task_when_its_time_is_up(world, fleet, steps, settings, monkeypatch):
-    from provisioning import lifecycle
+    from provisioning.lifecycle import runner
 
     settings.MERIDIAN_STEP_CHAIN_SECONDS = 2.5
     clock = iter(range(1000))
-    monkeypatch.setattr(lifecycle.time, "monotonic", lambda: next(clock))  # a second per look at the clock
+    monkeypatch.setattr(runner.time, "monotonic", lambda: next(clock))  # a second per look at the clock
     pk = create(world, offering("bare_metal", 8), nodes=1)
     steps.run()
     assert reservation(pk).state == "active"
@@ -158,8 +161,7 @@ def test_a_chain_hands_on_as_a_new_task_when_a_newer_message_took_the_operation(
     operation (the reaper's copy may be running the same step at once, and stops when it finds
     the operation moved on).
     """
-    from provisioning import lifecycle
-    from provisioning.steps import PIPELINES, Step
+    from provisioning.lifecycle.steps import PIPELINES, Step
 
     settings.MERIDIAN_STEP_CHAIN_SECONDS = 5
     pipeline = PIPELINES[("provision", "bare_metal")]
@@ -167,7 +169,7 @@ def test_a_chain_hands_on_as_a_new_task_when_a_newer_message_took_the_operation(
 
     def write_image_then_resumed(ctx):
         original.run(ctx)
-        lifecycle._resume(ctx.operation)  # a new dispatch token, the step sent again
+        ticking._resume(ctx.operation)  # a new dispatch token, the step sent again
 
     monkeypatch.setitem(PIPELINES, ("provision", "bare_metal"),
                         [pipeline[0], Step(original.name, write_image_then_resumed), *pipeline[2:]])
@@ -189,8 +191,8 @@ def test_a_chained_step_leaves_out_an_instance_failed_meanwhile(world, fleet, st
     it failed and cleans up after it). The steps after leave it alone: no domain started, no port
     joined for it -- as when each step read the operation's instances again.
     """
-    from provisioning.network import instance_ports
-    from provisioning.steps import PIPELINES, Step
+    from provisioning.lifecycle.steps import PIPELINES, Step
+    from provisioning.networks.ports import instance_ports
 
     settings.MERIDIAN_STEP_CHAIN_SECONDS = 5
     pipeline = PIPELINES[("provision", "vm")]
@@ -222,18 +224,17 @@ def test_a_chained_step_reads_nothing_again(world, fleet, steps, settings, monke
     """
     from django.test.utils import CaptureQueriesContext
 
-    from provisioning import lifecycle
-    from provisioning.steps import PIPELINES, Step
+    from provisioning.lifecycle.steps import PIPELINES, Step
 
     settings.MERIDIAN_STEP_CHAIN_SECONDS = 5
     noop = [Step(step.name, lambda ctx: None) for step in PIPELINES[("provision", "vm")]]
     monkeypatch.setitem(PIPELINES, ("provision", "vm"), noop)
     create(world, offering("vm", 1), gpus=1)
     _, reservation_id, _, _ = steps.queue.popleft()
-    lifecycle.reservation_provision_start(reservation_id)
+    starting.reservation_provision_start(reservation_id)
     _, operation_id, first, token = steps.queue.popleft()
     with CaptureQueriesContext(connection) as queries:
-        lifecycle.operation_run_step(operation_id, first, token)
+        runner.operation_run_step(operation_id, first, token)
     statements = [q["sql"] for q in queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
     loads = [q for q in statements if q.startswith('SELECT "provisioning_operation"') and "FOR UPDATE" not in q]
     assert len(loads) == 1  # the operation with its reservation, offering, region, VPC: read once for the chain
@@ -245,17 +246,16 @@ def test_a_chained_step_reads_nothing_again(world, fleet, steps, settings, monke
 
 
 def test_a_message_older_than_the_operations_last_dispatch_is_skipped(world, fleet, steps):
-    from provisioning import lifecycle
 
     create(world, offering("bare_metal", 8), nodes=1)
     what, reservation_id, _, _ = steps.queue.popleft()
-    lifecycle.reservation_provision_start(reservation_id)
+    starting.reservation_provision_start(reservation_id)
     _, operation_id, first, old_token = steps.queue.popleft()
-    assert lifecycle.operation_run_step(operation_id, first, old_token) == "done"
+    assert runner.operation_run_step(operation_id, first, old_token) == "done"
     # The next step went out under a new token: the first message, delivered again, does nothing.
     runs = StepRun.objects.count()
-    assert lifecycle.operation_run_step(operation_id, first, old_token) == "skipped"
-    assert lifecycle.operation_run_step(operation_id, "write_image", old_token) == "skipped"
+    assert runner.operation_run_step(operation_id, first, old_token) == "skipped"
+    assert runner.operation_run_step(operation_id, "write_image", old_token) == "skipped"
     assert StepRun.objects.count() == runs
     steps.run()
     assert Operation.objects.get(pk=operation_id).state == "succeeded"

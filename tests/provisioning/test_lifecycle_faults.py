@@ -11,10 +11,13 @@ import time_machine
 from django.utils import timezone
 
 from cloud.models import Node
-from provisioning import lifecycle
 from provisioning.drivers.simulated import Simulated, SimulatedHost
+from provisioning.lifecycle import runner
+from provisioning.lifecycle import start as starting
+from provisioning.lifecycle import tick as ticking
+from provisioning.lifecycle import validate as validating
+from provisioning.lifecycle.steps import target_of
 from provisioning.models import Allocation, Instance, Operation, Reservation, StepRun
-from provisioning.steps import target_of
 from security.models import Incident
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY, reservation
@@ -66,7 +69,7 @@ def test_a_step_redone_after_a_lost_worker_does_not_repeat_its_side_effects(worl
     step that died, not from the step it named.
     """
     settings.MERIDIAN_STEP_CHAIN_SECONDS = chain_s
-    real = lifecycle._steps_succeeded
+    real = runner._steps_succeeded
     crashed = set()
 
     def crash_once_before_commit(succeeded, **kwargs):
@@ -76,7 +79,7 @@ def test_a_step_redone_after_a_lost_worker_does_not_repeat_its_side_effects(worl
             raise WorkerLost
         return real(succeeded, **kwargs)
 
-    monkeypatch.setattr(lifecycle, "_steps_succeeded", crash_once_before_commit)
+    monkeypatch.setattr(runner, "_steps_succeeded", crash_once_before_commit)
     pk = create(world)
     steps.run(redeliver=WorkerLost)
     assert reservation(pk).state == "active"
@@ -102,21 +105,21 @@ def test_a_redelivered_step_that_already_committed_does_nothing(world, fleet, st
     operation = Operation.objects.get(reservation_id=pk, kind="provision")
     runs = StepRun.objects.count()
     for step in ("power_on_deploy", "write_image", "hand_over"):
-        assert lifecycle.operation_run_step(operation.pk, step) == "skipped"
+        assert runner.operation_run_step(operation.pk, step) == "skipped"
     assert StepRun.objects.count() == runs
 
 
 def test_transient_errors_retry_with_growing_backoff_then_succeed(world, fleet, steps, simulation, monkeypatch):
     simulation(failure_rate={"write_image": 1.0})
     pk = create(world)
-    real = lifecycle.operation_run_step
+    real = runner.operation_run_step
 
     def heal_after_two_failures(operation_id, step, dispatch=None):
         if StepRun.objects.filter(name="write_image", state="failed").count() >= 2:
             simulation()
         return real(operation_id, step, dispatch)
 
-    monkeypatch.setattr(lifecycle, "operation_run_step", heal_after_two_failures)
+    monkeypatch.setattr(runner, "operation_run_step", heal_after_two_failures)
     steps.run()
     assert reservation(pk).state == "active"
     attempts = list(StepRun.objects.filter(name="write_image").values_list("attempt", "state", "error"))
@@ -214,7 +217,7 @@ def test_validation_sells_a_healthy_node_and_holds_one_missing_a_gpu(world, flee
     gone = broken.gpus.order_by("index").last()
     SimulatedHost()._act(target_of(broken), "break", lambda s: s.update(missing=[gone.index]))
     for node in (healthy, broken):
-        lifecycle.node_validate(actor=None, node=Node.objects.get(pk=node.pk))
+        validating.node_validate(actor=None, node=Node.objects.get(pk=node.pk))
     steps.run()
     assert Node.objects.get(pk=healthy.pk).state == "available"
     held = Node.objects.get(pk=broken.pk)
@@ -226,22 +229,22 @@ def test_the_tick_starts_due_work_expires_ended_work_and_validates_waiting_nodes
     later = timezone.now() + timedelta(hours=1)
     pk = create(world, start=later.isoformat())
     assert reservation(pk).state in ("scheduled", "queued")
-    from provisioning.scheduler import run_cycle
+    from provisioning.scheduling.scheduler import run_cycle
 
     run_cycle()
     assert reservation(pk).state == "scheduled"
-    assert lifecycle.tick()["started"] == 0  # not due yet
+    assert ticking.tick()["started"] == 0  # not due yet
     with time_machine.travel(later + timedelta(seconds=1), tick=True):
-        assert lifecycle.tick()["started"] == 1
+        assert ticking.tick()["started"] == 1
         steps.run()
         assert reservation(pk).state == "active"
     with time_machine.travel(later + timedelta(hours=2, seconds=1), tick=True):
-        assert lifecycle.tick()["expired"] == 1
+        assert ticking.tick()["expired"] == 1
         steps.run()
         assert reservation(pk).state == "released"
     node = Node.objects.filter(pool="bare_metal", is_spare=False, state="available").first()
     Node.objects.filter(pk=node.pk).update(state="validating")
-    assert lifecycle.tick()["validations"] == 1
+    assert ticking.tick()["validations"] == 1
     steps.run()
     assert Node.objects.get(pk=node.pk).state == "available"
 
@@ -250,7 +253,7 @@ def start_then_lose_the_first_step(steps):
     """Provisioning starts; the worker that took its first step dies and no redelivery comes."""
     what, reservation_id, _, _ = steps.queue.popleft()
     assert what == "start"
-    lifecycle.reservation_provision_start(reservation_id)
+    starting.reservation_provision_start(reservation_id)
     steps.queue.clear()
 
 
@@ -259,7 +262,7 @@ def test_the_reaper_resumes_stuck_work_then_fails_it_cleanly(world, fleet, steps
     start_then_lose_the_first_step(steps)
     operation = Operation.objects.get(reservation_id=pk, kind="provision")
     Operation.objects.filter(pk=operation.pk).update(updated_at=timezone.now() - timedelta(hours=1))
-    assert lifecycle.tick()["resumed"] == 1
+    assert ticking.tick()["resumed"] == 1
     steps.run()
     assert reservation(pk).state == "active"
 
@@ -268,7 +271,7 @@ def test_the_reaper_resumes_stuck_work_then_fails_it_cleanly(world, fleet, steps
     start_then_lose_the_first_step(steps)
     stuck = Operation.objects.get(reservation_id=other, kind="provision")
     Operation.objects.filter(pk=stuck.pk).update(updated_at=timezone.now() - timedelta(hours=1))
-    assert lifecycle.tick()["failed_stuck"] == 1
+    assert ticking.tick()["failed_stuck"] == 1
     steps.run()
     given_up = Operation.objects.get(pk=stuck.pk)
     assert given_up.state == "failed" and "made no progress" in given_up.error
@@ -279,9 +282,9 @@ def test_cancelling_while_provisioning_stops_it_and_cleans_up(world, fleet, step
     pk = create(world)
     what, reservation_id, _, _ = steps.queue.popleft()
     assert what == "start"
-    lifecycle.reservation_provision_start(reservation_id)
+    starting.reservation_provision_start(reservation_id)
     _, operation_id, step, token = steps.queue.popleft()
-    assert lifecycle.operation_run_step(operation_id, step, token) == "done"  # powered on, then the tenant cancels
+    assert runner.operation_run_step(operation_id, step, token) == "done"  # powered on, then the tenant cancels
     response = world.client("t1_member").post(f"{URL}{pk}/cancel/")
     assert response.status_code == 200, response.json()
     steps.run()
@@ -300,7 +303,7 @@ def test_a_step_whose_worker_dies_every_time_is_failed_not_redelivered_forever(w
     operation = Operation.objects.get(reservation_id=pk, kind="provision")
     Operation.objects.filter(pk=operation.pk).update(attempt=5)  # five deliveries died with their worker
     StepRun.objects.create(operation=operation, name=operation.step, attempt=5)  # the last one, still "running"
-    assert lifecycle.operation_run_step(operation.pk, operation.step) == "failed"
+    assert runner.operation_run_step(operation.pk, operation.step) == "failed"
     steps.run()
     assert reservation(pk).state == "queued"
     runs = list(StepRun.objects.filter(operation=operation).values_list("attempt", "state", "error"))
@@ -310,7 +313,7 @@ def test_a_step_whose_worker_dies_every_time_is_failed_not_redelivered_forever(w
 
 def test_an_unexpected_error_in_a_step_is_retried_then_fails_cleanly(world, fleet, steps, monkeypatch):
     """A bug in a step is not left running for the reaper: it retries like a transient error, then fails."""
-    from provisioning import steps as step_module
+    from provisioning.lifecycle import steps as step_module
 
     def broken(ctx):
         raise ValueError("unexpected answer from the BMC")
@@ -333,8 +336,8 @@ BARE_METAL_STEPS = ["power_on_deploy", "write_image", "boot_from_disk", "join_ne
 def test_a_failure_for_good_at_any_bare_metal_step_re_places_and_leaves_nothing_behind(
         world, fleet, steps, monkeypatch, failing):
     """Whichever step fails for good: the node is faulty, the reservation queued again, nothing stuck or held."""
-    from provisioning import steps as step_module
-    from provisioning.steps import NodeFault
+    from provisioning.lifecycle import steps as step_module
+    from provisioning.lifecycle.steps import NodeFault
 
     def broken(ctx):
         raise NodeFault(ctx.instances[0].node, f"{failing} failed for good", transient=False)

@@ -13,12 +13,15 @@ import pytest
 from django.utils import timezone
 
 from cloud.models import GPU, Node
-from provisioning import lifecycle
-from provisioning import steps as step_module
 from provisioning.drivers.simulated import Simulated, SimulatedImage
+from provisioning.lifecycle import runner
+from provisioning.lifecycle import start as starting
+from provisioning.lifecycle import steps as step_module
+from provisioning.lifecycle import tick as ticking
+from provisioning.lifecycle import validate as validating
+from provisioning.lifecycle.steps import NodeFault, target_of
 from provisioning.models import Instance, Operation, Reservation, StepRun
-from provisioning.scheduler import run_cycle
-from provisioning.steps import NodeFault, target_of
+from provisioning.scheduling.scheduler import run_cycle
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY, reservation
 from tests.world import small_fleet, vm_offering
@@ -80,7 +83,7 @@ def test_an_attempts_cleaning_touches_only_its_own_instances(world, fleet, steps
 def test_cleaning_waits_for_a_provisioning_call_still_in_flight(world, fleet, steps):
     pk = create(world)
     what, reservation_id, _, _ = steps.queue.popleft()
-    lifecycle.reservation_provision_start(reservation_id)
+    starting.reservation_provision_start(reservation_id)
     steps.queue.clear()
     provision = Operation.objects.get(reservation_id=pk, kind="provision")
     in_flight = StepRun.objects.create(operation=provision, name="write_image", attempt=1)  # its worker is busy
@@ -114,7 +117,7 @@ def test_evicted_work_is_cleaned_even_after_an_earlier_failed_attempt(world, fle
     assert reservation(pk).state == "active"
     node = Instance.objects.get(reservation_id=pk, state="active").node
     Reservation.objects.filter(pk=pk).update(state="releasing", released_at=timezone.now())  # evicted, hard
-    assert lifecycle.tick()["releases"] == 1
+    assert ticking.tick()["releases"] == 1
     steps.run()
     assert reservation(pk).state == "released"
     assert Node.objects.get(pk=node.pk).state == "available"
@@ -134,8 +137,8 @@ def test_a_slot_is_not_handed_over_before_its_previous_tenant_is_scrubbed(world,
                            mem_hi=device["mem_hi"])
     beside = SimpleNamespace(gpu_id=device["gpu_id"], node_id=held.node_id, mem_lo=device["mem_hi"],
                              mem_hi=device["mem_hi"] + (device["mem_hi"] - device["mem_lo"]))
-    assert lifecycle._previous_tenant_still_there([same])  # the next tenant waits for the scrub
-    assert not lifecycle._previous_tenant_still_there([beside])  # the slot next to it is free
+    assert starting._previous_tenant_still_there([same])  # the next tenant waits for the scrub
+    assert not starting._previous_tenant_still_there([beside])  # the slot next to it is free
 
 
 def test_a_failed_vm_keeps_its_gpus_out_until_the_node_is_validated(world, fleet, steps, monkeypatch):
@@ -146,7 +149,7 @@ def test_a_failed_vm_keeps_its_gpus_out_until_the_node_is_validated(world, fleet
     gpu = GPU.objects.get(pk=instance.devices[0]["gpu_id"])
     assert gpu.state == "quarantined" and Node.objects.get(pk=instance.node_id).state == "faulty"
     Node.objects.filter(pk=instance.node_id).update(state="repair")
-    lifecycle.node_validate(actor=None, node=Node.objects.get(pk=instance.node_id))
+    validating.node_validate(actor=None, node=Node.objects.get(pk=instance.node_id))
     steps.run()
     assert Node.objects.get(pk=instance.node_id).state == "in_service"
     assert GPU.objects.get(pk=gpu.pk).state == "available"
@@ -157,7 +160,7 @@ def test_work_whose_window_ended_before_it_started_expires(world, fleet, steps):
     steps.queue.clear()  # nobody started it
     Reservation.objects.filter(pk=pk).update(starts_at=timezone.now() - timedelta(hours=3),
                                              ends_at=timezone.now() - timedelta(hours=1))
-    assert lifecycle.tick()["expired"] == 1
+    assert ticking.tick()["expired"] == 1
     assert reservation(pk).state == "expired"
 
 
@@ -177,12 +180,12 @@ def test_a_step_locks_the_reservation_before_its_operation_as_services_do(world,
 
     pk = create(world)
     what, reservation_id, _, _ = steps.queue.popleft()
-    lifecycle.reservation_provision_start(reservation_id)
+    starting.reservation_provision_start(reservation_id)
     seen = []
     while steps.queue:
         _, operation_id, step, token = steps.queue.popleft()
         with CaptureQueriesContext(connection) as queries:
-            lifecycle.operation_run_step(operation_id, step, token)
+            runner.operation_run_step(operation_id, step, token)
         seen.append((step, locked(queries)))
         if len(seen) == 1:
             assert reservation(pk).state == "provisioning"

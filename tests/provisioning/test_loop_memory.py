@@ -1,5 +1,5 @@
 """
-What the scheduler loop keeps between cycles (provisioning.scheduler.LoopMemory) never makes a
+What the scheduler loop keeps between cycles (provisioning.scheduling.scheduler.LoopMemory) never makes a
 cycle see other than what a fresh read would: the kept fleet shape gives load_snapshot's
 snapshot, and the kept queue follows reservations that leave, join and come back.
 """
@@ -12,11 +12,11 @@ from django.utils import timezone
 
 from cloud.models import GPU, Node
 from provisioning.choices import OperationKind, OperationState
-from provisioning.fleet_shape import FleetShape
 from provisioning.models import Allocation, Operation, Reservation
-from provisioning.scheduler import LoopMemory, QueueMirror, run_cycle
+from provisioning.scheduling.fleet_shape import FleetShape
+from provisioning.scheduling.scheduler import LoopMemory, QueueMirror, run_cycle
+from provisioning.scheduling.snapshot import load_snapshot
 from provisioning.services import reservation_cancel
-from provisioning.snapshot import load_snapshot
 from tests.provisioning.factories import held, make_reservation, offering
 from tests.world import h100, small_fleet
 
@@ -136,7 +136,7 @@ def test_kept_rows_see_an_offering_edited_since(world, fleet):
 
 
 def test_the_kept_queue_reads_a_burst_by_one_scan(world, fleet, monkeypatch):
-    from provisioning import scheduler
+    from provisioning.scheduling import scheduler
 
     monkeypatch.setattr(scheduler, "MIRROR_BY_IDS", 1)
     chosen = offering()

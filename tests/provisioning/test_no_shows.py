@@ -1,5 +1,5 @@
 """
-No-shows and late releases (provisioning.no_shows): an active reservation idle for its offering's
+No-shows and late releases (provisioning.lifecycle.no_shows): an active reservation idle for its offering's
 grace is warned with the evidence, then released as a no-show (counted against the team's record)
 unless its GPUs are used meanwhile; no telemetry is no evidence; GPUs held past the end plus the
 release grace are reclaimed, the delay recorded. Telemetry rows are written straight to the tables.
@@ -12,13 +12,13 @@ from django.conf import settings
 from django.utils import timezone
 
 from cloud.models import GPU, GPUModel, GPUSampleRollup, GPUTelemetry, NodeBMCReading, Offering
-from provisioning import no_shows
+from provisioning.high_priority import services as hp
+from provisioning.lifecycle import no_shows as no_shows
+from provisioning.lifecycle.no_shows import IDLE, UNKNOWN, USED, Latest, Minutes, gpu_verdict, no_show_scan
 from provisioning.models import Allocation, Instance, Operation, Reservation
-from provisioning.no_shows import IDLE, UNKNOWN, USED, Latest, Minutes, gpu_verdict, no_show_scan
+from provisioning.scheduling.team_record import team_inputs
 from provisioning.services import reservation_rescore, weights
-from provisioning.team_record import team_inputs
 from security.models import AuditEvent
-from tenants import high_priority as hp
 from tenants.models import HighPriorityApplication, Notification
 from tests.provisioning.factories import make_reservation
 from tests.provisioning.pipeline import SSH_KEY

@@ -16,15 +16,16 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from cloud.errors import Conflict
 from cloud.models import Node
-from provisioning import node_agents
+from core.errors import Conflict
+from operations.node_api import agents as node_agents
 from provisioning.agent.agent import Agent, ControlPlane, ControlPlaneError
 from provisioning.agent.attester import SimulatedAttester
 from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
 from provisioning.agent.signing import signed_headers
+from provisioning.agents import commands as agent_commands
+from provisioning.drivers.simulated_devices import attester_identities
 from provisioning.models import AgentCommand, AgentNonce, AgentState, Instance, Reservation
-from security.simulated_devices import attester_identities
 from tests.provisioning.pipeline import reservation
 from tests.world import small_fleet, vm_offering
 
@@ -60,9 +61,9 @@ def agent_turn(node: Node) -> None:
     """One turn of the node's simulated agent, in process: a heartbeat, then an answer to every command it pulls."""
     agent = Agent(None, nvml_of(node), attester=SimulatedAttester(attester_identities(node)), hostname=node.hostname)
     node_agents.heartbeat(node=node, agent_version="1", gpus=agent.nvml.inventory())
-    for command in node_agents.commands_take(node=node):
+    for command in agent_commands.commands_take(node=node):
         result = agent.execute({"id": command.pk, "kind": command.kind, "payload": command.payload})
-        node_agents.command_answer(node=node, command_id=command.pk, ok=result["ok"], result=result)
+        node_agents.command_answered(node=node, command_id=command.pk, ok=result["ok"], result=result)
 
 
 def heartbeat_body(node):
@@ -79,7 +80,7 @@ def test_a_real_agent_heartbeats_pulls_a_scrub_and_answers(world, fleet, live_se
     assert agent.run_once() == 0
     state = AgentState.objects.get(node=node)
     assert [g["uuid"] for g in state.gpus] == list(node.gpus.order_by("index").values_list("uuid", flat=True))
-    command = node_agents.command_enqueue(
+    command = agent_commands.command_enqueue(
         node_id=node.pk,
         kind="scrub",
         reference="op-1",
@@ -133,7 +134,7 @@ def test_a_node_speaks_only_for_its_own_gpus_and_commands(world, fleet):
     foreign = send(client, credential.key_id, secret, "POST", "/heartbeat/", body)
     assert foreign.status_code == 403 and foreign.json()["errors"][0]["code"] == "foreign_gpu"
     assert not AgentState.objects.exists()
-    theirs = node_agents.command_enqueue(node_id=other.pk, kind="inventory", reference="x", payload={})
+    theirs = agent_commands.command_enqueue(node_id=other.pk, kind="inventory", reference="x", payload={})
     answer = send(client, credential.key_id, secret, "POST", f"/commands/{theirs.pk}/result/", {"ok": True})
     assert answer.status_code == 404
     assert AgentCommand.objects.get(pk=theirs.pk).state == "pending"
@@ -165,9 +166,9 @@ def test_release_scrubs_through_the_agent_and_waits_for_its_answer(world, fleet,
     command = AgentCommand.objects.get(node=instance.node, kind="scrub")
     assert command.payload["devices"][0]["index"] == instance.devices[0]["index"]
     with pytest.raises(Conflict):  # an answer to a command the agent never pulled is refused
-        node_agents.command_answer(node=instance.node, command_id=command.pk, ok=True, result={"ok": True})
-    assert [c.pk for c in node_agents.commands_take(node=instance.node)] == [command.pk]
-    node_agents.command_answer(node=instance.node, command_id=command.pk, ok=True, result={"ok": True})
+        node_agents.command_answered(node=instance.node, command_id=command.pk, ok=True, result={"ok": True})
+    assert [c.pk for c in agent_commands.commands_take(node=instance.node)] == [command.pk]
+    node_agents.command_answered(node=instance.node, command_id=command.pk, ok=True, result={"ok": True})
     steps.run(limit=12, settle=False)  # the scrubbed GPU is attested again before it is sold again
     agent_turn(instance.node)
     steps.run()
@@ -198,7 +199,7 @@ def test_spent_nonces_are_forgotten_once_their_requests_would_be_stale(world, fl
 
     from django.utils import timezone
 
-    from provisioning.tasks import agent_nonce_prune
+    from operations.tasks import agent_nonce_prune
 
     node = shared_host()
     AgentNonce.objects.create(node=node, nonce="old", seen_at=timezone.now() - timedelta(minutes=10))
@@ -758,13 +759,13 @@ def test_the_agent_asks_for_commands_only_when_the_heartbeat_says_some_wait(worl
     agent = Agent(Counting(credential.key_id, secret), nvml_of(node))
     assert agent.run_once() == 0
     assert calls == [("POST", "/heartbeat/")]  # nothing waits: one request this turn
-    command = node_agents.command_enqueue(node_id=node.pk, kind="inventory", reference="op-9", payload={})
+    command = agent_commands.command_enqueue(node_id=node.pk, kind="inventory", reference="op-9", payload={})
     calls.clear()
     assert agent.run_once() == 1
     assert calls == [("POST", "/heartbeat/"), ("GET", "/commands/"), ("POST", f"/commands/{command.pk}/result/")]
     assert AgentCommand.objects.get(pk=command.pk).state == "done"
     # A command sent but never answered (the answer was lost) still counts as waiting: it is sent again.
-    lost = node_agents.command_enqueue(node_id=node.pk, kind="inventory", reference="op-10", payload={})
+    lost = agent_commands.command_enqueue(node_id=node.pk, kind="inventory", reference="op-10", payload={})
     AgentCommand.objects.filter(pk=lost.pk).update(state="sent")
     client = Client()
     answer = send(client, credential.key_id, secret, "POST", "/heartbeat/", heartbeat_body(node)).json()

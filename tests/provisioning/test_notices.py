@@ -10,7 +10,9 @@ import time_machine
 from django.utils import timezone
 
 from cloud.models import GPUModel, Offering
-from provisioning import lifecycle, notices
+from provisioning import notices
+from provisioning.lifecycle import runner
+from provisioning.lifecycle import tick as ticking
 from provisioning.models import Reservation
 from tenants.models import Notification
 from tests.provisioning.factories import offering
@@ -47,7 +49,7 @@ def told(world, persona, kind) -> list[dict]:
 
 
 def test_ready_is_told_once_even_when_every_step_is_delivered_twice(world, fleet, steps, monkeypatch):
-    real, crashed = lifecycle._steps_succeeded, set()
+    real, crashed = runner._steps_succeeded, set()
 
     def crash_once_before_commit(succeeded, **kwargs):
         names = tuple(run.name for _, run in succeeded)
@@ -56,7 +58,7 @@ def test_ready_is_told_once_even_when_every_step_is_delivered_twice(world, fleet
             raise WorkerLost
         return real(succeeded, **kwargs)
 
-    monkeypatch.setattr(lifecycle, "_steps_succeeded", crash_once_before_commit)
+    monkeypatch.setattr(runner, "_steps_succeeded", crash_once_before_commit)
     pk = create(world)
     steps.run(redeliver=WorkerLost)
     assert reservation(pk).state == "active"
@@ -155,12 +157,12 @@ def test_ending_soon_is_told_once_by_the_tick_before_the_end(world, fleet, steps
     active = reservation(pk)
 
     with time_machine.travel(active.ends_at - timedelta(minutes=45), tick=False):
-        assert lifecycle.tick()["ending_soon"] == 0  # not yet
+        assert ticking.tick()["ending_soon"] == 0  # not yet
     with time_machine.travel(active.ends_at - timedelta(minutes=20), tick=False):
-        assert lifecycle.tick()["ending_soon"] == 1
-        assert lifecycle.tick()["ending_soon"] == 0  # the next tick says nothing again
+        assert ticking.tick()["ending_soon"] == 1
+        assert ticking.tick()["ending_soon"] == 0  # the next tick says nothing again
     with time_machine.travel(active.ends_at - timedelta(minutes=5), tick=False):
-        assert lifecycle.tick()["ending_soon"] == 0
+        assert ticking.tick()["ending_soon"] == 0
 
     soon = told(world, "t1_member", notices.ENDING_SOON)
     assert [n["title"] for n in soon] == ["job ends in 20 minutes"]
@@ -173,9 +175,9 @@ def test_an_extended_reservation_is_told_again_before_its_new_end(world, fleet, 
     steps.run()
     first_end = reservation(pk).ends_at
     with time_machine.travel(first_end - timedelta(minutes=20), tick=False):
-        assert lifecycle.tick()["ending_soon"] == 1
+        assert ticking.tick()["ending_soon"] == 1
         response = world.client("t1_member").post(f"{URL}{pk}/extend/", {"hours": 1}, format="json")
         assert response.status_code == 200, response.content
     with time_machine.travel(first_end + timedelta(minutes=40), tick=False):
-        assert lifecycle.tick()["ending_soon"] == 1
+        assert ticking.tick()["ending_soon"] == 1
     assert len(told(world, "t1_member", notices.ENDING_SOON)) == 2

@@ -13,14 +13,15 @@ import time_machine
 from django.db import transaction
 from django.test import Client
 
-from cloud.console import SESSION_TENANT
 from cloud.models import GPU, Node
-from provisioning import lifecycle, usage
+from provisioning import usage
+from provisioning.lifecycle import start as starting
+from provisioning.lifecycle.replacement import node_failed
 from provisioning.models import Reservation
-from provisioning.replacement import node_failed
 from tests.provisioning.factories import held, make_reservation, offering
 from tests.provisioning.test_replacement import activate
 from tests.world import small_fleet
+from web.console import SESSION_TENANT
 
 pytestmark = pytest.mark.django_db
 T0 = datetime(2026, 11, 10, 10, 0, tzinfo=UTC)
@@ -51,7 +52,7 @@ def test_spend_keeps_the_hours_of_a_placement_given_up_and_never_goes_down(world
     assert spend(world, T0 + timedelta(hours=1)) == Decimal("16.00")
 
     with time_machine.travel(T0 + timedelta(hours=1), tick=False), transaction.atomic():
-        lifecycle._requeue(Reservation.objects.select_for_update().get(pk=reservation.pk), REASON)
+        starting.requeue(Reservation.objects.select_for_update().get(pk=reservation.pk), REASON)
     queued = Reservation.objects.get(pk=reservation.pk)
     assert (queued.state, queued.starts_at) == ("queued", None)
     assert spend(world, T0 + timedelta(minutes=65)) == Decimal("16.00")  # what it held, not where it stands
@@ -90,7 +91,7 @@ def test_the_reason_of_the_last_replacement_is_in_the_api_and_on_the_console_pag
     reservation = make_reservation(world, units=1, state="provisioning", offering=offering("bare_metal", 8),
                                    starts_at=T0, ends_at=T0 + timedelta(hours=4))
     with time_machine.travel(T0 + timedelta(hours=1), tick=False), transaction.atomic():
-        lifecycle._requeue(Reservation.objects.select_for_update().get(pk=reservation.pk), REASON)
+        starting.requeue(Reservation.objects.select_for_update().get(pk=reservation.pk), REASON)
     Reservation.objects.filter(pk=reservation.pk).update(state="scheduled", state_reason="")  # placed again
 
     api = world.client("t1_viewer").get(f"/api/v1/reservations/{reservation.pk}/").json()

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisioning.plan_types import (
+from provisioning.scheduling.plan_types import (
     BARE_METAL,
     BARE_METAL_POOL,
     CONTAINER,
@@ -25,7 +25,7 @@ from provisioning.plan_types import (
     Request,
     Snapshot,
 )
-from provisioning.planner import Planner, plan
+from provisioning.scheduling.planner import Planner, plan
 
 NOW = datetime(2025, 6, 2, 9, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -619,7 +619,7 @@ def test_busy_counts_kept_for_headroom_match_a_recount_after_any_change(changes)
     The index keeps, per region, model and pool, how many GPUs are busy at the instants headroom
     asks about; a change counts again only instants inside an allocation that came or went.
     """
-    from provisioning.planner.state import TICK, Capacity, Entry
+    from provisioning.scheduling.planner.state import TICK, Capacity, Entry
 
     fleet = snapshot(shared(2, gpus=4))
     held = occupy(fleet.nodes[0].gpus[0], fleet.nodes[1].gpus[2], start=NOW - HOUR, end=NOW + 3 * HOUR)

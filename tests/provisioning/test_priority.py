@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioning.priority import (
+from provisioning.scheduling.priority import (
     DEFAULT_WEIGHTS,
     URGENCY_LEVELS,
     HPThresholds,

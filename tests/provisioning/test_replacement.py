@@ -1,5 +1,5 @@
 """
-Replacement of failed hardware (provisioning.replacement): a reservation whose node failed gets
+Replacement of failed hardware (provisioning.lifecycle.replacement): a reservation whose node failed gets
 a spare of the same fabric (same leaf first), joined to the same VPC and attested before the
 hand-over; the tenant is told and its incident measures time to detect and to restore; the
 failed node is only sold again after repair and validation. Nothing overlaps, nothing leaks.
@@ -14,16 +14,18 @@ import time_machine
 from django.db import connection
 from django.utils import timezone
 
-from cloud.errors import Conflict
 from cloud.fleet import HGX_PCI_BUS_IDS, NVIDIA_OUI
 from cloud.models import GPU, Fabric, HCAPort, Node, Switch
-from cloud.services import node_repair_done, node_repair_start, node_transition
-from provisioning import lifecycle
+from cloud.services import node_repair_start, node_transition
+from core.errors import Conflict
+from operations.nodes import node_repair_done
 from provisioning.allocations import unallocatable
 from provisioning.drivers import fabric_driver_for
+from provisioning.lifecycle import start as starting
+from provisioning.lifecycle import tick as ticking
+from provisioning.lifecycle.replacement import NODE_FAILURE, gpus_failed, node_failed
 from provisioning.models import Allocation, Instance, Operation, PortMembership, Reservation
-from provisioning.network import still_members
-from provisioning.replacement import NODE_FAILURE, gpus_failed, node_failed
+from provisioning.networks.ports import still_members
 from security.models import AttestationReport, Incident
 from tenants.models import Notification
 from tests.provisioning.factories import offering
@@ -230,11 +232,11 @@ def test_a_spare_of_another_fabric_is_never_taken_the_reservation_waits_then_get
     assert len(notifications(world, "reservation.replacement_waiting")) == 1
     assert not Allocation.objects.filter(node=foreign).exists()
     assert not Instance.objects.filter(reservation_id=pk, state__in=["provisioning", "active"]).exists()
-    assert lifecycle.tick()["replacements"] == 0  # still nothing: it waits, told once
+    assert ticking.tick()["replacements"] == 0  # still nothing: it waits, told once
     assert len(notifications(world, "reservation.replacement_waiting")) == 1
 
     node_transition(actor=None, node=spare, target="available")
-    assert lifecycle.tick()["replacements"] == 1
+    assert ticking.tick()["replacements"] == 1
     steps.run()
     assert reservation(pk).state == "active" and active_instance(pk).node == spare
     assert Incident.objects.get(reservation_id=pk).restored_at is not None
@@ -265,7 +267,7 @@ def test_a_reservation_that_waits_too_long_fails_with_the_reason_and_gives_every
     assert reservation(pk).state == "provisioning"
 
     with time_machine.travel(timezone.now() + settings.MERIDIAN_REPLACEMENT_WAIT + timedelta(seconds=1)):
-        assert lifecycle.tick()["replacements"] == 1
+        assert ticking.tick()["replacements"] == 1
     gone = reservation(pk)
     assert gone.state == "failed" and "No replacement hardware became free" in gone.state_reason
     assert notifications(world, "reservation.replacement_failed")
@@ -296,7 +298,7 @@ def test_a_spare_that_fails_attestation_is_held_and_the_next_spare_takes_over(wo
 
 def test_a_node_failing_during_provisioning_is_replaced_before_the_hand_over(world, fleet, steps):
     pk = create(world, offering("bare_metal", 8), nodes=1)
-    lifecycle.reservation_provision_start(pk)
+    starting.reservation_provision_start(pk)
     first = Operation.objects.get(reservation_id=pk, kind="provision")
     failed = Instance.objects.get(reservation_id=pk).node
     fail(failed)
@@ -415,7 +417,7 @@ def test_a_step_failing_a_shared_host_for_good_replaces_the_other_tenants_work_o
     assert reservation(mine).state in ("queued", "scheduled", "provisioning", "active")  # placed again as before
     assert reservation(theirs).state == "active"  # until the tick replaces it
     assert Incident.objects.get(reservation_id=theirs).tenant_id == world.t2.tenant.pk
-    assert lifecycle.tick()["replacements"] == 1
+    assert ticking.tick()["replacements"] == 1
     steps.run()
     assert reservation(theirs).state == "active" and active_instance(theirs).node != host
     assert Incident.objects.get(reservation_id=theirs).restored_at is not None

@@ -9,11 +9,11 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from cloud.db import LeaderLock
+from cloud.leader import LeaderLock
 from cloud.models import GPU
 from provisioning.admission import Ask
 from provisioning.models import Allocation, IdempotencyKey, Operation, Reservation
-from provisioning.scheduler import LoopMemory, run_cycle
+from provisioning.scheduling.scheduler import LoopMemory, run_cycle
 from provisioning.services import _outranked, reservation_create
 from security.models import AuditEvent
 from tenants.choices import QuotaResource, TenantRole
@@ -202,8 +202,8 @@ def test_extending_past_the_maximum_duration_names_hours(world, fleet):
 
 def test_a_logical_spec_takes_the_best_fitting_gpu_model(world, fleet):
     """60 TFLOPS and 70 GiB fit an H100 (80 GiB) before an H200 (141 GiB)."""
-    from cloud.demo import offerings_for
     from cloud.models import GPUModel, Offering
+    from config.demo import offerings_for
 
     for model in GPUModel.objects.filter(slug__in=["h100-80gb-sxm", "h200-141gb-sxm"]):
         for row in offerings_for(model):
@@ -400,8 +400,8 @@ def test_racing_creates_and_the_scheduler_never_double_book_the_last_8_gpus(worl
 @pytest.mark.django_db(transaction=True)
 def test_racing_creates_of_one_tenant_never_both_pass_its_quota(world):
     """Twelve creates of 4 GPUs at once under a quota of 8: exactly two are admitted, the rest are 409s."""
-    from cloud.errors import QuotaExceeded
     from cloud.models import Region
+    from core.errors import QuotaExceeded
 
     small_fleet(4)
     tenant = Tenant.objects.create(name="Quota racer", slug=unique("racer"))

@@ -8,10 +8,10 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from cloud.db import LeaderLock
-from provisioning import scheduler
+from cloud.leader import LeaderLock
 from provisioning.models import Reservation
-from provisioning.scheduler import run_cycle
+from provisioning.scheduling import scheduler
+from provisioning.scheduling.scheduler import run_cycle
 from tenants.choices import QuotaResource
 from tenants.models import Quota, TeamMembership
 from tests.world import issue_token, small_fleet, vm_offering
@@ -149,7 +149,7 @@ def test_a_quota_lowered_after_admission_keeps_the_reservation_queued(world, fle
 
 def test_an_owner_over_quota_is_left_out_of_planning_while_its_record_is_kept(world, fleet):
     """Refused at placement, its work would take a budgeted cycle's places again and again."""
-    from provisioning.scheduler import LoopMemory
+    from provisioning.scheduling.scheduler import LoopMemory
 
     team_quota(world, 4)
     admin, member = world.client("t1_admin"), world.client("t2_member")

@@ -33,8 +33,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from cloud.models import Offering
-from provisioning import sla, usage
+from provisioning import usage
 from provisioning.models import Allocation, Reservation
+from provisioning.sla import accounting as sla
 from security.models import Incident
 from tenants.models import Tenant
 from tests.world import h100, unique, vm_offering

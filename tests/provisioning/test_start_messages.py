@@ -11,9 +11,10 @@ from unittest import mock
 
 import pytest
 
-from provisioning import lifecycle
+from provisioning.lifecycle import dispatch as dispatching
+from provisioning.lifecycle import tick as ticking
+from provisioning.lifecycle.start_sender import StartSender
 from provisioning.models import Reservation
-from provisioning.start_sender import StartSender
 from tests.world import small_fleet, vm_offering
 
 URL = "/api/v1/reservations/"
@@ -33,13 +34,13 @@ def create(world):
 
 def test_the_start_goes_out_after_the_commit(world, fleet, django_capture_on_commit_callbacks):
     sent = []
-    with mock.patch.object(lifecycle, "_publish_starts", sent.append):
+    with mock.patch.object(dispatching, "_publish_starts", sent.append):
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             response = create(world)
         assert sent == []  # not before the commit
         for callback in callbacks:
             callback()
-        assert lifecycle.START_SENDER.flush()
+        assert dispatching.START_SENDER.flush()
     assert response.status_code == 201 and response.json()["state"] == "scheduled"
     assert sent == [[response.json()["id"]]]
 
@@ -49,15 +50,15 @@ def test_a_broker_that_refuses_the_start_is_not_an_error_and_the_tick_starts_it(
     def refused(ids):
         raise ConnectionError("the broker is down")
 
-    with mock.patch.object(lifecycle, "_publish_starts", refused):
+    with mock.patch.object(dispatching, "_publish_starts", refused):
         with django_capture_on_commit_callbacks(execute=True):
             response = create(world)
-        assert lifecycle.START_SENDER.flush()  # the callbacks ran as the inner block closed
+        assert dispatching.START_SENDER.flush()  # the callbacks ran as the inner block closed
     assert response.status_code == 201, response.content
     assert "the lifecycle tick starts them" in caplog.text
     reservation = Reservation.objects.get(pk=response.json()["id"])
     assert reservation.state == "scheduled"
-    report = lifecycle.tick()
+    report = ticking.tick()
     assert report["started"] == 1
     assert Reservation.objects.get(pk=reservation.pk).state == "provisioning"
 

@@ -7,18 +7,21 @@ without holding the others back.
 
 import pytest
 
-from provisioning import lifecycle
 from provisioning.drivers import DriverError
 from provisioning.drivers.simulated import Simulated
+from provisioning.lifecycle import dispatch as dispatching
+from provisioning.lifecycle import runner
+from provisioning.lifecycle import start as starting
+from provisioning.lifecycle import tick as ticking
+from provisioning.lifecycle.steps import PIPELINES, Step
 from provisioning.models import Instance, Operation, StepRun
-from provisioning.steps import PIPELINES, Step
 from security.models import AuditEvent
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import reservation
 from tests.provisioning.test_lifecycle import create, fleet, release  # noqa: F401 -- the fixture
 
 VM_STEPS = [step.name for step in PIPELINES[("provision", "vm")]]
-SEND = lifecycle._enqueue  # the lifecycle's own sending (the steps fixture puts a collector in its place)
+SEND = dispatching.enqueue  # the lifecycle's own sending (the steps fixture puts a collector in its place)
 
 
 class WorkerLost(BaseException):
@@ -33,13 +36,13 @@ def started_together(world, fleet, steps, monkeypatch):  # noqa: F811
     steps.queue.clear()
     steps.queue.append(("starts", ids, None, None))
     messages = []
-    real = lifecycle.operation_run_step
+    real = runner.operation_run_step
 
     def recorded(operation_ids, step, dispatch=None):
         messages.append((step, operation_ids if isinstance(operation_ids, list) else [operation_ids]))
         return real(operation_ids, step, dispatch)
 
-    monkeypatch.setattr(lifecycle, "operation_run_step", recorded)
+    monkeypatch.setattr(runner, "operation_run_step", recorded)
     return ids, messages
 
 
@@ -130,7 +133,7 @@ def test_a_reservation_released_mid_batch_stops_alone(started_together, world, s
 def test_a_batch_redelivered_after_its_worker_died_repeats_no_side_effect(started_together, steps, monkeypatch):
     """Every step's commit dies once; the redelivered message finds each domain defined and started."""
     ids, _ = started_together
-    real, crashed = lifecycle._steps_succeeded, set()
+    real, crashed = runner._steps_succeeded, set()
 
     def crash_once_before_commit(succeeded, **kwargs):
         step = succeeded[0][1].name
@@ -139,7 +142,7 @@ def test_a_batch_redelivered_after_its_worker_died_repeats_no_side_effect(starte
             raise WorkerLost
         return real(succeeded, **kwargs)
 
-    monkeypatch.setattr(lifecycle, "_steps_succeeded", crash_once_before_commit)
+    monkeypatch.setattr(runner, "_steps_succeeded", crash_once_before_commit)
     steps.run(redeliver=WorkerLost)
     assert {reservation(pk).state for pk in ids} == {"active"}
     assert crashed == set(VM_STEPS)
@@ -174,7 +177,7 @@ def test_a_batch_joins_its_network_with_one_fabric_call_per_partition(started_to
     made = VirtualFunction.objects.count()
     again = [create(world, offering("vm", 1), gpus=1) for _ in range(3)]
     steps.queue.clear()
-    assert lifecycle.reservations_start(again) == 3
+    assert starting.reservations_start(again) == 3
     steps.run()
     assert {reservation(pk).state for pk in again} == {"active"}
     assert VirtualFunction.objects.count() == made
@@ -183,7 +186,7 @@ def test_a_batch_joins_its_network_with_one_fabric_call_per_partition(started_to
 
 def test_a_batch_step_that_fails_finds_the_faulty_operation_alone(started_together, steps, monkeypatch):
     """One instance's port cannot be had: the batch's join fails, each then joins alone and only that one fails."""
-    from provisioning import network
+    from provisioning.networks import ports as network
 
     ids, _ = started_together
     real, asked = network._memberships, []
@@ -210,17 +213,17 @@ def test_a_batch_start_leaves_what_cannot_start_and_starts_the_rest(world, fleet
 
     ids = [create(world, offering("vm", 1), gpus=1) for _ in range(3)]
     steps.queue.clear()
-    waiting, moved, starting = ids
+    waiting, moved, ready = ids
     for pk, state in ((waiting, "scrubbing"), (moved, "quarantined")):
         GPU.objects.filter(pk__in=Allocation.objects.filter(reservation_id=pk).values("gpu")).update(state=state)
-    assert lifecycle.reservations_start(ids) == 1
+    assert starting.reservations_start(ids) == 1
     assert reservation(waiting).state == "scheduled"  # the tick tries again once the scrub is done
     assert reservation(moved).state == "queued" and "quarantined" in reservation(moved).state_reason
-    assert reservation(starting).state == "provisioning"
+    assert reservation(ready).state == "provisioning"
     assert Instance.objects.filter(reservation_id__in=[waiting, moved]).count() == 0
-    assert AuditEvent.objects.filter(action="reservation.provision", target_id=str(starting)).count() == 1
+    assert AuditEvent.objects.filter(action="reservation.provision", target_id=str(ready)).count() == 1
     steps.run()
-    assert reservation(starting).state == "active"
+    assert reservation(ready).state == "active"
 
 
 def test_a_start_message_takes_on_reservations_placed_moments_ago(world, fleet, steps):  # noqa: F811
@@ -234,15 +237,15 @@ def test_a_start_message_takes_on_reservations_placed_moments_ago(world, fleet, 
     ids = [create(world, offering("vm", 1), gpus=1) for _ in range(4)]
     steps.queue.clear()
     earlier = ids.pop()  # placed a while ago: its start is the tick's to retry, not a burst's
-    Reservation.objects.filter(pk=earlier).update(scheduled_at=timezone.now() - lifecycle.JUST_PLACED * 2)
-    assert lifecycle.reservations_start([ids[0]]) == 3
+    Reservation.objects.filter(pk=earlier).update(scheduled_at=timezone.now() - starting.JUST_PLACED * 2)
+    assert starting.reservations_start([ids[0]]) == 3
     assert {reservation(pk).state for pk in ids} == {"provisioning"}
     assert reservation(earlier).state == "scheduled"
     assert [len(batch) for what, batch, *_ in steps.queue] == [3]  # one message takes the three through their steps
-    assert lifecycle.reservations_start([ids[1]]) == 0  # its own message, come later: nothing left to do
+    assert starting.reservations_start([ids[1]]) == 0  # its own message, come later: nothing left to do
     steps.run()
     assert {reservation(pk).state for pk in ids} == {"active"}
-    assert lifecycle.tick(now=timezone.now() + timedelta(seconds=1))["started"] == 1
+    assert ticking.tick(now=timezone.now() + timedelta(seconds=1))["started"] == 1
     steps.run()
     assert reservation(earlier).state == "active"
 
@@ -254,7 +257,7 @@ def test_bare_metal_servers_started_together_are_deployed_as_a_batch(world, flee
 
     ids = [create(world, offering("bare_metal", 8), nodes=1) for _ in range(2)]
     steps.queue.clear()
-    assert lifecycle.reservations_start(ids) == 2
+    assert starting.reservations_start(ids) == 2
     [(what, batch, step, _)] = list(steps.queue)
     assert (len(batch), step) == (2, "power_on_deploy")
     steps.run()
@@ -276,27 +279,27 @@ def test_reservations_ending_at_the_same_tick_are_cleaned_as_a_batch(
 
     from django.utils import timezone
 
-    from provisioning import tasks
+    from provisioning import task_names
 
     ids, _ = started_together
     steps.run()
     assert {reservation(pk).state for pk in ids} == {"active"}
     sent = []
-    monkeypatch.setattr(lifecycle, "_enqueue", SEND)
-    monkeypatch.setattr(tasks.operation_step, "apply_async", lambda args, countdown=0: sent.append(args))
+    monkeypatch.setattr(dispatching, "enqueue", SEND)
+    monkeypatch.setattr(task_names, "send", lambda name, args, countdown=0: sent.append(args))
     with django_capture_on_commit_callbacks(execute=True):
-        report = lifecycle.tick(now=timezone.now() + timedelta(hours=3))
+        report = ticking.tick(now=timezone.now() + timedelta(hours=3))
     assert report["expired"] >= 3 and report["errors"] == 0  # ours, and what else the world had running
     ours = {str(pk) for pk in Operation.objects.filter(reservation_id__in=ids, kind="release").values_list("pk",
                                                                                                       flat=True)}
-    assert all(isinstance(carried, list) and len(carried) <= lifecycle.STARTS_PER_TASK for carried, _, _ in sent)
+    assert all(isinstance(carried, list) and len(carried) <= dispatching.STARTS_PER_TASK for carried, _, _ in sent)
     carrying = [(carried, step) for carried, step, _ in sent if ours & set(carried)]
     assert len(carrying) == 1 and ours <= set(carrying[0][0]) and carrying[0][1] == "stop_domain", sent
     everything = [pk for carried, _, _ in sent for pk in carried]
     assert len(everything) == len(set(everything))  # each operation in one message
     for carried, step, token in sent:
         steps.queue.append(("step", carried, step, token))
-    monkeypatch.setattr(lifecycle, "_enqueue", steps.enqueue)  # the steps after, collected here again
+    monkeypatch.setattr(dispatching, "enqueue", steps.enqueue)  # the steps after, collected here again
     steps.run()
     assert {reservation(pk).state for pk in ids} == {"released"}
     assert set(Instance.objects.filter(reservation_id__in=ids).values_list("state", flat=True)) == {"released"}
@@ -306,14 +309,14 @@ def test_what_is_sent_together_is_only_what_was_committed(fleet, monkeypatch,  #
                                                           django_capture_on_commit_callbacks):
     from django.db import transaction
 
-    from provisioning import tasks
+    from provisioning import task_names
 
     sent = []
-    monkeypatch.setattr(tasks.operation_step, "apply_async", lambda args, countdown=0: sent.append(args))
+    monkeypatch.setattr(task_names, "send", lambda name, args, countdown=0: sent.append(args))
     node = fleet[0]
     kept = Operation.objects.create(node=node, kind="validate", step="check_bmc")
     retried = Operation.objects.create(node=node, kind="validate", step="check_bmc")
-    with django_capture_on_commit_callbacks(execute=True), lifecycle.dispatch_together():
+    with django_capture_on_commit_callbacks(execute=True), dispatching.dispatch_together():
         SEND(kept, "check_bmc")
         SEND(retried, "check_bmc", countdown=4)  # a retry keeps its delay: sent on its own
         with pytest.raises(RuntimeError), transaction.atomic():

@@ -13,11 +13,11 @@ from django.db import connection
 from django.utils import timezone
 
 from cloud.models import GPU
-from provisioning import scheduler, team_record
 from provisioning.models import Allocation
-from provisioning.priority import Weights
-from provisioning.scheduler import TeamRecords
-from provisioning.team_record import decayed_usage_many
+from provisioning.scheduling import scheduler, team_record
+from provisioning.scheduling.priority import Weights
+from provisioning.scheduling.scheduler import TeamRecords
+from provisioning.scheduling.team_record import decayed_usage_many
 from tests.provisioning.factories import make_reservation
 from tests.world import small_fleet
 

@@ -27,9 +27,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from cloud.errors import Conflict
 from cloud.models import Fabric, HCAPort, Node
-from provisioning import network, vpcs
+from core.errors import Conflict
 from provisioning.choices import VPCState
 from provisioning.drivers import DriverError, fabric_driver_for
 from provisioning.drivers.fabric import DEFAULT_PKEY, FULL, LIMITED
@@ -43,8 +42,10 @@ from provisioning.models import (
     SimulatedDevice,
     VirtualFunction,
 )
-from provisioning.network import fabric_reconcile, isolation_violations, still_members
-from provisioning.vpcs import vpc_create, vpc_delete, vpc_sync
+from provisioning.networks import ports as network
+from provisioning.networks import vpcs
+from provisioning.networks.ports import fabric_reconcile, isolation_violations, still_members
+from provisioning.networks.vpcs import vpc_create, vpc_delete, vpc_sync
 from security.models import Incident
 from tenants.choices import QuotaResource, TenantRole
 from tenants.models import Membership, Quota, Tenant

@@ -16,10 +16,10 @@ from provisioning.drivers import fabric_driver_for
 from provisioning.drivers.fabric import DEFAULT_PKEY, FULL, LIMITED
 from provisioning.drivers.opensm import parse
 from provisioning.drivers.simulated import SimulatedFabric
+from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from provisioning.models import VPC, Instance, PortMembership, Reservation, VirtualFunction
-from provisioning.network import isolation_violations, still_members
-from provisioning.vpcs import vpc_sync
-from security.simulated_devices import trust_simulated_fleet
+from provisioning.networks.ports import isolation_violations, still_members
+from provisioning.networks.vpcs import vpc_sync
 from tenants.choices import QuotaResource
 from tenants.models import Quota
 from tests.provisioning.factories import offering
@@ -242,7 +242,7 @@ def test_a_reservation_with_an_unusable_vpc_is_a_400_that_writes_nothing(world, 
 
 
 def test_the_isolation_report_shows_members_the_fabric_and_repairs_without_naming_other_ports(world, fleet, steps):
-    from provisioning.network import fabric_reconcile
+    from provisioning.networks.ports import fabric_reconcile
 
     pk = provision(world, steps, offering("bare_metal", 8), nodes=1)
     vpc = VPC.objects.get(tenant=world.t1.tenant, is_default=True)
@@ -297,7 +297,7 @@ def test_provisioning_through_ufm_joins_and_leaves_by_its_rest_api(world, fleet,
 
 def test_a_late_retry_of_a_release_leaves_the_next_vms_port_alone(world, fleet, steps):
     """A redelivered leave_network after its virtual function went to the next VM must not cut that VM off."""
-    from provisioning.network import ports_leave
+    from provisioning.networks.ports import ports_leave
 
     host = Node.objects.filter(pool="shared", is_spare=False).order_by("hostname").first()
     Node.objects.filter(pool="shared").exclude(pk=host.pk).update(state="maintenance")
@@ -314,7 +314,7 @@ def test_a_late_retry_of_a_release_leaves_the_next_vms_port_alone(world, fleet, 
 def test_a_join_that_races_a_delete_never_outlives_the_partition(world, fleet, steps):
     """The delete waits while a port is in the VPC; a join finds a VPC being deleted closed to it."""
     from provisioning.drivers import DriverError
-    from provisioning.network import ports_join
+    from provisioning.networks.ports import ports_join
 
     vpc = make_vpc(world)
     vpc_sync(vpc["id"])
@@ -329,7 +329,7 @@ def test_a_join_that_races_a_delete_never_outlives_the_partition(world, fleet, s
 
 
 def test_a_second_sync_that_finds_the_work_done_is_not_an_error(world, fleet):
-    from provisioning.vpcs import _move
+    from provisioning.networks.vpcs import _move
 
     vpc = VPC.objects.get(pk=make_vpc(world)["id"])
     assert vpc_sync(vpc.pk) == "active"

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 
 from cloud.models import GPU, Node
-from provisioning import node_agents
+from operations.node_api import agents as node_agents
 from provisioning.agent.agent import Agent, simulated_host
 from provisioning.agent.attester import SimulatedAttester
 from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
+from provisioning.drivers.simulated_devices import attester_identities
 from provisioning.models import Instance, Reservation
 from security.isolation import (
     KILL_PROCESS,
@@ -26,7 +27,6 @@ from security.isolation import (
     evaluate,
 )
 from security.models import Incident
-from security.simulated_devices import attester_identities
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY
 from tests.world import small_fleet, vm_offering

@@ -15,8 +15,8 @@ from django.utils import timezone
 from drf_standardized_errors.handler import exception_handler
 from rest_framework.test import APIClient
 
-from cloud.errors import Conflict, DomainError, Forbidden, QuotaExceeded
 from cloud.models import GPUModel
+from core.errors import Conflict, DomainError, Forbidden, QuotaExceeded
 from security.models import AuditEvent
 from tenants import services
 from tenants.choices import QuotaResource, TeamRole, TenantRole, TokenScope

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from cloud import epochs
+from core import epochs
 from tenants import services, token_cache
 from tenants.choices import TenantRole
 from tenants.models import APIToken, Membership, TeamMembership

@@ -268,9 +268,9 @@ def test_token_cannot_outlive_the_token_that_issues_it(world):
     assert parent.post(TOKENS, {"name": "shorter", "expires_in_days": 1}, format="json").status_code == 201
 
 
-def test_the_readme_token_example_works_as_written(world):
-    """The README issues a token on the command line, then an automation token with it: as written, it works."""
-    readme = (Path(settings.BASE_DIR) / "README.md").read_text()
+def test_the_api_guides_token_example_works_as_written(world):
+    """The API guide issues a token on the command line, then an automation token with it: as written, it works."""
+    readme = (Path(settings.BASE_DIR) / "docs" / "api.md").read_text()
     body = json.loads(re.search(r"-d '(\{\"name\": \"ci\".*?\})' \$API/api-tokens/", readme).group(1))
     out = io.StringIO()
     call_command("issue_token", world.users["t1_owner"].email, "--tenant", world.t1.tenant.slug, stdout=out)
@@ -681,7 +681,7 @@ def test_platform_approver_cannot_revoke_a_tenants_token(world):
 
 def test_service_refuses_a_token_for_a_user_without_tenant_or_platform_role(world):
     """A principal with neither a tenant nor a platform role cannot be issued a token."""
-    from cloud.errors import Forbidden
+    from core.errors import Forbidden
     from tenants.scoping import Principal
 
     with pytest.raises(Forbidden):

@@ -9,10 +9,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connection
 
-from cloud.db import LeaderLock
-from provisioning.scheduler import LoopMemory, run_cycle
+from cloud.leader import LeaderLock
+from provisioning.scheduling.scheduler import LoopMemory, run_cycle
 
-log = logging.getLogger("provisioning.scheduler")
+log = logging.getLogger("provisioning.scheduling.scheduler")
 
 
 class Command(BaseCommand):
@@ -31,7 +31,7 @@ class Command(BaseCommand):
         lock = LeaderLock("scheduler")
         memory = LoopMemory.for_loop()
         leading = False
-        # Cycles pause the collector (provisioning.scheduler.collector_paused); between them it
+        # Cycles pause the collector (provisioning.scheduling.scheduler.collector_paused); between them it
         # need not walk the long-lived objects of the process again and again.
         gc.freeze()
         try:

@@ -1,0 +1,118 @@
+"""
+The fleet's settings, read from the environment (docs/configuration.md): drivers and fabrics,
+IB-VPC addressing, attestation, images, how provisioning steps retry and wait, failure
+detection and replacement, the SLA, metrics, alerts and no-shows. ``config.settings`` holds
+them with the rest; they live here because there are many.
+"""
+
+from datetime import timedelta
+
+import environ
+
+env = environ.Env()
+# The embedded default (SQLite): its simulated node agents answer for the GPU hosts.
+EMBEDDED = env("DATABASE_URL", default="sqlite:").startswith("sqlite:")
+
+# Provisioning (DESIGN.md, Workers, the node agent and drivers). Drivers per region: "default"
+# and region slugs, each {kind: implementation}; kinds power (simulated|redfish), image, vm
+# (simulated|libvirt), container, host.
+# The embedded default runs simulated node agents (manage.py run_agents), so GPU hosts answer
+# through them, as real hosts would.
+MERIDIAN_DRIVERS = env.json("MERIDIAN_DRIVERS", default={"default": {"host": "agent"} if EMBEDDED else {}})
+# InfiniBand fabric drivers (partitions for IB-VPCs), per "<region>/<fabric>" or "default":
+# {"driver": "simulated"} | {"driver": "opensm", "path": ".../partitions.conf", "reread_command": [...]}
+# | {"driver": "ufm", "url": "https://ufm...", "username": ..., "password": ..., "verify_tls": true}.
+MERIDIAN_FABRICS = env.json("MERIDIAN_FABRICS", default={"default": {"driver": "simulated"}})
+# IPoIB subnets chosen for VPCs that do not name one: the first free /24 (per tenant) of this range.
+MERIDIAN_VPC_SUPERNET = env("MERIDIAN_VPC_SUPERNET", default="10.128.0.0/9")
+MERIDIAN_VPC_PREFIX = env.int("MERIDIAN_VPC_PREFIX", default=24)
+# A tenant's default VPC takes every instance that names no VPC: room for 65,534 ports.
+MERIDIAN_DEFAULT_VPC_PREFIX = env.int("MERIDIAN_DEFAULT_VPC_PREFIX", default=16)
+# SR-IOV virtual functions a shared host's HCA port may hand out (one per VM or container).
+MERIDIAN_VFS_PER_PORT = env.int("MERIDIAN_VFS_PER_PORT", default=16)
+# Device attestation: how long a challenge (nonce) may be answered, and how often idle nodes are
+# attested again.
+MERIDIAN_ATTESTATION_NONCE_TTL = timedelta(seconds=env.int("MERIDIAN_ATTESTATION_NONCE_TTL_SECONDS", default=120))
+MERIDIAN_ATTESTATION_IDLE_INTERVAL = timedelta(
+    hours=env.float("MERIDIAN_ATTESTATION_IDLE_INTERVAL_HOURS", default=24.0))
+# Receipt signing keys stay in the published JWKS this long after they stop signing.
+MERIDIAN_RECEIPT_KEY_PUBLISHED_DAYS = env.int("MERIDIAN_RECEIPT_KEY_PUBLISHED_DAYS", default=400)
+# Simulated hardware: seed, and per action (or "default") latency_s, failure_rate (transient)
+# and broken_rate (for good); e.g. {"seed": 7, "failure_rate": {"write_image": 0.2}}.
+MERIDIAN_SIMULATION = {"seed": 0, "latency_s": {}, "failure_rate": {}, "broken_rate": {},
+                       **env.json("MERIDIAN_SIMULATION", default={})}
+MERIDIAN_REDFISH_VERIFY_TLS = env.bool("MERIDIAN_REDFISH_VERIFY_TLS", default=True)
+MERIDIAN_LIBVIRT_URI = env("MERIDIAN_LIBVIRT_URI", default="qemu+ssh://root@{host}/system")
+MERIDIAN_DEPLOY_IMAGE_URL = env("MERIDIAN_DEPLOY_IMAGE_URL", default="http://images.meridian.internal/deploy.iso")
+MERIDIAN_OS_IMAGE = env("MERIDIAN_OS_IMAGE", default="ubuntu-24.04-cuda-12.8")
+MERIDIAN_VM_IMAGE_DIR = env("MERIDIAN_VM_IMAGE_DIR", default="/var/lib/meridian/images")
+MERIDIAN_CONTAINER_IMAGE = env("MERIDIAN_CONTAINER_IMAGE", default="nvcr.io/nvidia/pytorch:25.01-py3")
+# A worker goes on to an operation's next step in the same task for this long (steps that only
+# ask a driver or an agent take milliseconds; a task per step cost more than the steps did).
+# 0: one step per task.
+MERIDIAN_STEP_CHAIN_SECONDS = env.float("MERIDIAN_STEP_CHAIN_SECONDS", default=5.0)
+# A transient driver error retries the step up to this many attempts, backing off 2^n seconds
+# (capped); cleaning gets its own, smaller limit, and a reservation whose provisioning failed
+# for good on this many nodes fails instead of being placed again.
+MERIDIAN_STEP_ATTEMPTS = env.int("MERIDIAN_STEP_ATTEMPTS", default=5)
+MERIDIAN_STEP_BACKOFF_MAX_S = env.float("MERIDIAN_STEP_BACKOFF_MAX_SECONDS", default=60.0)
+MERIDIAN_CLEANING_ATTEMPTS = env.int("MERIDIAN_CLEANING_ATTEMPTS", default=3)
+MERIDIAN_PROVISION_FAILURES = env.int("MERIDIAN_PROVISION_FAILURES", default=3)
+# An operation untouched for MERIDIAN_STUCK_AFTER (config.settings: longer than a task may run)
+# lost its worker without a redelivery: the reaper resumes it up to this many times, then fails it.
+MERIDIAN_RESUME_LIMIT = env.int("MERIDIAN_RESUME_LIMIT", default=3)
+# Node agents: seconds between their turns (heartbeat, then commands); an agent silent for three
+# turns cannot answer a step that needs it.
+MERIDIAN_AGENT_INTERVAL = env.float("MERIDIAN_AGENT_INTERVAL_SECONDS", default=10.0)
+# GPU telemetry (cloud.telemetry): how long raw samples, 1-minute and 1-hour rollups are kept.
+MERIDIAN_TELEMETRY_RETENTION = {
+    "raw": timedelta(minutes=env.int("MERIDIAN_TELEMETRY_RAW_MINUTES", default=60)),
+    "1m": timedelta(hours=env.int("MERIDIAN_TELEMETRY_1M_HOURS", default=48)),
+    "1h": timedelta(days=env.int("MERIDIAN_TELEMETRY_1H_DAYS", default=90)),
+}
+# An HCA port's up/down changes are counted within this window (cloud.health's port_flaps).
+MERIDIAN_PORT_FLAP_WINDOW_S = env.float("MERIDIAN_PORT_FLAP_WINDOW_S", default=300.0)
+# Failure detection (cloud.health.FailurePolicy, applied by operations.detection): a JSON object over
+# the defaults, e.g. {"suspect_after_misses": 3, "faulty_after_misses": 6, "xid_actions": {"94": "drain_node"},
+# "max_temperature_c": 88}. Heartbeat periods are MERIDIAN_AGENT_INTERVAL_SECONDS, the flap window
+# MERIDIAN_PORT_FLAP_WINDOW_S; an unknown key or action is refused when the policy is read.
+MERIDIAN_FAILURE_POLICY = env.json("MERIDIAN_FAILURE_POLICY", default={})
+# How many times a step asks again for an answer it is waiting on (an agent's scrub) before that
+# counts as a failed attempt.
+MERIDIAN_STEP_WAITS = env.int("MERIDIAN_STEP_WAITS", default=30)
+# Replacement of failed hardware (provisioning.lifecycle.replacement): spares of the failed node's fabric
+# first; with FROM_POOL on, ordinary free capacity of that fabric when no spare fits. A
+# reservation with nothing to replace it waits (its healthy units keep running) this long, then fails.
+MERIDIAN_REPLACEMENT_FROM_POOL = env.bool("MERIDIAN_REPLACEMENT_FROM_POOL", default=True)
+MERIDIAN_REPLACEMENT_WAIT = timedelta(seconds=env.int("MERIDIAN_REPLACEMENT_WAIT_SECONDS", default=900))
+
+# SLA (provisioning.sla.accounting): the monthly availability target in percent, and the service credit
+# table: [threshold %, credit %] rows; the largest credit whose threshold the month's
+# availability is below is owed, as a share of the month's spend. Default: below 99 % 10 %,
+# below 95 % 25 %, below 90 % 50 %.
+MERIDIAN_SLA_TARGET = env.float("MERIDIAN_SLA_TARGET", default=99.0)
+MERIDIAN_SLA_CREDITS = env.json("MERIDIAN_SLA_CREDITS", default=[[99.0, 10], [95.0, 25], [90.0, 50]])
+# /metrics (operations.metrics_views): a platform token always works; set both of these to let a
+# scraper use HTTP basic auth instead. Under gunicorn (several processes) and for the Celery
+# workers' task metrics, set PROMETHEUS_MULTIPROC_DIR (the environment variable) to one empty
+# folder shared by the web and worker processes of a machine (see the README).
+MERIDIAN_METRICS_USER = env("MERIDIAN_METRICS_USER", default="")
+MERIDIAN_METRICS_PASSWORD = env("MERIDIAN_METRICS_PASSWORD", default="")
+# Fleet alerts (operations.alerts) over the 1-minute telemetry rollups of the last window: a node's
+# utilization fluctuation (std / mean) above the threshold, at a mean utilization of at least
+# MERIDIAN_ALERT_MIN_UTILIZATION %, opens an incident; so do this many XIDs on one node. A
+# reservation's GPUs idle (0 % and no process in every sample) for MERIDIAN_IDLE_GPU_MINUTES
+# tell its tenant, at most once per reservation in that many minutes.
+MERIDIAN_ALERT_WINDOW_MIN = env.int("MERIDIAN_ALERT_WINDOW_MIN", default=10)
+MERIDIAN_ALERT_FLUCTUATION = env.float("MERIDIAN_ALERT_FLUCTUATION", default=0.15)
+MERIDIAN_ALERT_MIN_UTILIZATION = env.float("MERIDIAN_ALERT_MIN_UTILIZATION", default=5.0)
+MERIDIAN_ALERT_XIDS = env.int("MERIDIAN_ALERT_XIDS", default=3)
+MERIDIAN_IDLE_GPU_MINUTES = env.int("MERIDIAN_IDLE_GPU_MINUTES", default=30)
+# No-shows (provisioning.lifecycle.no_shows): where telemetry has power but no utilization (the BMC of bare
+# metal a tenant holds), a GPU is idle at or below MERIDIAN_IDLE_POWER_W -- a JSON object of watts
+# per GPU model slug, or one number for every model -- else at or below
+# MERIDIAN_IDLE_POWER_FRACTION of its model's TDP; a chassis at or below MERIDIAN_IDLE_NODE_BASE_W
+# plus its GPUs' idle power. The grace periods themselves are each offering's policy.
+MERIDIAN_IDLE_POWER_W = env.json("MERIDIAN_IDLE_POWER_W", default={})
+MERIDIAN_IDLE_POWER_FRACTION = env.float("MERIDIAN_IDLE_POWER_FRACTION", default=0.2)
+MERIDIAN_IDLE_NODE_BASE_W = env.float("MERIDIAN_IDLE_NODE_BASE_W", default=1500.0)

@@ -1,0 +1,78 @@
+"""
+The tenant dashboard's figures, read through the page's scoped querysets: GPUs in use, being
+prepared and reserved for later, by team; reservations by state, month-to-date spend, GPU-hours
+per day, open incidents and unread notifications. A fixed number of queries however many
+reservations the tenant has.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+
+from django.db.models import Case, CharField, Count, Q, Sum, Value, When
+
+from provisioning import usage
+from provisioning.choices import ReservationState as R
+from provisioning.models import Reservation
+from security.models import Incident
+from tenants.notification_views import unread_notifications
+from web.console import chosen_team_id, scoped
+
+# In use: handed over and running. Being prepared: its window is open and it is being provisioned
+# (or waits for its nodes to be cleaned): not usable yet. Reserved: scheduled for a later window.
+# Releasing GPUs are the platform's again (being cleaned), so none of the three.
+IN_USE = [R.ACTIVE]
+PREPARING = [R.PROVISIONING]
+RESERVED = [R.SCHEDULED]
+CHART_DAYS = 14
+
+
+def summary(request, *, now: datetime) -> dict:
+    reservations = scoped(request, Reservation)
+    team_id = chosen_team_id(request)
+    if team_id:
+        reservations = reservations.filter(team_id=team_id)
+
+    by_team = defaultdict(lambda: {"in_use": 0, "preparing": 0, "reserved": 0})
+    stage = Case(When(state__in=IN_USE, then=Value("in_use")),
+                 When(Q(state__in=PREPARING) | Q(state__in=RESERVED, starts_at__lte=now), then=Value("preparing")),
+                 default=Value("reserved"), output_field=CharField())
+    for team, held, gpus in (reservations.filter(state__in=IN_USE + PREPARING + RESERVED).annotate(stage=stage)
+                             .values_list("team__name", "stage").annotate(gpus=Sum("gpus"))):
+        by_team[team or "Tenant-wide"][held] += gpus or 0
+    states = dict(reservations.values_list("state").annotate(n=Count("pk")).values_list("state", "n"))
+    spend = usage.month_to_date(reservations, now)
+    daily = usage.daily_gpu_hours(reservations, now, days=CHART_DAYS)
+    return {
+        "gpus_by_team": dict(sorted(by_team.items())),
+        "gpus_in_use": sum(v["in_use"] for v in by_team.values()),
+        "gpus_preparing": sum(v["preparing"] for v in by_team.values()),
+        "gpus_reserved": sum(v["reserved"] for v in by_team.values()),
+        "states": [(state, label, states.get(state, 0)) for state, label in R.choices if states.get(state)],
+        "spend": spend,
+        "chart": chart(daily),
+        "incidents": list(scoped(request, Incident).filter(resolved_at__isnull=True)[:10]),
+        "recent": list(reservations.select_related("offering").order_by("-submitted_at")[:8]),
+        "notifications": notifications(request),
+    }
+
+
+def notifications(request) -> list:
+    """The principal's unread in-app notifications, newest first, linked to their console pages."""
+    return unread_notifications(request, limit=8)
+
+
+def chart(daily: list[tuple[datetime, float]], width: int = 560, height: int = 140) -> dict:
+    """Bars of an inline SVG (no script): GPU-hours per day, the tallest bar filling the height."""
+    peak = max((hours for _, hours in daily), default=0.0)
+    top = peak or 1.0  # an empty chart still has a scale
+    slot = width / max(len(daily), 1)
+    bars = []
+    for i, (day, hours) in enumerate(daily):
+        h = round(hours / top * (height - 20), 1)
+        bars.append({"x": round(i * slot + 2, 1), "y": round(height - 16 - h, 1), "w": round(slot - 4, 1),
+                     "h": h, "label": day.strftime("%d"), "title": f"{day:%b %d}: {hours:,.1f} GPU-hours",
+                     "tx": round(i * slot + slot / 2, 1)})
+    return {"bars": bars, "width": width, "height": height, "max": peak,
+            "total": sum(hours for _, hours in daily), "days": len(daily)}

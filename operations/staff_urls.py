@@ -1,0 +1,17 @@
+"""The staff console (platform roles only): fleet, queue and scheduler, quotas, high-priority reviews."""
+
+from django.urls import path
+
+from operations import staff_views as views
+
+urlpatterns = [
+    path("", views.staff_home, name="staff-home"),
+    path("fleet/", views.fleet, name="staff-fleet"),
+    path("fleet/nodes/<uuid:pk>/", views.node_detail, name="staff-node"),
+    path("fleet/nodes/<uuid:pk>/progress/", views.node_progress, name="staff-node-progress"),
+    path("fleet/nodes/<uuid:pk>/<str:verb>/", views.node_act, name="staff-node-act"),
+    path("queue/", views.queue, name="staff-queue"),
+    path("quotas/", views.quotas, name="staff-quotas"),
+    path("quotas/<uuid:pk>/", views.quota_edit, name="staff-quota-edit"),
+    path("quotas/<uuid:pk>/delete/", views.quota_delete, name="staff-quota-delete"),
+]

@@ -1,0 +1,209 @@
+"""
+Where a request fits in one Pool, without evicting anything.
+
+Each function either returns a ``Fit`` (the GPU memory ranges to take and a score to compare
+fabrics by, lower is better) or a ``Shortfall`` (what the pool could offer, for the reason the
+request waits). Nothing here changes the Capacity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+from uuid import UUID
+
+from provisioning.scheduling.planner.state import GpuState, NodeState, Pool, slot_range
+
+T = TypeVar("T")
+
+Pick = tuple[GpuState, int, int]  # a GPU and the memory range [lo, hi) taken on it
+
+
+@dataclass
+class Fit:
+    pool: Pool
+    picks: list[Pick]
+    score: tuple
+    victims: frozenset[UUID] = field(default_factory=frozenset)
+
+
+@dataclass
+class Shortfall:
+    """
+    What pools can offer for the window: free units (nodes, GPUs or slots) in all, how many units
+    of the asked shape fit in the best one (a placement never spans fabrics), and for gangs the
+    most free nodes under one leaf switch.
+    """
+
+    free: int = 0
+    fits: int = 0
+    largest_leaf: int = 0
+
+    def __add__(self, other: Shortfall) -> Shortfall:
+        return Shortfall(self.free + other.free, max(self.fits, other.fits), max(self.largest_leaf, other.largest_leaf))
+
+
+def take_fewest(bins: Sequence[tuple[T, int]], count: int) -> list[tuple[T, int]] | None:
+    """
+    Take ``count`` from as few bins as possible: the largest bins whole, then the rest from the
+    smallest bin that still holds it (best fit, so the bigger bins stay whole). ``None`` when all
+    bins together hold too little.
+    """
+    if sum(size for _, size in bins) < count:
+        return None
+    rest = sorted(bins, key=lambda b: -b[1])
+    taken: list[tuple[T, int]] = []
+    while True:
+        holding = [b for b in rest if b[1] >= count]
+        if holding:
+            last = min(holding, key=lambda b: b[1])
+            return [*taken, (last[0], count)]
+        biggest = rest.pop(0)
+        taken.append(biggest)
+        count -= biggest[1]
+
+
+#
+# Bare metal: whole nodes under as few leaf switches as possible
+#
+
+def gang(pool: Pool, count: int, size: int, s: int, e: int) -> Fit | Shortfall:
+    """
+    ``count`` whole nodes of ``size`` GPUs with every GPU free for ``[s, e)``. One leaf when one
+    holds them, else the fewest leaves of one pod, else the fewest pods (see ``_gang_layout``).
+    """
+    by_leaf = []
+    for leaf in pool.leaves:
+        free = [n for n in leaf.nodes if n.size == size and n.whole_free(s, e)]
+        if free:
+            by_leaf.append((leaf, free))
+    total = sum(len(free) for _, free in by_leaf)
+    if total < count:
+        return Shortfall(free=total, fits=total, largest_leaf=max((len(free) for _, free in by_leaf), default=0))
+    nodes, pods, leaves, slack = _gang_layout(by_leaf, count)
+    return Fit(pool, [(g, 0, g.memory) for n in nodes for g in n.gpus], (pods, leaves, slack))
+
+
+def _gang_layout(by_leaf: list, count: int) -> tuple[list[NodeState], int, int, int]:
+    """
+    The nodes of a gang and its (pods, leaves, slack). Among leaves that hold the whole gang, the
+    one with the fewest free nodes (partly used leaves first, so whole leaves stay free); among
+    pods, the fewest leaves and then the fullest pod; across pods, the fewest pods.
+    """
+    holding = [(len(free), i) for i, (_, free) in enumerate(by_leaf) if len(free) >= count]
+    if holding:
+        free_nodes, i = min(holding)
+        return by_leaf[i][1][:count], 1, 1, free_nodes - count
+    pods: dict[tuple, list[list[NodeState]]] = {}
+    for leaf, free in by_leaf:
+        pods.setdefault(leaf.pod, []).append(free)
+    best = None
+    for members in pods.values():
+        shares = take_fewest([(free, len(free)) for free in members], count)
+        if shares is not None:
+            key = (len(shares), sum(len(free) for free in members) - count)
+            if best is None or key < best[0]:
+                best = (key, shares)
+    if best is not None:
+        (leaves, slack), shares = best
+        return [n for free, k in shares for n in free[:k]], 1, leaves, slack
+    pod_bins = [(members, sum(len(free) for free in members)) for members in pods.values()]
+    nodes: list[NodeState] = []
+    leaves = 0
+    pod_shares = take_fewest(pod_bins, count) or []
+    for members, share in pod_shares:
+        shares = take_fewest([(free, len(free)) for free in members], share) or []
+        leaves += len(shares)
+        nodes += [n for free, k in shares for n in free[:k]]
+    return nodes, len(pod_shares), leaves, sum(size for _, size in pod_bins) - count
+
+
+#
+# VMs and whole-GPU containers: best fit, to keep whole nodes free
+#
+
+def node_buckets(pool: Pool, need: int, s: int, e: int) -> tuple[list[list[NodeState]], int]:
+    """Nodes with at least ``need`` GPUs free for the window, bucketed by that count; and all free GPUs."""
+    buckets: list[list[NodeState]] = [[] for _ in range(pool.max_size + 1)]
+    total = 0
+    for node in pool.nodes:
+        c = node.free_count(s, e)
+        total += c
+        if c >= need:
+            buckets[c].append(node)
+    return buckets, total
+
+
+def best_fit_node(buckets: list[list[NodeState]], need: int) -> tuple[NodeState, int] | None:
+    """The node with the fewest free GPUs that still holds ``need``, taken out of its bucket."""
+    for c in range(need, len(buckets)):
+        if buckets[c]:
+            return buckets[c].pop(0), c
+    return None
+
+
+def vm_units(pool: Pool, units: int, per_unit: int, s: int, e: int) -> Fit | Shortfall:
+    """``units`` units of ``per_unit`` GPUs, each on one node, each on the best-fitting node at its turn."""
+    buckets, total = node_buckets(pool, per_unit, s, e)
+    fits = sum(len(nodes) * (c // per_unit) for c, nodes in enumerate(buckets))
+    if fits < units:
+        return Shortfall(free=total, fits=fits)
+    picks: list[Pick] = []
+    spare: dict[NodeState, list[GpuState]] = {}  # free GPUs of a node not yet taken by this request
+    waste = 0
+    for _ in range(units):
+        node, c = best_fit_node(buckets, per_unit)
+        free = spare[node] if node in spare else node.free_gpus(s, e)
+        spare[node] = free[per_unit:]
+        picks += [(g, 0, g.memory) for g in free[:per_unit]]
+        waste += c - per_unit
+        if c - per_unit >= per_unit:
+            buckets[c - per_unit].insert(0, node)  # first in its new bucket: the next unit packs beside it
+    return Fit(pool, picks, (waste,))
+
+
+#
+# Fractional containers: slots bin-packed onto GPUs already cut the same way
+#
+
+def slot_units(pool: Pool, units: int, n: int, s: int, e: int) -> Fit | Shortfall:
+    """
+    ``units`` slots of an ``n``-way layout: first the free slots of GPUs already carrying slots of
+    that layout (fullest GPU first), then whole free GPUs started on the best-fitting node.
+    """
+    shared = []
+    for gpu in pool.layout_gpus.get(n, ()):
+        free = gpu.free_slots(s, e, n)
+        if free:
+            shared.append((len(free), gpu, free))
+    shared.sort(key=lambda t: t[0])
+    picks: list[Pick] = []
+    for _, gpu, free in shared:
+        picks += [(gpu, *slot_range(gpu.memory, n, k)) for k in free[: units - len(picks)]]
+        if len(picks) == units:
+            return Fit(pool, picks, (0,))
+    # A shared GPU with all its slots free is also a whole free GPU; it is used up above already.
+    started = {gpu for _, gpu, _ in shared}
+    buckets, total = node_buckets(pool, 1, s, e)
+    whole = total - sum(1 for count, gpu, _ in shared if count == n and gpu.free(s, e))
+    remaining = units - len(picks)
+    new_gpus = -(-remaining // n)
+    if whole < new_gpus:
+        return Shortfall(free=sum(t[0] for t in shared) + whole * n, fits=sum(t[0] for t in shared) + whole * n)
+    for _ in range(new_gpus):
+        gpu = _new_gpu(buckets, started, s, e)
+        started.add(gpu)
+        picks += [(gpu, *slot_range(gpu.memory, n, k)) for k in range(min(n, units - len(picks)))]
+    return Fit(pool, picks, (new_gpus,))
+
+
+def _new_gpu(buckets: list[list[NodeState]], started: set[GpuState], s: int, e: int) -> GpuState:
+    """A whole free GPU on the node with the fewest free GPUs."""
+    while True:
+        node, c = best_fit_node(buckets, 1)
+        free = [g for g in node.free_gpus(s, e) if g not in started]
+        if free:
+            if c > 1:
+                buckets[c - 1].insert(0, node)
+            return free[0]

@@ -1,0 +1,73 @@
+"""
+Why a reservation waits: its score with every factor (like Slurm's sprio), its place in the queue
+and an estimated start. Read-only.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import Q, Sum
+from django.utils import timezone
+
+from cloud.choices import pool_of
+from cloud.models import GPU
+from provisioning.capacity import SELLABLE_HEALTH
+from provisioning.choices import ReservationState as R
+from provisioning.models import Allocation, Reservation
+
+
+def queue_position(reservation: Reservation) -> int | None:
+    """1 for the next to be placed among queued reservations wanting the same GPU model."""
+    if reservation.state != R.QUEUED:
+        return None
+    ahead = Reservation.objects.filter(state=R.QUEUED, gpu_model_id=reservation.gpu_model_id).filter(
+        Q(score__gt=reservation.score) | Q(score=reservation.score, submitted_at__lt=reservation.submitted_at)
+    )
+    return ahead.count() + 1
+
+
+def estimated_start(reservation: Reservation, now: datetime) -> datetime | None:
+    """
+    When enough GPUs of its model free up in its first region for it and everything queued ahead
+    of it, going by the ends of current allocations. An estimate: it ignores topology and work
+    that arrives later with a higher score.
+    """
+    if reservation.state not in (R.PENDING, R.QUEUED):
+        return reservation.starts_at
+    ahead = Reservation.objects.filter(state=R.QUEUED, gpu_model_id=reservation.gpu_model_id,
+                                       score__gt=reservation.score).aggregate(n=Sum("gpus"))["n"] or 0
+    return free_enough_at(gpu_model_id=reservation.gpu_model_id, region=Q(node__region__slug=reservation.regions[0]),
+                          pool=pool_of(reservation.offering.kind), needed=max(reservation.gpus, 1) + ahead,
+                          start=max(reservation.requested_start or now, now), now=now)
+
+
+def free_enough_at(*, gpu_model_id, region: Q, pool: str, needed: int, start: datetime,
+                   now: datetime) -> datetime | None:
+    """
+    The first moment ``needed`` sellable GPUs of the model are free in the region, going by the
+    ends of current allocations (``start`` at the earliest); None if current ends never free enough.
+    """
+    gpus = GPU.objects.filter(region, model_id=gpu_model_id, node__is_spare=False, node__pool=pool,
+                              health__in=SELLABLE_HEALTH)
+    held = Allocation.objects.filter(gpu__in=gpus, starts_at__lt=now, ends_at__gt=now)
+    free_now = gpus.count() - held.values("gpu").distinct().count()
+    if free_now >= needed:
+        return start
+    for end in held.order_by("ends_at").values_list("ends_at", flat=True)[:needed]:
+        free_now += 1
+        if free_now >= needed:
+            return max(end, start)
+    return None
+
+
+def score_report(reservation: Reservation) -> dict:
+    now = timezone.now()
+    breakdown = reservation.score_breakdown or {}
+    return {
+        "total": reservation.score,
+        "factors": breakdown.get("factors", []),
+        "queue_position": queue_position(reservation),
+        "waiting_reason": reservation.state_reason if reservation.state in (R.PENDING, R.QUEUED) else "",
+        "estimated_start": estimated_start(reservation, now),
+    }
