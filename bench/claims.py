@@ -364,7 +364,7 @@ def interleaved_ratios(measured: dict) -> dict:
 # Functions timed in the in-process breakdown of a create: (module, attribute) as reservation_create reaches them.
 TIMED = [
     ("provisioning.admission", "check_never_fits"),
-    ("provisioning.services", "_lock_tenant"),
+    ("provisioning.lock_objects", "tenant_lock"),
     ("provisioning.admission", "check_quota"),
     ("provisioning.services", "_score"),
     ("provisioning.services", "_outranked"),

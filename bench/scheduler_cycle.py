@@ -375,12 +375,12 @@ TIMED = [
     ("provisioning.services", "allocation_bind_many"),
     ("provisioning.services", "allocation_bind"),
     ("provisioning.scheduling.scheduler", "nodes_held_back"),
-    ("provisioning.services", "_move"),
+    ("provisioning.services", "reservation_transition"),
     ("provisioning.services", "audit_record_many"),
     ("provisioning.services", "audit_record"),
     ("provisioning.services", "update_rows"),
     ("provisioning.allocations", "copy_rows"),
-    ("provisioning.lifecycle", "provision_when_due"),
+    ("provisioning.lifecycle.dispatch", "provision_when_due"),
     ("provisioning.admission", "quota_suspects"),
 ]
 
