@@ -45,6 +45,7 @@ router.register("memberships", tenants.MembershipViewSet, basename="memberships"
 router.register("team-memberships", tenants.TeamMembershipViewSet, basename="team-memberships")
 router.register("invitations", tenants.InvitationViewSet, basename="invitations")
 router.register("api-tokens", tenants.APITokenViewSet, basename="api-tokens")
+router.register("ssh-keys", tenants.SSHKeyViewSet, basename="ssh-keys")
 router.register("quotas", tenants.QuotaViewSet, basename="quotas")
 router.register("high-priority-applications", high_priority.HighPriorityApplicationViewSet,
                 basename="high-priority-applications")

@@ -46,6 +46,7 @@ class Ask:
     eviction_policy: str = "soft"
     urgency: float = 0.5
     ssh_public_key: str = ""
+    ssh_keys: tuple = ()  # saved keys (tenants.SSHKey) the principal can see
     spec: dict | None = None
     vpc: object | None = None  # a VPC the principal can see (checked against team and regions at admission)
 

@@ -17,7 +17,7 @@ from provisioning.api.serializers import ReservationCreateSerializer, validate_s
 from provisioning.choices import BillingTerm, EvictionPolicy
 from provisioning.models import VPC
 from provisioning.scheduling.priority import URGENCY_LEVELS
-from tenants.models import Team
+from tenants.models import SSHKey, Team
 from web.console import add_domain_error
 
 START_CHOICES = [("now", "As soon as possible"), ("window", "At a set time (advance reservation)")]
@@ -57,8 +57,11 @@ class ReservationForm(forms.Form):
     team = forms.ChoiceField(required=False, help_text="Whose quota and record it counts against.")
     vpc = forms.ChoiceField(required=False, label="VPC",
                             help_text="Empty: your default VPC on the fabric it lands on.")
+    ssh_keys = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple, label="Saved SSH keys",
+                                         help_text="Your keys and the tenant's shared ones (SSH keys page).")
     ssh_public_key = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
-                                     label="SSH public key", help_text="Installed for the login user of each instance.")
+                                     label="Or paste an SSH public key",
+                                     help_text="Installed for the login user of each instance, with the saved ones.")
 
     def __init__(self, *args, request, for_estimate: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
@@ -78,6 +81,9 @@ class ReservationForm(forms.Form):
         if not principal.sees_all_teams:
             teams = teams.filter(pk__in=principal.team_ids)  # one books only for one's own teams
         self.fields["team"].choices = [("", "Tenant-wide")] + [(str(t.pk), t.name) for t in teams]
+        self.fields["ssh_keys"].choices = [
+            (str(k.pk), f"{k.name} · {k.kind} · {k.fingerprint}{' · shared' if k.user_id is None else ''}")
+            for k in SSHKey.objects.visible_to(principal).order_by("name", "created_at")]
         self.fields["vpc"].choices = [("", "Default VPC")] + [
             (str(v.pk), f"{v.name} ({v.cidr})") for v in VPC.objects.visible_to(principal).order_by("name")]
 
@@ -142,6 +148,8 @@ class ReservationForm(forms.Form):
             payload["team"] = d["team"]
         if d.get("vpc"):
             payload["vpc"] = d["vpc"]
+        if d.get("ssh_keys"):
+            payload["ssh_keys"] = list(d["ssh_keys"])
         return payload
 
     @staticmethod

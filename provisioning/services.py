@@ -114,6 +114,8 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
     if ask.vpc is not None and ask.vpc.team_id is not None and ask.vpc.team_id != getattr(team, "pk", None):
         raise admission.invalid("vpc", f"VPC {ask.vpc.name} belongs to a team; book the reservation for that team.",
                                 code="vpc_team")
+    if any(key.tenant_id != actor.tenant.pk for key in ask.ssh_keys):
+        raise admission.invalid("ssh_keys", "Name saved keys of this tenant.", code="does_not_exist")
     admission.check_never_fits(ask, timezone.now())
     tenant = lock_objects.tenant_lock(actor.tenant)
     # Taken once the lock is held: a create that waited for others of its tenant binds from now,
@@ -135,13 +137,22 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
     if placement is not None and _store_scheduled(
             reservation, placement, actor=actor, savepoint=savepoint,
             region=next(r for r in ask.regions if r.slug == placement.region)):
+        _keep_keys(reservation, ask)
         return reservation
     reservation.state, reservation.state_reason = R.QUEUED, "Waiting for the scheduler."
     reservation.save(force_insert=True)
     insert_objects(_place_operation(reservation), _create_event(actor, reservation))
+    _keep_keys(reservation, ask)
     if ask.requested_start is None or ask.requested_start <= now:
         notices.reservations_notify([reservation], notices.QUEUED)  # wanted now, but waits
     return reservation
+
+
+def _keep_keys(reservation: Reservation, ask: admission.Ask) -> None:
+    """The saved keys its instances get (one INSERT, and none when it names no key)."""
+    if ask.ssh_keys:
+        reservation.ssh_keys.through.objects.bulk_create(
+            reservation.ssh_keys.through(reservation_id=reservation.pk, sshkey_id=key.pk) for key in ask.ssh_keys)
 
 
 def _place_operation(reservation: Reservation) -> Operation:

@@ -122,3 +122,17 @@ class InvitationForm(forms.Form):
         self.fields["role"].choices = grantable_roles(principal)
         self.fields["team"].queryset = Team.objects.visible_to(principal).order_by("name")
         self.fields["team"].error_messages["invalid_choice"] = "Choose one of the tenant's teams."
+
+
+class SSHKeyForm(forms.Form):
+    name = forms.CharField(max_length=64, help_text="To recognise it, e.g. laptop or ci.")
+    public_key = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+                                 label="Public key", max_length=16_384,
+                                 help_text="The one line of your .pub file, e.g. ssh-ed25519 AAAA… you@laptop.")
+    shared = forms.BooleanField(required=False, label="Shared by the whole tenant",
+                                help_text="Every member may put it on their instances.")
+
+    def __init__(self, *args, principal: Principal, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not (principal.is_platform or principal.has_role(TenantRole.ADMIN)):
+            del self.fields["shared"]  # tenant admins and owners share keys

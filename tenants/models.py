@@ -487,3 +487,51 @@ class Notification(TenantOwnedModel):
     def kind_label(self) -> str:
         """The kind in words, for the console ('Reservation ready', not ``reservation.ready``)."""
         return kind_label(self.kind)
+
+
+class SSHKeyQuerySet(TenantScopedQuerySet):
+    def visible_to(self, principal, action="view"):
+        """
+        A member sees the tenant's shared keys and their own; tenant admins and owners see every
+        key of the tenant (and change the shared ones); platform staff as for any tenant object.
+        """
+        qs = super().visible_to(principal, action)
+        if principal is not None and not principal.is_platform and not principal.has_role(TenantRole.ADMIN):
+            mine = Q(user=principal.user)
+            qs = qs.filter(mine if action != "view" else (mine | Q(user__isnull=True)))
+        return qs
+
+
+class SSHKey(TenantOwnedModel):
+    """
+    An OpenSSH public key saved once and picked by id when reserving: a user's own (``user``) or
+    shared by the whole tenant (no user; tenant admins add those). Parsed and fingerprinted when
+    saved (``tenants.ssh_keys``); a tenant holds a key once. A removed key is no longer put on new
+    instances (the reservations that named it lose it with it).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(User, null=True, blank=True, on_delete=models.CASCADE, related_name="ssh_keys",
+                             help_text="Whose key it is; empty: shared by the tenant.")
+    name = models.CharField(max_length=64)
+    kind = models.CharField(max_length=32, help_text="The OpenSSH key type, e.g. ssh-ed25519.")
+    bits = models.PositiveIntegerField()
+    public_key = models.TextField(help_text="'<type> <base64>', as authorized_keys takes it (the comment apart).")
+    comment = models.CharField(max_length=200, blank=True)
+    fingerprint = models.CharField(max_length=64, help_text="SHA256:..., as ssh-keygen -l prints it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = SSHKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name", "created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "fingerprint"], name="ssh_key_once_per_tenant"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.fingerprint})"
+
+    @property
+    def authorized_keys_line(self) -> str:
+        return f"{self.public_key} {self.comment}".strip()

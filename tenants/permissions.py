@@ -28,6 +28,7 @@ POLICIES: dict[str, dict[str, str]] = {
     "team-memberships": {"read": VIEWER, "write": MEMBER},  # tenant admins, or the team's own admins (service)
     "invitations": {"read": ADMIN, "write": ADMIN},
     "api-tokens": {"read": ANY, "write": ANY},  # one's own; admins see the tenant's (queryset)
+    "ssh-keys": {"read": VIEWER, "write": MEMBER},  # one's own and the shared ones; admins all (queryset)
     "quotas": {"read": VIEWER, "write": PLATFORM_ADMIN},
     # Team members and tenant admins apply (platform admins on a team's behalf) and withdraw; the
     # service decides who may apply, the review action admits platform reviewers only (views).

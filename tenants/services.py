@@ -20,8 +20,20 @@ from django.utils import timezone
 from core.errors import Conflict, DomainError, Forbidden
 from security.audit import audit_record, snapshot
 from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
-from tenants.models import APIToken, Invitation, Membership, Quota, Team, TeamMembership, Tenant, User, secret_digest
+from tenants.models import (
+    APIToken,
+    Invitation,
+    Membership,
+    Quota,
+    SSHKey,
+    Team,
+    TeamMembership,
+    Tenant,
+    User,
+    secret_digest,
+)
 from tenants.scoping import Principal
+from tenants.ssh_keys import parse_public_key
 from tenants.token_cache import auth_changed
 
 TOKEN_PREFIX = "mrd_"
@@ -472,3 +484,53 @@ def quota_delete(*, actor: Principal, quota: Quota) -> None:
     audit_record(actor=actor, action="quota.delete", target=quota,
                  before=snapshot(quota, ["team", "resource", "gpu_model", "limit"]))
     quota.delete()
+
+
+#
+# SSH keys
+#
+
+
+@transaction.atomic
+def ssh_key_add(*, actor: Principal, name: str, public_key: str, shared: bool = False) -> SSHKey:
+    """
+    Save an OpenSSH public key for the principal (``shared``: for the whole tenant; tenant admins
+    only). 400 names what is wrong with the key; 409 when the tenant holds that key already.
+    """
+    if actor.tenant is None or actor.user is None:
+        raise Forbidden("SSH keys belong to a tenant's users: choose a tenant.", code="tenant_required")
+    if shared and not actor.has_role(TenantRole.ADMIN):
+        raise Forbidden("Only tenant admins and owners add keys shared by the whole tenant.",
+                        code="insufficient_role", required_role=TenantRole.ADMIN)
+    try:
+        parsed = parse_public_key(public_key)
+    except ValueError as exc:
+        raise DomainError({"public_key": [str(exc)]}, code="invalid") from None
+    if SSHKey.objects.filter(tenant_id=actor.tenant.pk, fingerprint=parsed.fingerprint).exists():
+        raise Conflict(f"This tenant holds this key already ({parsed.fingerprint}).", code="ssh_key_exists")
+    try:
+        with transaction.atomic():
+            key = SSHKey.objects.create(
+                tenant_id=actor.tenant.pk, user=None if shared else actor.user, name=name.strip()[:64],
+                kind=parsed.kind, bits=parsed.bits, public_key=parsed.line, comment=parsed.comment,
+                fingerprint=parsed.fingerprint)
+    except IntegrityError:
+        raise Conflict(f"This tenant holds this key already ({parsed.fingerprint}).", code="ssh_key_exists") from None
+    audit_record(actor=actor, action="ssh_key.add", target=key,
+                 after={"name": key.name, "fingerprint": key.fingerprint, "kind": key.kind, "shared": shared})
+    return key
+
+
+@transaction.atomic
+def ssh_key_remove(*, actor: Principal, key: SSHKey) -> None:
+    """
+    Remove a key: its owner, or a tenant admin (who alone may remove a shared one). Instances
+    running keep it; new instances, of any reservation that named it, no longer get it.
+    """
+    if (key.user_id is None or key.user_id != getattr(actor.user, "pk", None)) and not (
+            actor.is_platform_admin or actor.has_role(TenantRole.ADMIN)):
+        raise Forbidden("Only the key's owner or a tenant admin removes it.", code="insufficient_role",
+                        required_role=TenantRole.ADMIN)
+    audit_record(actor=actor, action="ssh_key.remove", target=key,
+                 before={"name": key.name, "fingerprint": key.fingerprint, "shared": key.user_id is None})
+    key.delete()

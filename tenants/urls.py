@@ -10,6 +10,10 @@ urlpatterns = [
     path("tokens/new/", views.token_create, name="token-create"),
     path("tokens/<uuid:pk>/issued/", views.token_issued, name="token-issued"),
     path("tokens/<uuid:pk>/revoke/", views.token_revoke, name="token-revoke"),
+    # SSH keys
+    path("ssh-keys/", views.ssh_key_list, name="ssh-key-list"),
+    path("ssh-keys/new/", views.ssh_key_create, name="ssh-key-create"),
+    path("ssh-keys/<uuid:pk>/remove/", views.ssh_key_remove, name="ssh-key-remove"),
     # Teams, members and invitations
     path("teams/", views.team_list, name="team-list"),
     path("teams/new/", views.team_create, name="team-create"),

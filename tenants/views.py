@@ -33,13 +33,14 @@ from tenants.choices import TeamRole, TenantRole
 from tenants.forms import (
     InvitationForm,
     MembershipRoleForm,
+    SSHKeyForm,
     TeamForm,
     TeamMembershipAddForm,
     TeamMembershipRoleForm,
     TokenForm,
     grantable_roles,
 )
-from tenants.models import APIToken, Invitation, Membership, Team, TeamMembership
+from tenants.models import APIToken, Invitation, Membership, SSHKey, Team, TeamMembership
 from web.console import (
     CHANGE,
     add_domain_error,
@@ -150,6 +151,57 @@ def token_revoke(request, pk):
     show_owner = request.principal.is_platform or request.principal.has_role(TenantRole.ADMIN)
     return _row_or_redirect(request, "tenants/_token_row.html", {"token": token, "show_owner": show_owner},
                             to="token-list", message=message, error=error)
+
+
+#
+# SSH keys
+#
+
+
+@console_page("ssh-keys")
+def ssh_key_list(request):
+    """Your saved SSH keys and the tenant's shared ones (tenant admins: every key), and a form for a new one."""
+    if request.principal.tenant is None:
+        return redirect("console-tenants")
+    return _ssh_keys_page(request, SSHKeyForm(principal=request.principal))
+
+
+@require_POST
+@console_page("ssh-keys")
+def ssh_key_create(request):
+    form = SSHKeyForm(request.POST, principal=request.principal)
+    if form.is_valid():
+        try:
+            key = services.ssh_key_add(actor=request.principal, name=form.cleaned_data["name"],
+                                       public_key=form.cleaned_data["public_key"],
+                                       shared=form.cleaned_data.get("shared", False))
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            messages.success(request, f"Key {key.name} is saved ({key.fingerprint}).")
+            return redirect("ssh-key-list")
+    return _ssh_keys_page(request, form, status=400)
+
+
+@require_POST
+@console_page("ssh-keys")
+def ssh_key_remove(request, pk):
+    key = scoped_or_404(request, SSHKey, CHANGE, pk=pk)
+    try:
+        services.ssh_key_remove(actor=request.principal, key=key)
+    except DomainError as exc:
+        messages.error(request, error_text(exc))
+    else:
+        messages.success(request, f"Key {key.name} is removed: new instances no longer get it.")
+    return redirect("ssh-key-list")
+
+
+def _ssh_keys_page(request, form: SSHKeyForm, status: int = 200):
+    keys = list(scoped(request, SSHKey).select_related("user").order_by("name", "created_at"))
+    removable = set(scoped(request, SSHKey, CHANGE).filter(pk__in=[k.pk for k in keys]).values_list("pk", flat=True))
+    for key in keys:
+        key.removable = key.pk in removable
+    return render(request, "tenants/ssh_key_list.html", {"keys": keys, "form": form}, status=status)
 
 
 #

@@ -33,12 +33,13 @@ from tenants.models import (
     Membership,
     Notification,
     Quota,
+    SSHKey,
     Team,
     TeamMembership,
 )
 from tenants.scoping import Principal
 from tests.routes import SAFE, api_routes
-from tests.world import PERSONAS, World, fleet_node, small_fleet, team_record, unique, vm_offering
+from tests.world import PERSONAS, World, fleet_node, small_fleet, ssh_key, team_record, unique, vm_offering
 
 V1 = "/api/v1"
 
@@ -206,6 +207,15 @@ MATRIX: dict[tuple[str, str], Case] = {
         "401 403 403 200 200 403 200 200", lambda w: f"{V1}/invitations/{w.t1.objects[Invitation].pk}/"),
     ("DELETE", "invitations-detail"): Case(
         "401 403 403 204 204 403 403 403", lambda w: f"{V1}/invitations/{w.t1.objects[Invitation].pk}/"),
+    ("GET", "ssh-keys-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/ssh-keys/"),
+    ("POST", "ssh-keys-list"): Case(
+        "401 403 201 201 201 201 403 403", lambda w: f"{V1}/ssh-keys/",
+        lambda w: {"name": "k", "public_key": ssh_key()}),
+    # The owner's own key: its owner and the tenant's admins (and staff) see it; members see only theirs.
+    ("GET", "ssh-keys-detail"): Case(
+        "401 404 404 200 200 404 200 200", lambda w: f"{V1}/ssh-keys/{w.t1.objects[SSHKey].pk}/"),
+    ("DELETE", "ssh-keys-detail"): Case(
+        "401 403 404 204 204 404 403 403", lambda w: f"{V1}/ssh-keys/{w.t1.objects[SSHKey].pk}/"),
     ("GET", "api-tokens-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/api-tokens/"),
     ("POST", "api-tokens-list"): Case(
         "401 403 201 201 201 201 201 201", lambda w: f"{V1}/api-tokens/", lambda w: {"name": "ci", "scope": "read"}),

@@ -12,6 +12,8 @@ import itertools
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -31,6 +33,7 @@ from tenants.models import (
     Membership,
     Notification,
     Quota,
+    SSHKey,
     Team,
     TeamMembership,
     Tenant,
@@ -129,6 +132,7 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     principal = Principal(user=side.owner, tenant=tenant, role=TenantRole.OWNER)
     side.objects[Invitation], _ = services.invitation_create(actor=principal, role=TenantRole.MEMBER)
     side.objects[APIToken] = services.token_issue(actor=principal, name=unique("owner-token")).token
+    side.objects[SSHKey] = services.ssh_key_add(actor=principal, name=unique("owner-key"), public_key=ssh_key())
     side.objects[Quota] = Quota.objects.create(tenant=tenant, team=team, resource=QuotaResource.GPUS, limit=16)
     side.objects[Tenant] = tenant
     side.objects[AuditEvent] = AuditEvent.objects.filter(tenant_id=tenant.pk).first()
@@ -254,3 +258,10 @@ def vm_offering(gpus_per_unit: int = 1) -> Offering:
 
 def now():
     return timezone.now()
+
+
+def ssh_key(comment: str = "") -> str:
+    """A fresh OpenSSH ed25519 public key line."""
+    public = ed25519.Ed25519PrivateKey.generate().public_key()
+    line = public.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    return f"{line} {comment}".strip()

@@ -19,7 +19,7 @@ from provisioning.admission import Ask, best_offering_for_spec, count_field
 from provisioning.choices import BillingTerm, EvictionPolicy
 from provisioning.models import VPC, Instance, Operation, Reservation, StepRun
 from provisioning.scheduling.priority import URGENCY_LEVELS
-from tenants.models import Team
+from tenants.models import SSHKey, Team
 from web.api.base import (
     BoundedListField,
     ScopedRelatedField,
@@ -30,6 +30,7 @@ from web.api.base import (
 
 MAX_REGIONS = 8
 MAX_KEY_LENGTH = 16_384
+MAX_SSH_KEYS = 10
 
 
 def validate_ssh_public_key(value: str) -> str:
@@ -103,6 +104,9 @@ class ReservationCreateSerializer(StrictSerializer):
                              help_text="The IB-VPC to join; your default VPC on the fabric it lands on if left out.")
     ssh_public_key = serializers.CharField(max_length=MAX_KEY_LENGTH, required=False, allow_blank=True,
                                            validators=[validate_ssh_public_key])
+    ssh_keys = BoundedListField(child=ScopedRelatedField(queryset=SSHKey.objects.all()), required=False,
+                                max_length=MAX_SSH_KEYS, help_text="Ids of saved SSH keys (/ssh-keys/) its "
+                                "instances get: your own and your tenant's shared ones.")
 
     def validate_regions(self, regions):
         if len({region.pk for region in regions}) != len(regions):
@@ -130,6 +134,7 @@ class ReservationCreateSerializer(StrictSerializer):
             billing_term=attrs["billing_term"], spot_max_price=attrs.get("spot_max_price"),
             eviction_policy=attrs["eviction_policy"], urgency=attrs["urgency"],
             ssh_public_key=attrs.get("ssh_public_key", ""), spec=self.initial_data.get("spec"), vpc=attrs.get("vpc"),
+            ssh_keys=tuple(dict.fromkeys(attrs.get("ssh_keys", []))),
         )
         return attrs
 

@@ -105,9 +105,19 @@ def power_on_deploy(ctx: Context) -> None:
     ctx.each(boot)
 
 
+def authorized_keys(reservation) -> str:
+    """
+    The authorized_keys an instance of ``reservation`` gets: the key pasted into it, then its saved
+    keys as they are now (a key removed since is no longer there), each once, one per line.
+    """
+    lines = [reservation.ssh_public_key.strip()] if reservation.ssh_public_key.strip() else []
+    lines += [key.authorized_keys_line for key in reservation.ssh_keys.order_by("name", "created_at")]
+    return "\n".join(dict.fromkeys(lines))
+
+
 def write_image(ctx: Context) -> None:
-    """The OS image with the tenant's key, marked with this instance: a disk written for anyone else is rewritten."""
-    image, key = settings.MERIDIAN_OS_IMAGE, ctx.reservation.ssh_public_key
+    """The OS image with the tenant's keys, marked with this instance: a disk written for anyone else is rewritten."""
+    image, key = settings.MERIDIAN_OS_IMAGE, authorized_keys(ctx.reservation)
     disks = ctx.drivers.image
 
     def write(instance, target):
@@ -385,7 +395,7 @@ def apply_pod(ctx: Context) -> None:
             image=settings.MERIDIAN_CONTAINER_IMAGE, gpus=0 if slot else len(instance.devices),
             devices=instance.devices,
             memory_cap_mib=(instance.devices[0]["mem_hi"] - instance.devices[0]["mem_lo"]) if slot else None,
-            ssh_public_key=reservation.ssh_public_key,
+            ssh_public_key=authorized_keys(reservation),
             labels={"meridian.cloud/reservation": str(reservation.pk),
                     "meridian.cloud/tenant": str(reservation.tenant_id)},
         )

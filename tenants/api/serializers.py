@@ -16,11 +16,13 @@ from tenants.models import (
     Membership,
     Notification,
     Quota,
+    SSHKey,
     Team,
     TeamMembership,
     Tenant,
     User,
 )
+from tenants.ssh_keys import MAX_LENGTH as MAX_KEY_LENGTH
 from web.api.base import (
     SLUG_PATTERN,
     ScopedRelatedField,
@@ -344,3 +346,25 @@ class MeSerializer(serializers.Serializer):
     platform_role = serializers.ChoiceField(choices=PlatformRole.choices)
     memberships = MyMembershipSerializer(many=True)
     acting_as = PrincipalSerializer()
+
+
+class SSHKeySerializer(StrictModelSerializer):
+    public_key = serializers.CharField(max_length=MAX_KEY_LENGTH, write_only=True, trim_whitespace=True,
+                                       help_text="One OpenSSH public key line: ssh-ed25519, "
+                                                 "ecdsa-sha2-nistp256/384/521 or ssh-rsa of at least 3072 bits.")
+    shared = serializers.BooleanField(default=False, write_only=True,
+                                      help_text="Shared by the whole tenant (tenant admins and owners only).")
+    is_shared = serializers.SerializerMethodField(help_text="Whether the key is the tenant's (else its user's).")
+    user = serializers.EmailField(source="user.email", read_only=True, allow_null=True, default=None)
+    authorized_key = serializers.CharField(source="authorized_keys_line", read_only=True,
+                                           help_text="The line an instance's authorized_keys gets.")
+
+    class Meta:
+        model = SSHKey
+        fields = ["id", "name", "public_key", "shared", "is_shared", "user", "kind", "bits", "fingerprint", "comment",
+                  "authorized_key", "created_at"]
+        read_only_fields = ["id", "kind", "bits", "fingerprint", "comment", "created_at"]
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_is_shared(self, key) -> bool:
+        return key.user_id is None

@@ -15,6 +15,7 @@ from tenants.models import (
     Membership,
     Notification,
     Quota,
+    SSHKey,
     Team,
     TeamMembership,
     Tenant,
@@ -240,6 +241,33 @@ class APITokenViewSet(ReadMixin, TenantScopedViewSet):
     def destroy(self, request, pk=None):
         """Revoke the token (it stays listed, with revoked_at)."""
         services.token_revoke(actor=self.principal, token=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+#
+# SSH keys
+#
+
+
+class SSHKeyViewSet(ReadMixin, TenantScopedViewSet):
+    """Saved SSH public keys: your own and the tenant's shared ones (tenant admins: every key of the tenant)."""
+
+    policy = "ssh-keys"
+    queryset = SSHKey.objects.select_related("user")
+    serializer_class = s.SSHKeySerializer
+    ordering_fields = ["name", "created_at"]
+    ordering = ["name", "created_at"]
+
+    @extend_schema(responses={201: s.SSHKeySerializer})
+    def create(self, request):
+        data = self.get_serializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = services.ssh_key_add(actor=self.principal, **data.validated_data)
+        return Response(self.get_serializer(key).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        """Remove the key: new instances no longer get it (running ones keep it)."""
+        services.ssh_key_remove(actor=self.principal, key=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow
 
 # Each driver call of the simulated hardware takes this long, so provisioning lasts a few seconds.
 DRIVER_LATENCY_S = 0.3
-TENANT_PAGES = ["/reservations/", "/vpcs/", "/teams/", "/quotas/", "/tokens/", "/notifications/", "/audit/",
-                "/high-priority/"]
+TENANT_PAGES = ["/reservations/", "/vpcs/", "/teams/", "/quotas/", "/tokens/", "/ssh-keys/", "/notifications/",
+                "/audit/", "/high-priority/"]
 STAFF_PAGES = ["/staff/fleet/", "/staff/queue/", "/staff/quotas/", "/staff/high-priority/"]
 
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 PHONE = {"width": 390, "height": 844}
 # Below the top bar and the one-line navigation: what a phone shows first is the page's own content.
 CONTENT_TOP_MAX_PX = 170
-TENANT_PAGES = ["/", "/reservations/", "/reservations/new/", "/vpcs/", "/teams/", "/quotas/", "/sla/",
+TENANT_PAGES = ["/", "/reservations/", "/reservations/new/", "/vpcs/", "/teams/", "/quotas/", "/ssh-keys/", "/sla/",
                 "/high-priority/", "/tokens/", "/notifications/"]
 ADMIN_PAGES = ["/audit/", "/teams/"]
 STAFF_PAGES = ["/staff/fleet/", "/staff/queue/", "/staff/quotas/", "/staff/sla/", "/staff/high-priority/", "/audit/"]
