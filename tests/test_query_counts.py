@@ -30,6 +30,7 @@ from tenants.models import (
     Membership,
     Notification,
     Quota,
+    SSHKey,
     Team,
     TeamMembership,
     Tenant,
@@ -90,6 +91,14 @@ def make_api_tokens(world, n):
             user=world.users["t1_member"], tenant=world.t1.tenant, team=world.t1.team, name=unique("token"),
             prefix=secrets.token_hex(6), digest=secret_digest(secrets.token_urlsafe(32)),
         )
+
+
+def make_ssh_keys(world, n):
+    """Keys of members and shared ones, as an owner lists them."""
+    for i in range(n):
+        SSHKey.objects.create(tenant=world.t1.tenant, user=world.users["t1_member"] if i % 2 else None,
+                              name=unique("key"), kind="ssh-ed25519", bits=256, public_key=f"ssh-ed25519 AAAA{i}",
+                              fingerprint=f"SHA256:{secrets.token_hex(16)}")
 
 
 def make_quotas(world, n):
@@ -275,6 +284,7 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     TeamMembership: make_team_memberships,
     Invitation: make_invitations,
     APIToken: make_api_tokens,
+    SSHKey: make_ssh_keys,
     Quota: make_quotas,
     AuditEvent: make_audit_events,
     HighPriorityApplication: make_hp_applications,
