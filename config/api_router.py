@@ -8,7 +8,7 @@ from rest_framework.reverse import reverse
 
 from cloud.api import views as cloud
 from operations import api as operations_api
-from provisioning.api import high_priority, networks, offerings, sla
+from provisioning.api import high_priority, images, networks, offerings, sla
 from provisioning.api import views as provisioning
 from security.api import views as security
 from security.api.views import AuditEventViewSet
@@ -58,6 +58,7 @@ router.register("vpcs", networks.VPCViewSet, basename="vpcs")
 router.register("regions", cloud.RegionViewSet, basename="regions")
 router.register("gpu-models", cloud.GPUModelViewSet, basename="gpu-models")
 router.register("offerings", offerings.OfferingViewSet, basename="offerings")
+router.register("images", images.ImageViewSet, basename="images")
 router.register("fabrics", cloud.FabricViewSet, basename="fabrics")
 router.register("nodes", operations_api.NodeViewSet, basename="nodes")
 router.register("gpus", cloud.GPUViewSet, basename="gpus")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from decimal import Decimal
 
 from django.db import transaction
 
 from cloud.choices import IsolationMode, OfferingKind
 from cloud.fleet import FleetSpec, build_fleet
-from cloud.models import GPUModel, Offering
+from cloud.models import GPUModel, Image, Offering, Region
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole
 from tenants.models import Membership, Quota, Team, TeamMembership, Tenant, User
@@ -33,6 +34,32 @@ DEMO_TENANTS = {
 # (GPU model slug, on-demand price per GPU-hour)
 LIST_PRICES = {"h100-80gb-sxm": Decimal("2.49"), "h200-141gb-sxm": Decimal("3.39"),
                "a100-80gb-sxm": Decimal("1.29"), "b200-180gb-sxm": Decimal("4.99")}
+
+
+# The public images: (name, kind, OS, CUDA, driver, size, source), the first of each kind its default.
+DEMO_IMAGES = [
+    ("Ubuntu 24.04 + CUDA 12.8 (server)", OfferingKind.BARE_METAL, "ubuntu-24.04", "12.8", "570.86",
+     9 * 2**30, "https://images.meridian.example/ubuntu-24.04-cuda-12.8-server.img"),
+    ("Ubuntu 24.04 + CUDA 12.8 (VM disk)", OfferingKind.VM, "ubuntu-24.04", "12.8", "570.86",
+     6 * 2**30, "https://images.meridian.example/ubuntu-24.04-cuda-12.8-vm.qcow2"),
+    ("PyTorch 25.01", OfferingKind.CONTAINER, "ubuntu-24.04", "12.8", "", 10 * 2**30,
+     "nvcr.io/nvidia/pytorch:25.01-py3"),
+    ("Rocky Linux 9 + CUDA 12.4 (server)", OfferingKind.BARE_METAL, "rocky-9", "12.4", "550.127",
+     8 * 2**30, "https://images.meridian.example/rocky-9-cuda-12.4-server.img"),
+]
+
+
+def seed_images() -> None:
+    """The public images, in every region of the fleet; the first of each kind is its default."""
+    regions = list(Region.objects.order_by("slug").values_list("slug", flat=True))
+    GPUModel.objects.filter(max_cuda_version="").update(max_cuda_version="12.8")
+    kinds = set()
+    for name, kind, os_name, cuda, driver, size, source in DEMO_IMAGES:
+        Image.objects.get_or_create(name=name, tenant=None, defaults={
+            "kind": kind, "os": os_name, "cuda_version": cuda, "driver_version": driver, "size_bytes": size,
+            "sha256": hashlib.sha256(source.encode()).hexdigest(), "source_url": source, "regions": regions,
+            "login_user": "rocky" if os_name.startswith("rocky") else "ubuntu", "is_default": kind not in kinds})
+        kinds.add(kind)
 
 
 def offerings_for(model: GPUModel) -> list[dict]:
@@ -69,6 +96,7 @@ def seed_demo(*, regions: int = 2, nodes: int = 64, progress=None) -> bool:
     for model in GPUModel.objects.filter(gpus__isnull=False).distinct():
         for row in offerings_for(model):
             Offering.objects.get_or_create(slug=row.pop("slug"), defaults=row)
+    seed_images()
     teams = {}
     for slug, (name, team_rows) in DEMO_TENANTS.items():
         tenant = Tenant.objects.create(slug=slug, name=name)

@@ -69,3 +69,8 @@ class Forbidden(DomainError):
     status_code = status.HTTP_403_FORBIDDEN
     default_code = "permission_denied"
     default_detail = "You do not have permission to perform this action."
+
+
+def invalid(field: str, message: str, code: str = "invalid") -> DomainError:
+    """A 400 on ``field``: the name of the request's field, so the client knows what to change."""
+    return DomainError({field: [message]}, code=code)

@@ -22,7 +22,7 @@ from django.db.models.functions import Cast
 
 from cloud.choices import OfferingKind, pool_of
 from cloud.models import GPU, GPUModel, Offering, Region
-from core.errors import DomainError
+from core.errors import DomainError, invalid
 from provisioning.capacity import SELLABLE_HEALTH
 from provisioning.choices import BillingTerm
 from provisioning.models import Reservation
@@ -47,6 +47,7 @@ class Ask:
     urgency: float = 0.5
     ssh_public_key: str = ""
     ssh_keys: tuple = ()  # saved keys (tenants.SSHKey) the principal can see
+    image: object | None = None  # a cloud.Image the principal can see; None: the default of the kind
     spec: dict | None = None
     vpc: object | None = None  # a VPC the principal can see (checked against team and regions at admission)
 
@@ -60,11 +61,6 @@ class Ask:
         if self.offering.slots_per_gpu == 1:
             return float(self.gpus)
         return self.units / self.offering.slots_per_gpu
-
-
-def invalid(field: str, message: str, code: str = "invalid") -> DomainError:
-    """A 400 on ``field``: the name of the request's field, so the client knows what to change."""
-    return DomainError({field: [message]}, code=code)
 
 
 def count_field(offering: Offering) -> str:

@@ -10,7 +10,7 @@ from django import forms
 from rest_framework import serializers
 
 from cloud.choices import OfferingKind
-from cloud.models import Offering, Region
+from cloud.models import Image, Offering, Region
 from core.errors import DomainError
 from provisioning.admission import best_offering_for_spec, count_field
 from provisioning.api.serializers import ReservationCreateSerializer, validate_ssh_public_key
@@ -57,6 +57,7 @@ class ReservationForm(forms.Form):
     team = forms.ChoiceField(required=False, help_text="Whose quota and record it counts against.")
     vpc = forms.ChoiceField(required=False, label="VPC",
                             help_text="Empty: your default VPC on the fabric it lands on.")
+    image = forms.ChoiceField(required=False, help_text="What its instances boot; the offering's default if left.")
     ssh_keys = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple, label="Saved SSH keys",
                                          help_text="Your keys and the tenant's shared ones (SSH keys page).")
     ssh_public_key = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
@@ -81,6 +82,9 @@ class ReservationForm(forms.Form):
         if not principal.sees_all_teams:
             teams = teams.filter(pk__in=principal.team_ids)  # one books only for one's own teams
         self.fields["team"].choices = [("", "Tenant-wide")] + [(str(t.pk), t.name) for t in teams]
+        self.fields["image"].choices = [("", "Default for the offering")] + [
+            (str(i.pk), f"{i.name} · {i.get_kind_display()}{' · yours' if i.tenant_id else ''}")
+            for i in Image.objects.visible_to(principal).filter(state=Image.State.ACTIVE).order_by("kind", "name")]
         self.fields["ssh_keys"].choices = [
             (str(k.pk), f"{k.name} · {k.kind} · {k.fingerprint}{' · shared' if k.user_id is None else ''}")
             for k in SSHKey.objects.visible_to(principal).order_by("name", "created_at")]
@@ -148,6 +152,8 @@ class ReservationForm(forms.Form):
             payload["team"] = d["team"]
         if d.get("vpc"):
             payload["vpc"] = d["vpc"]
+        if d.get("image"):
+            payload["image"] = d["image"]
         if d.get("ssh_keys"):
             payload["ssh_keys"] = list(d["ssh_keys"])
         return payload

@@ -56,6 +56,9 @@ class Reservation(TeamOwnedModel):
     eviction_policy = models.CharField(max_length=8, choices=EvictionPolicy.choices, default=EvictionPolicy.SOFT)
     urgency = models.FloatField(default=0.5, validators=[MinValueValidator(0), MaxValueValidator(1)])
     ssh_public_key = models.TextField(blank=True)
+    image = models.ForeignKey("cloud.Image", null=True, blank=True, on_delete=models.PROTECT,
+                              related_name="reservations",
+                              help_text="What its instances boot; empty: the default of its offering's kind.")
     ssh_keys = models.ManyToManyField("tenants.SSHKey", blank=True, related_name="reservations",
                                       help_text="Saved keys its instances get (with ssh_public_key, if pasted).")
     # Its IB-VPC; none: the tenant's default VPC on the fabric it lands on (created on first use).

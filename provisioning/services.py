@@ -18,7 +18,7 @@ from cloud.models import Region
 from core.db import fast_cursor, insert_objects, insert_statement, mark_saved, update_rows
 from core.errors import Conflict, Forbidden
 from core.transitions import sources_of
-from provisioning import admission, lock_objects, notices
+from provisioning import admission, images, lock_objects, notices
 from provisioning.allocations import (
     BindDeadlocked,
     Binding,
@@ -116,6 +116,10 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
                                 code="vpc_team")
     if any(key.tenant_id != actor.tenant.pk for key in ask.ssh_keys):
         raise admission.invalid("ssh_keys", "Name saved keys of this tenant.", code="does_not_exist")
+    if ask.image is not None:
+        if ask.image.tenant_id not in (None, actor.tenant.pk):
+            raise admission.invalid("image", "Name a public image or one of this tenant's.", code="does_not_exist")
+        images.image_check(ask.image, offering=ask.offering, regions=ask.regions)
     admission.check_never_fits(ask, timezone.now())
     tenant = lock_objects.tenant_lock(actor.tenant)
     # Taken once the lock is held: a create that waited for others of its tenant binds from now,
@@ -127,7 +131,7 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
         gpu_model=ask.offering.gpu_model, spec=ask.spec, units=ask.units, gpus=ask.gpus,
         regions=[region.slug for region in ask.regions], requested_start=ask.requested_start, duration=ask.duration,
         billing_term=ask.billing_term, spot_max_price=ask.spot_max_price, eviction_policy=ask.eviction_policy,
-        urgency=ask.urgency, ssh_public_key=ask.ssh_public_key, vpc=ask.vpc,
+        urgency=ask.urgency, ssh_public_key=ask.ssh_public_key, vpc=ask.vpc, image=ask.image,
     )
     # Scored, and placed when it can be, before it is stored: one INSERT in the state it ends in
     # (it has waited nothing yet), with its operation and audit event.

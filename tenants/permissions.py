@@ -43,6 +43,7 @@ POLICIES: dict[str, dict[str, str]] = {
     "regions": {"read": ANY, "write": PLATFORM_ADMIN},
     "gpu-models": {"read": ANY, "write": PLATFORM_ADMIN},
     "offerings": {"read": ANY, "write": PLATFORM_ADMIN},
+    "images": {"read": ANY, "write": ANY},  # public ones by platform admins, a tenant's by its members (service)
     "fabrics": {"read": PLATFORM, "write": PLATFORM_ADMIN},
     "nodes": {"read": PLATFORM, "write": PLATFORM_ADMIN},
     "gpus": {"read": PLATFORM, "write": PLATFORM_ADMIN},

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
-from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region, Switch
+from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, Switch
 from config.api_router import router
 from provisioning.models import VPC, Instance, Operation, PortMembership, Reservation
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
@@ -36,7 +36,7 @@ from tenants.models import (
     Tenant,
     secret_digest,
 )
-from tests.world import World, fleet_node, h100, hp_snapshot, make_user, unique, vm_offering
+from tests.world import World, fleet_node, h100, hp_snapshot, image, make_user, unique, vm_offering
 from web.api.base import PlatformViewSet
 
 SMALL, LARGE = 2, 20
@@ -99,6 +99,12 @@ def make_ssh_keys(world, n):
         SSHKey.objects.create(tenant=world.t1.tenant, user=world.users["t1_member"] if i % 2 else None,
                               name=unique("key"), kind="ssh-ed25519", bits=256, public_key=f"ssh-ed25519 AAAA{i}",
                               fingerprint=f"SHA256:{secrets.token_hex(16)}")
+
+
+def make_images(world, n):
+    """Public images and the tenant's own, as a tenant lists them."""
+    for i in range(n):
+        image(tenant=world.t1.tenant if i % 2 else None, kind=("bare_metal", "vm", "container")[i % 3])
 
 
 def make_quotas(world, n):
@@ -285,6 +291,7 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     Invitation: make_invitations,
     APIToken: make_api_tokens,
     SSHKey: make_ssh_keys,
+    Image: make_images,
     Quota: make_quotas,
     AuditEvent: make_audit_events,
     HighPriorityApplication: make_hp_applications,

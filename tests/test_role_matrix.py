@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import pytest
 
-from cloud.models import GPU, Fabric, GPUModel, Node, Offering, Region
+from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region
 from provisioning.admission import Ask
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from provisioning.models import VPC, Instance, Operation, Reservation
@@ -207,6 +207,18 @@ MATRIX: dict[tuple[str, str], Case] = {
         "401 403 403 200 200 403 200 200", lambda w: f"{V1}/invitations/{w.t1.objects[Invitation].pk}/"),
     ("DELETE", "invitations-detail"): Case(
         "401 403 403 204 204 403 403 403", lambda w: f"{V1}/invitations/{w.t1.objects[Invitation].pk}/"),
+    ("GET", "images-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/images/"),
+    ("POST", "images-list"): Case(
+        "401 403 201 201 201 201 403 403", lambda w: f"{V1}/images/",
+        lambda w: {"name": unique("img"), "kind": "vm", "os": "ubuntu-24.04", "size_bytes": 1, "sha256": "c" * 64,
+                   "source_url": "https://images.example/x.qcow2", "regions": []}),
+    # The image is t1's own: its members change it, staff read it, platform admins change it.
+    ("GET", "images-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/images/{w.t1.objects[Image].pk}/"),
+    ("DELETE", "images-detail"): Case(
+        "401 403 204 204 204 404 404 204", lambda w: f"{V1}/images/{w.t1.objects[Image].pk}/"),
+    ("POST", "images-deprecate"): Case(
+        "401 403 200 200 200 404 404 200", lambda w: f"{V1}/images/{w.t1.objects[Image].pk}/deprecate/"),
     ("GET", "ssh-keys-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/ssh-keys/"),
     ("POST", "ssh-keys-list"): Case(
         "401 403 201 201 201 201 403 403", lambda w: f"{V1}/ssh-keys/",

@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
-from cloud.models import GPUModel, Node, Offering
+from cloud.models import GPUModel, Image, Node, Offering
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from provisioning.models import VPC, Instance, Operation, Reservation
 from security.audit import audit_record
@@ -133,6 +133,7 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     side.objects[Invitation], _ = services.invitation_create(actor=principal, role=TenantRole.MEMBER)
     side.objects[APIToken] = services.token_issue(actor=principal, name=unique("owner-token")).token
     side.objects[SSHKey] = services.ssh_key_add(actor=principal, name=unique("owner-key"), public_key=ssh_key())
+    side.objects[Image] = image(tenant=tenant)
     side.objects[Quota] = Quota.objects.create(tenant=tenant, team=team, resource=QuotaResource.GPUS, limit=16)
     side.objects[Tenant] = tenant
     side.objects[AuditEvent] = AuditEvent.objects.filter(tenant_id=tenant.pk).first()
@@ -265,3 +266,10 @@ def ssh_key(comment: str = "") -> str:
     public = ed25519.Ed25519PrivateKey.generate().public_key()
     line = public.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
     return f"{line} {comment}".strip()
+
+
+def image(*, tenant=None, kind="bare_metal", name=None, regions=("us-east-1",), **extra) -> Image:
+    """An active image of ``kind`` (a tenant's own, or public when ``tenant`` is None)."""
+    fields = {"os": "ubuntu-24.04", "cuda_version": "12.4", "size_bytes": 2**30, "sha256": "a" * 64,
+              "source_url": f"https://images.example/{unique('img')}.img", "regions": list(regions)} | extra
+    return Image.objects.create(tenant=tenant, kind=kind, name=name or unique("image"), **fields)

@@ -14,7 +14,7 @@ from rest_framework import serializers
 from cloud.api.fields import CatalogueSlugField
 from cloud.api.serializers import TELEMETRY_POINTS, TelemetryLatestSerializer, telemetry_points
 from cloud.choices import OfferingKind
-from cloud.models import Offering, Region
+from cloud.models import Image, Offering, Region
 from provisioning.admission import Ask, best_offering_for_spec, count_field
 from provisioning.choices import BillingTerm, EvictionPolicy
 from provisioning.models import VPC, Instance, Operation, Reservation, StepRun
@@ -104,6 +104,9 @@ class ReservationCreateSerializer(StrictSerializer):
                              help_text="The IB-VPC to join; your default VPC on the fabric it lands on if left out.")
     ssh_public_key = serializers.CharField(max_length=MAX_KEY_LENGTH, required=False, allow_blank=True,
                                            validators=[validate_ssh_public_key])
+    image = ScopedRelatedField(queryset=Image.objects.all(), required=False, allow_null=True,
+                               help_text="The image its instances boot (/images/); the default of the offering's "
+                                         "kind if left out.")
     ssh_keys = BoundedListField(child=ScopedRelatedField(queryset=SSHKey.objects.all()), required=False,
                                 max_length=MAX_SSH_KEYS, help_text="Ids of saved SSH keys (/ssh-keys/) its "
                                 "instances get: your own and your tenant's shared ones.")
@@ -134,7 +137,7 @@ class ReservationCreateSerializer(StrictSerializer):
             billing_term=attrs["billing_term"], spot_max_price=attrs.get("spot_max_price"),
             eviction_policy=attrs["eviction_policy"], urgency=attrs["urgency"],
             ssh_public_key=attrs.get("ssh_public_key", ""), spec=self.initial_data.get("spec"), vpc=attrs.get("vpc"),
-            ssh_keys=tuple(dict.fromkeys(attrs.get("ssh_keys", []))),
+            ssh_keys=tuple(dict.fromkeys(attrs.get("ssh_keys", []))), image=attrs.get("image"),
         )
         return attrs
 
@@ -157,7 +160,7 @@ class ReservationSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "state", "state_reason", "offering", "kind", "gpu_model", "spec", "units", "gpus",
                   "regions", "region", "requested_start", "starts_at", "ends_at", "duration_hours", "billing_term",
                   "spot_max_price", "eviction_policy", "urgency", "team", "vpc", "score", "submitted_at",
-                  "scheduled_at", "released_at", "replacements", "replaced_at", "replacement_reason"]
+                  "scheduled_at", "released_at", "image", "replacements", "replaced_at", "replacement_reason"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.FloatField())
@@ -183,7 +186,8 @@ class ReservationSerializer(serializers.ModelSerializer):
             "eviction_policy": r.eviction_policy, "urgency": r.urgency,
             "team": None if r.team_id is None else str(r.team_id), "vpc": None if r.vpc_id is None else str(r.vpc_id),
             "score": r.score, "submitted_at": _moment(r.submitted_at), "scheduled_at": _moment(r.scheduled_at),
-            "released_at": _moment(r.released_at), "replacements": r.replacements,
+            "released_at": _moment(r.released_at), "image": None if r.image_id is None else str(r.image_id),
+            "replacements": r.replacements,
             "replaced_at": _moment(r.replaced_at), "replacement_reason": r.replacement_reason,
         }
 

@@ -19,7 +19,7 @@ from cloud.choices import GPUState, Health, NodePool, NodeState, OfferingKind
 from cloud.models import Node
 from cloud.services import node_transition
 from core.errors import Conflict
-from provisioning import notices
+from provisioning import images, notices
 from provisioning.allocations import allocation_end
 from provisioning.choices import InstanceState, OperationKind, OperationState
 from provisioning.choices import ReservationState as R
@@ -91,14 +91,15 @@ def _provisioned_many(operations: list[Operation]) -> None:
     statement each for them all; a reservation whose hardware is being replaced goes its own way.
     """
     now = timezone.now()
-    by_region = defaultdict(list)
+    by_region, default_images = defaultdict(list), images.defaults()
     for operation in operations:
-        by_region[operation.reservation.region.slug].append(operation)
-    for region, group in by_region.items():
+        login = images.boot_of(operation.reservation, default_images=default_images).login_user
+        by_region[(operation.reservation.region.slug, login)].append(operation)
+    for (region, login), group in by_region.items():
         # A VM's or container's name never says which host it shares with other tenants.
         operation_state.instances_of_many(group).update(state=InstanceState.ACTIVE,
                                                         address=Concat("name", Value(f".{region}.gpu")),
-                                         ssh_user="ubuntu")
+                                                        ssh_user=login)
     Operation.objects.filter(pk__in=[operation.pk for operation in operations]).update(
         state=OperationState.SUCCEEDED, error="", finished_at=now, progress=100)
     replacing = open_incidents_of(operation.reservation_id for operation in operations)

@@ -22,6 +22,7 @@ from provisioning.choices import OperationKind
 from provisioning.drivers import DriverError, Drivers, Target
 from provisioning.drivers.libvirt_vm import domain_xml
 from provisioning.drivers.pods import pod_manifest
+from provisioning.images import boot_of
 from provisioning.models import Allocation, Instance
 from provisioning.networks.ports import VPCRefused, ports_join, ports_join_many, ports_leave
 from provisioning.networks.vpcs import default_vpc
@@ -117,7 +118,7 @@ def authorized_keys(reservation) -> str:
 
 def write_image(ctx: Context) -> None:
     """The OS image with the tenant's keys, marked with this instance: a disk written for anyone else is rewritten."""
-    image, key = settings.MERIDIAN_OS_IMAGE, authorized_keys(ctx.reservation)
+    image, key = boot_of(ctx.reservation).source, authorized_keys(ctx.reservation)
     disks = ctx.drivers.image
 
     def write(instance, target):
@@ -376,6 +377,7 @@ def configure_mig(ctx: Context) -> None:
 
 
 def apply_pod(ctx: Context) -> None:
+    boot = boot_of(ctx.reservation)
     pods = ctx.drivers.container
     reservation = ctx.reservation
     offering = reservation.offering
@@ -392,7 +394,7 @@ def apply_pod(ctx: Context) -> None:
         slot = offering.slots_per_gpu > 1
         manifest = pod_manifest(
             name=instance.name, namespace=f"tenant-{reservation.tenant_id}", node_name=instance.node.hostname,
-            image=settings.MERIDIAN_CONTAINER_IMAGE, gpus=0 if slot else len(instance.devices),
+            image=boot.source, gpus=0 if slot else len(instance.devices),
             devices=instance.devices,
             memory_cap_mib=(instance.devices[0]["mem_hi"] - instance.devices[0]["mem_lo"]) if slot else None,
             ssh_public_key=authorized_keys(reservation),

@@ -1,8 +1,9 @@
-"""The SSH keys page: save a key (its mistakes named on the form), see one's own and the shared ones, remove."""
+"""The SSH keys page (save, see, remove), and the keys and images the Reserve form offers."""
 
 import pytest
 from django.urls import reverse
 
+from cloud.models import Image
 from tenants.models import SSHKey
 from tests.world import ssh_key
 
@@ -47,3 +48,9 @@ def test_the_reserve_form_offers_the_saved_keys(console, world):
     client.post(reverse("ssh-key-create"), {"name": "laptop", "public_key": ssh_key()})
     body = client.get(reverse("reservation-new")).content.decode()
     assert "Saved SSH keys" in body and "laptop" in body
+
+
+def test_the_reserve_form_offers_the_images_a_tenant_may_boot(console, world):
+    body = console("t1_member").get(reverse("reservation-new")).content.decode()
+    assert "Default for the offering" in body
+    assert world.t1.objects[Image].name in body and world.t2.objects[Image].name not in body
