@@ -116,3 +116,8 @@ MERIDIAN_IDLE_GPU_MINUTES = env.int("MERIDIAN_IDLE_GPU_MINUTES", default=30)
 MERIDIAN_IDLE_POWER_W = env.json("MERIDIAN_IDLE_POWER_W", default={})
 MERIDIAN_IDLE_POWER_FRACTION = env.float("MERIDIAN_IDLE_POWER_FRACTION", default=0.2)
 MERIDIAN_IDLE_NODE_BASE_W = env.float("MERIDIAN_IDLE_NODE_BASE_W", default=1500.0)
+# Instance addresses (provisioning.addresses): each region's private and public pools, as CIDRs, by
+# region slug or "default"; DNS names are <instance>.<tenant>.<region>.MERIDIAN_DNS_ZONE.
+MERIDIAN_ADDRESS_POOLS = env.json("MERIDIAN_ADDRESS_POOLS", default={
+    "default": {"private": "10.64.0.0/14", "public": "198.18.0.0/20"}})
+MERIDIAN_DNS_ZONE = env("MERIDIAN_DNS_ZONE", default="gpu.meridian.example")

@@ -48,6 +48,7 @@ class Ask:
     ssh_public_key: str = ""
     ssh_keys: tuple = ()  # saved keys (tenants.SSHKey) the principal can see
     image: object | None = None  # a cloud.Image the principal can see; None: the default of the kind
+    public_ip: bool = False
     spec: dict | None = None
     vpc: object | None = None  # a VPC the principal can see (checked against team and regions at admission)
 

@@ -59,6 +59,7 @@ class Reservation(TeamOwnedModel):
     image = models.ForeignKey("cloud.Image", null=True, blank=True, on_delete=models.PROTECT,
                               related_name="reservations",
                               help_text="What its instances boot; empty: the default of its offering's kind.")
+    public_ip = models.BooleanField(default=False, help_text="Whether its instances get a public address too.")
     ssh_keys = models.ManyToManyField("tenants.SSHKey", blank=True, related_name="reservations",
                                       help_text="Saved keys its instances get (with ssh_public_key, if pasted).")
     # Its IB-VPC; none: the tenant's default VPC on the fabric it lands on (created on first use).
@@ -274,7 +275,9 @@ class Instance(TeamOwnedModel):
     # [{"gpu_id", "index", "pci_bus_id", "mem_lo", "mem_hi"}]: what the drivers pass through.
     devices = models.JSONField(default=list)
     name = models.CharField(max_length=100, help_text="The domain or pod name on the host; the server's hostname.")
-    address = models.CharField(max_length=64, blank=True)
+    address = models.CharField(max_length=255, blank=True, help_text="Its DNS name, once handed over.")
+    private_ip = models.GenericIPAddressField(protocol="IPv4", null=True, blank=True)
+    public_ip = models.GenericIPAddressField(protocol="IPv4", null=True, blank=True)
     ssh_user = models.CharField(max_length=32, blank=True)
     # The runtime's id of a container (its pod's UID): how the host's cgroups name its processes.
     runtime_uid = models.CharField(max_length=64, blank=True)
@@ -543,3 +546,7 @@ class FabricReconciliation(models.Model):
 
     def __str__(self):
         return f"{self.fabric} at {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+# Models kept in modules of their own, loaded with these.
+from provisioning.ipam_models import AddressAssignment  # noqa: E402, F401

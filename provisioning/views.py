@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from core.errors import DomainError
-from provisioning import estimates, services
+from provisioning import estimates, services, usage
 from provisioning.choices import ReservationState as R
 from provisioning.forms import ReservationForm
 from provisioning.lifecycle.no_shows import usage_report
@@ -129,6 +129,10 @@ def reservation_detail(request, pk):
                             .select_related("gpu__node").order_by("gpu__node__hostname", "gpu__index")[:64]),
         "receipts": receipts_of(reservation),
         "instances": list(Instance.objects.filter(reservation=reservation).select_related("node")),
+        # The Connect card: what one needs to log in, how long is left and what it cost so far.
+        "spent": (usage.spend_within(Reservation.objects.filter(pk=reservation.pk), since=reservation.starts_at,
+                                     until=timezone.now()).amount
+                  if reservation.state == R.ACTIVE and reservation.starts_at else None),
         # Is it used? The evidence a no-show or a reclaim would be judged on, shown before either.
         "usage": usage_report(reservation) if reservation.state in USAGE_SHOWN else None,
         "can_cancel": reservation.state in CANCELLABLE,

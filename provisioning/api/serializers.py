@@ -104,6 +104,7 @@ class ReservationCreateSerializer(StrictSerializer):
                              help_text="The IB-VPC to join; your default VPC on the fabric it lands on if left out.")
     ssh_public_key = serializers.CharField(max_length=MAX_KEY_LENGTH, required=False, allow_blank=True,
                                            validators=[validate_ssh_public_key])
+    public_ip = serializers.BooleanField(default=False, help_text="Give each instance a public address too.")
     image = ScopedRelatedField(queryset=Image.objects.all(), required=False, allow_null=True,
                                help_text="The image its instances boot (/images/); the default of the offering's "
                                          "kind if left out.")
@@ -138,6 +139,7 @@ class ReservationCreateSerializer(StrictSerializer):
             eviction_policy=attrs["eviction_policy"], urgency=attrs["urgency"],
             ssh_public_key=attrs.get("ssh_public_key", ""), spec=self.initial_data.get("spec"), vpc=attrs.get("vpc"),
             ssh_keys=tuple(dict.fromkeys(attrs.get("ssh_keys", []))), image=attrs.get("image"),
+            public_ip=attrs["public_ip"],
         )
         return attrs
 
@@ -160,7 +162,8 @@ class ReservationSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "state", "state_reason", "offering", "kind", "gpu_model", "spec", "units", "gpus",
                   "regions", "region", "requested_start", "starts_at", "ends_at", "duration_hours", "billing_term",
                   "spot_max_price", "eviction_policy", "urgency", "team", "vpc", "score", "submitted_at",
-                  "scheduled_at", "released_at", "image", "replacements", "replaced_at", "replacement_reason"]
+                  "scheduled_at", "released_at", "image", "public_ip", "replacements", "replaced_at",
+                  "replacement_reason"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.FloatField())
@@ -187,6 +190,7 @@ class ReservationSerializer(serializers.ModelSerializer):
             "team": None if r.team_id is None else str(r.team_id), "vpc": None if r.vpc_id is None else str(r.vpc_id),
             "score": r.score, "submitted_at": _moment(r.submitted_at), "scheduled_at": _moment(r.scheduled_at),
             "released_at": _moment(r.released_at), "image": None if r.image_id is None else str(r.image_id),
+            "public_ip": r.public_ip,
             "replacements": r.replacements,
             "replaced_at": _moment(r.replaced_at), "replacement_reason": r.replacement_reason,
         }
@@ -336,13 +340,21 @@ class InstanceSerializer(serializers.ModelSerializer):
     """What the tenant reaches: never the host a VM or container runs on (other tenants' neighbour)."""
 
     gpus = serializers.SerializerMethodField()
+    address = serializers.CharField(read_only=True, help_text="Its DNS name: <instance>.<tenant>.<region>.<zone>.")
+    ssh_command = serializers.SerializerMethodField(help_text="How to log in, once it is active.")
 
     class Meta:
         model = Instance
-        fields = ["id", "reservation", "index", "kind", "state", "name", "address", "ssh_user", "gpus",
-                  "created_at", "updated_at"]
+        fields = ["id", "reservation", "index", "kind", "state", "name", "address", "private_ip", "public_ip",
+                  "ssh_user", "ssh_command", "gpus", "created_at", "updated_at"]
         read_only_fields = fields
 
     def get_gpus(self, instance) -> int:
         return len(instance.devices)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_ssh_command(self, instance) -> str | None:
+        if instance.state != "active" or not instance.ssh_user:
+            return None
+        return f"ssh {instance.ssh_user}@{instance.public_ip or instance.address}"
 

@@ -11,15 +11,13 @@ import logging
 from collections import defaultdict
 
 from django.conf import settings
-from django.db.models import Value
-from django.db.models.functions import Concat
 from django.utils import timezone
 
 from cloud.choices import GPUState, Health, NodePool, NodeState, OfferingKind
 from cloud.models import Node
 from cloud.services import node_transition
 from core.errors import Conflict
-from provisioning import images, notices
+from provisioning import addresses, images, notices
 from provisioning.allocations import allocation_end
 from provisioning.choices import InstanceState, OperationKind, OperationState
 from provisioning.choices import ReservationState as R
@@ -91,15 +89,12 @@ def _provisioned_many(operations: list[Operation]) -> None:
     statement each for them all; a reservation whose hardware is being replaced goes its own way.
     """
     now = timezone.now()
-    by_region, default_images = defaultdict(list), images.defaults()
+    by_login, default_images = defaultdict(list), images.defaults()
     for operation in operations:
-        login = images.boot_of(operation.reservation, default_images=default_images).login_user
-        by_region[(operation.reservation.region.slug, login)].append(operation)
-    for (region, login), group in by_region.items():
-        # A VM's or container's name never says which host it shares with other tenants.
-        operation_state.instances_of_many(group).update(state=InstanceState.ACTIVE,
-                                                        address=Concat("name", Value(f".{region}.gpu")),
-                                                        ssh_user=login)
+        by_login[images.boot_of(operation.reservation, default_images=default_images).login_user].append(operation)
+    for login, group in by_login.items():
+        # Their addresses and DNS names were given when provisioning started (provisioning.addresses).
+        operation_state.instances_of_many(group).update(state=InstanceState.ACTIVE, ssh_user=login)
     Operation.objects.filter(pk__in=[operation.pk for operation in operations]).update(
         state=OperationState.SUCCEEDED, error="", finished_at=now, progress=100)
     replacing = open_incidents_of(operation.reservation_id for operation in operations)
@@ -151,6 +146,7 @@ def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> N
     # Never cleaned (their node is held): their ports still leave the tenant's network now.
     ports_abandon(on_faulty)
     Instance.objects.filter(pk__in=[i.pk for i in on_faulty]).update(state=InstanceState.FAILED)
+    addresses.release(i.pk for i in on_faulty)  # the others' go back when they are cleaned
     if reservation.offering.kind != OfferingKind.BARE_METAL and reservation.offering.slots_per_gpu == 1:
         # Never scrubbed, maybe half set up: held out until the node is repaired and validated.
         moves.gpus_move({d["gpu_id"] for i in on_faulty for d in i.devices}, GPUState.ALLOCATED, GPUState.QUARANTINED)

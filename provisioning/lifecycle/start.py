@@ -17,7 +17,7 @@ from django.utils import timezone
 from cloud.choices import GPUState, NodeState, OfferingKind
 from cloud.services import node_transition
 from core.errors import Conflict
-from provisioning import lock_objects
+from provisioning import addresses, lock_objects
 from provisioning.allocations import allocation_end
 from provisioning.choices import InstanceState, OperationKind
 from provisioning.choices import ReservationState as R
@@ -105,7 +105,7 @@ def provision_start_many(reservation_ids, *, now=None, also=()) -> list[Operatio
     the others': this transaction never waits once it holds one of them, so closes no cycle).
     """
     now = now or timezone.now()
-    rows = Reservation.objects.select_related("offering", "region").order_by("pk")
+    rows = Reservation.objects.select_related("offering", "region", "tenant").order_by("pk")
     named = list(rows.select_for_update(of=("self",)).filter(pk__in=list(reservation_ids)))
     extra = list(rows.select_for_update(of=("self",), skip_locked=True).filter(pk__in=list(also))) if also else []
     reservations = [r for r in named + extra if r.state == R.SCHEDULED and r.starts_at <= now + timedelta(seconds=1)]
@@ -129,6 +129,11 @@ def provision_start_many(reservation_ids, *, now=None, also=()) -> list[Operatio
             continue
         if any((a.gpu_id, a.mem_lo, a.mem_hi) in scrubbing for a in allocations):
             continue  # the memory is still being scrubbed after its previous tenant: the tick tries again
+        short = addresses.waiting_reason(reservation, reservation.units)
+        if short:
+            # Stays scheduled with its capacity, nothing taken; the tick tries again once addresses are released.
+            Reservation.objects.filter(pk=reservation.pk).update(state_reason=short[:500])
+            continue
         offering = reservation.offering
         if offering.kind == OfferingKind.BARE_METAL:
             if any(node.state != N.AVAILABLE for node in nodes.values()):
@@ -214,7 +219,11 @@ def instances_create_many(starts: list[tuple[Reservation, list, Operation]]) -> 
                                "mem_lo": a.mem_lo, "mem_hi": a.mem_hi} for a in on_node])
             for i, (node, on_node) in enumerate(units)
         ]
-    return Instance.objects.bulk_create(instances)
+    made = Instance.objects.bulk_create(instances)
+    for reservation, _, _ in starts:
+        addresses.assign([i for i in made if i.reservation_id == reservation.pk], region=reservation.region.slug,
+                         public=reservation.public_ip, tenant_slug=reservation.tenant.slug)
+    return made
 
 
 def requeue(reservation: Reservation, reason: str) -> None:

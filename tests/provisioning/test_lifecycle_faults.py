@@ -17,7 +17,7 @@ from provisioning.lifecycle import start as starting
 from provisioning.lifecycle import tick as ticking
 from provisioning.lifecycle import validate as validating
 from provisioning.lifecycle.steps import target_of
-from provisioning.models import Allocation, Instance, Operation, Reservation, StepRun
+from provisioning.models import AddressAssignment, Allocation, Instance, Operation, Reservation, StepRun
 from security.models import Incident
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY, reservation
@@ -354,3 +354,5 @@ def test_a_failure_for_good_at_any_bare_metal_step_re_places_and_leaves_nothing_
     assert not Allocation.objects.filter(reservation_id=pk, ends_at__gt=timezone.now()).exists()
     assert not Operation.objects.filter(reservation_id=pk, state__in=["pending", "running"]).exists()
     assert Operation.objects.get(reservation_id=pk, kind="provision").state == "failed"
+    # Its addresses went back to the pool: the next placement draws afresh.
+    assert not AddressAssignment.objects.filter(instance__reservation_id=pk, released_at__isnull=True).exists()

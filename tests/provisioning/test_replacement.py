@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 import time_machine
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -142,7 +143,9 @@ def test_a_server_on_a_failed_node_is_replaced_by_the_spare_on_its_leaf_in_the_s
     assert reservation(pk).state == "active"
     new = active_instance(pk)
     assert new.node.hostname == SPARE and new.node.state == "allocated"
-    assert new.address == f"{SPARE}.us-east-1.gpu" and new.ssh_user == "ubuntu"
+    assert new.address == f"{SPARE}.{world.t1.tenant.slug}.us-east-1.{settings.MERIDIAN_DNS_ZONE}"
+    assert new.ssh_user == "ubuntu" and new.private_ip  # the failed server's address went back; any is fine
+    assert not old.addresses.filter(released_at__isnull=True).exists()
     assert Instance.objects.get(pk=old.pk).state == "failed"
     assert [step for _, step, _ in steps.ran[ran_before:]] == ["power_on_deploy", "write_image", "boot_from_disk",
                                                                "join_network", "verify", "hand_over"]
@@ -289,7 +292,7 @@ def test_a_spare_that_fails_attestation_is_held_and_the_next_spare_takes_over(wo
     bad = Node.objects.get(hostname=SPARE)
     assert bad.state == "quarantined"
     never = Instance.objects.get(reservation_id=pk, node=bad)
-    assert never.state == "failed" and not never.address  # never handed over
+    assert never.state == "failed" and not never.ssh_user  # never handed over (its name and address went back)
     assert not Allocation.objects.filter(node=bad, ends_at__gt=timezone.now()).exists()
     assert Incident.objects.get(reservation_id=pk).restored_at is not None
     assert len(notifications(world, "reservation.hardware_replaced")) == 1
@@ -357,7 +360,8 @@ def test_a_vm_on_a_failed_shared_host_moves_to_a_healthy_host(world, fleet, step
     assert reservation(pk).state == "active"
     new = active_instance(pk)
     assert new.node != failed and new.node.pool == "shared" and new.node.fabric_id == failed.fabric_id
-    assert new.name != old.name and new.address == f"{new.name}.us-east-1.gpu"
+    assert new.name != old.name
+    assert new.address == f"{new.name}.{world.t1.tenant.slug}.us-east-1.{settings.MERIDIAN_DNS_ZONE}"
     assert set(PortMembership.objects.filter(instance=new, left_at__isnull=True).values_list("vpc_id", flat=True)) \
         == vpcs
     assert set(GPU.objects.filter(pk__in=[d["gpu_id"] for d in new.devices]).values_list("state", flat=True)) == {

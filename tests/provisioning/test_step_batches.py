@@ -6,6 +6,7 @@ without holding the others back.
 """
 
 import pytest
+from django.conf import settings
 
 from provisioning.drivers import DriverError
 from provisioning.drivers.simulated import Simulated
@@ -58,7 +59,10 @@ def test_a_batch_goes_through_each_step_in_one_message_with_each_operations_hist
         assert list(runs) == [(step, 1, "succeeded") for step in VM_STEPS]
     instances = Instance.objects.filter(reservation_id__in=ids)
     assert {instance.state for instance in instances} == {"active"}
-    assert all(i.address == f"{i.name}.us-east-1.gpu" and i.ssh_user == "ubuntu" for i in instances)
+    zone = settings.MERIDIAN_DNS_ZONE
+    assert all(i.address == f"{i.name}.{i.reservation.tenant.slug}.us-east-1.{zone}" and i.ssh_user == "ubuntu"
+               for i in instances.select_related("reservation__tenant"))
+    assert len({i.private_ip for i in instances}) == len(instances)  # each its own address
     activated = AuditEvent.objects.filter(action="reservation.active", target_id__in=[str(pk) for pk in ids])
     assert sorted(event.target_id for event in activated) == sorted(str(pk) for pk in ids)
     assert all(event.after == {"state": "active"} and event.tenant_id for event in activated)

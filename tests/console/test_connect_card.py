@@ -1,0 +1,29 @@
+"""The reservation page's Connect card: the SSH command, the addresses, the time left and the cost so far."""
+
+import pytest
+from django.urls import reverse
+
+from provisioning.models import Instance, Reservation
+from tests.provisioning.factories import offering
+from tests.provisioning.pipeline import SSH_KEY
+from tests.world import small_fleet
+
+pytestmark = pytest.mark.django_db
+
+
+def test_an_active_reservation_opens_with_how_to_connect(console, world, steps):
+    Reservation.objects.all().delete()
+    small_fleet(4)
+    response = world.client("t1_member").post("/api/v1/reservations/", {
+        "name": "job", "offering": offering("bare_metal", 8).slug, "regions": ["us-east-1"], "duration_hours": 2,
+        "nodes": 1, "ssh_public_key": SSH_KEY, "public_ip": True}, format="json")
+    pk = response.json()["id"]
+    page = console("t1_member").get(reverse("reservation-detail", args=[pk])).content.decode()
+    assert 'id="connect"' not in page  # nothing to connect to before the hand-over
+    steps.run()
+    instance = Instance.objects.get(reservation_id=pk)
+    page = console("t1_member").get(reverse("reservation-detail", args=[pk])).content.decode()
+    card = page.split('id="connect"')[1].split("</section>")[0]
+    assert f"ssh ubuntu@{instance.public_ip}" in card
+    assert instance.address in card and instance.private_ip in card
+    assert "left (until" in card and "so far" in card
