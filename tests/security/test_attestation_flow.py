@@ -93,7 +93,8 @@ def test_a_server_that_fails_attestation_is_quarantined_and_never_handed_over(wo
     incident = Incident.objects.get(kind="attestation_failed", node_id=bad.pk)
     assert any(r["check"] == check for r in incident.evidence["reasons"])
     failed = Instance.objects.get(reservation_id=pk, node=bad)
-    assert failed.state == "failed" and not failed.address  # no access was ever given on it
+    assert failed.state == "failed" and not failed.ssh_user  # no access was ever given on it
+    assert not failed.addresses.filter(released_at__isnull=True).exists()  # its addresses went back
     # Its ports left the tenant's network at once: a held node is on nobody's partition.
     assert not PortMembership.objects.filter(instance=failed, left_at__isnull=True).exists()
     guids = list(bad.ib_ports.values_list("guid", flat=True))
