@@ -46,6 +46,12 @@ MERIDIAN_LIBVIRT_URI = env("MERIDIAN_LIBVIRT_URI", default="qemu+ssh://root@{hos
 MERIDIAN_DEPLOY_IMAGE_URL = env("MERIDIAN_DEPLOY_IMAGE_URL", default="http://images.meridian.internal/deploy.iso")
 MERIDIAN_OS_IMAGE = env("MERIDIAN_OS_IMAGE", default="ubuntu-24.04-cuda-12.8")
 MERIDIAN_VM_IMAGE_DIR = env("MERIDIAN_VM_IMAGE_DIR", default="/var/lib/meridian/images")
+# The libvirt network a VM's NIC joins (its private address is set by its cloud-init network config).
+MERIDIAN_LIBVIRT_NETWORK = env("MERIDIAN_LIBVIRT_NETWORK", default="meridian-instances")
+# cloud-init (provisioning.cloud_init): the most user-data a reservation may carry, and how much of an
+# instance's console output the API returns (the last bytes of it).
+MERIDIAN_USER_DATA_MAX_BYTES = env.int("MERIDIAN_USER_DATA_MAX_BYTES", default=16_384)
+MERIDIAN_CONSOLE_OUTPUT_BYTES = env.int("MERIDIAN_CONSOLE_OUTPUT_BYTES", default=65_536)
 MERIDIAN_CONTAINER_IMAGE = env("MERIDIAN_CONTAINER_IMAGE", default="nvcr.io/nvidia/pytorch:25.01-py3")
 # A worker goes on to an operation's next step in the same task for this long (steps that only
 # ask a driver or an agent take milliseconds; a task per step cost more than the steps did).

@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from operations import metrics_views
 from operations import views as operations_views
+from provisioning import instance_views
 from security.views import jwks_view
 from tenants import views as tenant_views
 from web import views
@@ -30,6 +31,12 @@ urlpatterns = [
     path(".well-known/jwks.json", jwks_view, name="jwks"),
     path("api/v1/", include("config.api_router")),
     path("api/agent/v1/", include("operations.node_api.views")),
+    # What instances, their BMCs and hypervisors fetch with the per-instance secret (no login).
+    path("instance-data/<uuid:instance_id>/<str:token>/config-drive.iso", instance_views.config_drive,
+         name="config-drive"),
+    path("instance-data/<uuid:instance_id>/<str:token>/report", instance_views.report, name="instance-report"),
+    path("instance-data/<uuid:instance_id>/<str:token>/spot/termination-time", instance_views.spot_termination_time,
+         name="instance-spot-termination"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("admin/", admin.site.urls),

@@ -63,6 +63,14 @@ def _count(value) -> str:
     return "0.1" if text == "0" and value > 0 else text
 
 
+class Unavailable(DomainError):
+    """What the request needs (a host, a driver) cannot be reached now; worth trying again (503)."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "unavailable"
+    default_detail = "The service needed for this request is unavailable; try again shortly."
+
+
 class Forbidden(DomainError):
     """The principal may see the object but not do this to it (403)."""
 

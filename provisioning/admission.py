@@ -49,6 +49,7 @@ class Ask:
     ssh_keys: tuple = ()  # saved keys (tenants.SSHKey) the principal can see
     image: object | None = None  # a cloud.Image the principal can see; None: the default of the kind
     public_ip: bool = False
+    user_data: str = ""  # checked cloud-init user-data (provisioning.cloud_init.user_data_check)
     spec: dict | None = None
     vpc: object | None = None  # a VPC the principal can see (checked against team and regions at admission)
 

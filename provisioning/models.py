@@ -60,6 +60,8 @@ class Reservation(TeamOwnedModel):
                               related_name="reservations",
                               help_text="What its instances boot; empty: the default of its offering's kind.")
     public_ip = models.BooleanField(default=False, help_text="Whether its instances get a public address too.")
+    user_data = models.TextField(blank=True, help_text="cloud-init user-data for its instances (#cloud-config or a "
+                                                       "script), checked at create.")
     ssh_keys = models.ManyToManyField("tenants.SSHKey", blank=True, related_name="reservations",
                                       help_text="Saved keys its instances get (with ssh_public_key, if pasted).")
     # Its IB-VPC; none: the tenant's default VPC on the fabric it lands on (created on first use).
@@ -279,6 +281,9 @@ class Instance(TeamOwnedModel):
     private_ip = models.GenericIPAddressField(protocol="IPv4", null=True, blank=True)
     public_ip = models.GenericIPAddressField(protocol="IPv4", null=True, blank=True)
     ssh_user = models.CharField(max_length=32, blank=True)
+    # [{"type", "key", "fingerprint"}]: the SSH host keys the instance reported (or printed on its console).
+    host_keys = models.JSONField(default=list, blank=True)
+    reported_at = models.DateTimeField(null=True, blank=True, help_text="When it first reported in after booting.")
     # The runtime's id of a container (its pod's UID): how the host's cgroups name its processes.
     runtime_uid = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -549,4 +554,4 @@ class FabricReconciliation(models.Model):
 
 
 # Models kept in modules of their own, loaded with these.
-from provisioning.ipam_models import AddressAssignment  # noqa: E402, F401
+from provisioning.access_models import AddressAssignment, ConfigDrive  # noqa: E402, F401

@@ -16,7 +16,7 @@ from django.utils import timezone
 from cloud.choices import pool_of
 from cloud.models import Region
 from core.db import fast_cursor, insert_objects, insert_statement, mark_saved, update_rows
-from core.errors import Conflict, Forbidden
+from core.errors import Conflict, Forbidden, Unavailable
 from core.transitions import sources_of
 from provisioning import admission, images, lock_objects, notices
 from provisioning.allocations import (
@@ -31,11 +31,13 @@ from provisioning.allocations import (
     bound_in_time,
     deadlocked,
 )
-from provisioning.choices import BillingTerm, EvictionPolicy, OperationKind, OperationState
+from provisioning.choices import BillingTerm, EvictionPolicy, InstanceState, OperationKind, OperationState
 from provisioning.choices import ReservationState as R
+from provisioning.drivers import DriverError
 from provisioning.lifecycle import dispatch as dispatching
 from provisioning.lifecycle import release as releasing
-from provisioning.models import Operation, Reservation
+from provisioning.lifecycle import steps
+from provisioning.models import Instance, Operation, Reservation
 from provisioning.scheduling.free_hint import FREE_HINT
 from provisioning.scheduling.plan_types import Placement, Request
 from provisioning.scheduling.planner import Planner
@@ -132,6 +134,7 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
         regions=[region.slug for region in ask.regions], requested_start=ask.requested_start, duration=ask.duration,
         billing_term=ask.billing_term, spot_max_price=ask.spot_max_price, eviction_policy=ask.eviction_policy,
         urgency=ask.urgency, ssh_public_key=ask.ssh_public_key, vpc=ask.vpc, image=ask.image, public_ip=ask.public_ip,
+        user_data=ask.user_data,
     )
     # Scored, and placed when it can be, before it is stored: one INSERT in the state it ends in
     # (it has waited nothing yet), with its operation and audit event.
@@ -479,3 +482,27 @@ def reservation_extend(*, actor, reservation: Reservation, by: timedelta) -> Res
     audit_record(actor=actor, action="reservation.extend", target=locked, before=before,
                  after=reservation_audited(locked))
     return locked
+
+
+#
+# Instances
+#
+
+
+def instance_console(*, instance: Instance) -> tuple[str, bool]:
+    """
+    The last MERIDIAN_CONSOLE_OUTPUT_BYTES of what the instance printed on its serial console, and
+    whether earlier output was cut; 503 when its driver cannot be reached now.
+    """
+    if instance.state not in (InstanceState.PROVISIONING, InstanceState.ACTIVE):
+        return "", False
+    try:
+        text = steps.console_output(instance)
+    except DriverError as exc:
+        raise Unavailable(f"The console of {instance.name} cannot be read now ({exc}); try again shortly.",
+                          code="console_unavailable") from None
+    data = text.encode()
+    limit = settings.MERIDIAN_CONSOLE_OUTPUT_BYTES
+    if len(data) <= limit:
+        return text, False
+    return data[-limit:].decode(errors="ignore"), True

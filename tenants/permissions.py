@@ -38,7 +38,8 @@ POLICIES: dict[str, dict[str, str]] = {
     "audit-chain": {"read": PLATFORM_ADMIN, "write": NOBODY},
     "reservations": {"read": VIEWER, "write": MEMBER},
     "operations": {"read": VIEWER, "write": NOBODY},
-    "instances": {"read": VIEWER, "write": NOBODY},
+    # Console output may hold what a tenant's script printed: members and above read it.
+    "instances": {"read": VIEWER, "write": NOBODY, "console": MEMBER},
     "vpcs": {"read": VIEWER, "write": MEMBER},
     "regions": {"read": ANY, "write": PLATFORM_ADMIN},
     "gpu-models": {"read": ANY, "write": PLATFORM_ADMIN},

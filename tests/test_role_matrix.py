@@ -293,6 +293,8 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("GET", "instances-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/instances/"),
     ("GET", "instances-detail"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/instances/{w.t1.objects[Instance].pk}/"),
+    ("GET", "instances-console"): Case(  # what a script printed may be secret: members and above
+        "401 403 200 200 200 404 200 200", lambda w: f"{V1}/instances/{w.t1.objects[Instance].pk}/console/"),
     ("GET", "vpcs-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/vpcs/"),
     ("POST", "vpcs-list"): Case("401 403 201 201 201 201 403 403", lambda w: f"{V1}/vpcs/", vpc_body),
     ("GET", "vpcs-detail"): Case("401 200 200 200 200 404 200 200", lambda w: f"{V1}/vpcs/{w.t1.objects[VPC].pk}/"),

@@ -15,6 +15,8 @@ from cloud.api.fields import CatalogueSlugField
 from cloud.api.serializers import TELEMETRY_POINTS, TelemetryLatestSerializer, telemetry_points
 from cloud.choices import OfferingKind
 from cloud.models import Image, Offering, Region
+from core.errors import DomainError
+from provisioning import cloud_init
 from provisioning.admission import Ask, best_offering_for_spec, count_field
 from provisioning.choices import BillingTerm, EvictionPolicy
 from provisioning.models import VPC, Instance, Operation, Reservation, StepRun
@@ -111,6 +113,15 @@ class ReservationCreateSerializer(StrictSerializer):
     ssh_keys = BoundedListField(child=ScopedRelatedField(queryset=SSHKey.objects.all()), required=False,
                                 max_length=MAX_SSH_KEYS, help_text="Ids of saved SSH keys (/ssh-keys/) its "
                                 "instances get: your own and your tenant's shared ones.")
+    user_data = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False,
+                                      help_text="cloud-init user-data for its instances: '#cloud-config' YAML or a "
+                                                "script ('#!'), at most MERIDIAN_USER_DATA_MAX_BYTES (16 KiB).")
+
+    def validate_user_data(self, text):
+        try:
+            return cloud_init.user_data_check(text)
+        except DomainError as exc:
+            raise serializers.ValidationError(exc.detail["user_data"], code=exc.default_code) from None
 
     def validate_regions(self, regions):
         if len({region.pk for region in regions}) != len(regions):
@@ -139,7 +150,7 @@ class ReservationCreateSerializer(StrictSerializer):
             eviction_policy=attrs["eviction_policy"], urgency=attrs["urgency"],
             ssh_public_key=attrs.get("ssh_public_key", ""), spec=self.initial_data.get("spec"), vpc=attrs.get("vpc"),
             ssh_keys=tuple(dict.fromkeys(attrs.get("ssh_keys", []))), image=attrs.get("image"),
-            public_ip=attrs["public_ip"],
+            public_ip=attrs["public_ip"], user_data=attrs.get("user_data", ""),
         )
         return attrs
 
@@ -336,18 +347,44 @@ class OperationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class HostKeySerializer(serializers.Serializer):
+    type = serializers.CharField(help_text="ssh-ed25519, ecdsa-sha2-nistp256, ssh-rsa...")
+    fingerprint = serializers.CharField(help_text="As ssh shows it on the first login: SHA256:...")
+
+
+class ConsoleOutputSerializer(serializers.Serializer):
+    output = serializers.CharField(help_text="The last bytes the instance printed on its serial console.")
+    truncated = serializers.BooleanField(help_text="Whether earlier output was left out.")
+
+
 class InstanceSerializer(serializers.ModelSerializer):
     """What the tenant reaches: never the host a VM or container runs on (other tenants' neighbour)."""
 
     gpus = serializers.SerializerMethodField()
+    ipoib_addresses = serializers.SerializerMethodField()
+    host_keys = serializers.SerializerMethodField(help_text="The SSH host keys it reported once booted: compare "
+                                                            "with what ssh shows on the first login.")
     address = serializers.CharField(read_only=True, help_text="Its DNS name: <instance>.<tenant>.<region>.<zone>.")
     ssh_command = serializers.SerializerMethodField(help_text="How to log in, once it is active.")
 
     class Meta:
         model = Instance
         fields = ["id", "reservation", "index", "kind", "state", "name", "address", "private_ip", "public_ip",
-                  "ssh_user", "ssh_command", "gpus", "created_at", "updated_at"]
+                  "ipoib_addresses", "ssh_user", "ssh_command", "host_keys", "reported_at", "gpus", "created_at",
+                  "updated_at"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.IPAddressField()))
+    def get_ipoib_addresses(self, instance) -> list[str]:
+        """Its addresses on its IB-VPC's IPoIB subnet (one per port in the partition)."""
+        live = getattr(instance, "live_memberships", None)
+        if live is None:
+            live = instance.memberships.filter(left_at__isnull=True)
+        return sorted({m.address for m in live if m.address})
+
+    @extend_schema_field(HostKeySerializer(many=True))
+    def get_host_keys(self, instance) -> list[dict]:
+        return [{"type": k["type"], "fingerprint": k["fingerprint"]} for k in instance.host_keys or []]
 
     def get_gpus(self, instance) -> int:
         return len(instance.devices)

@@ -13,7 +13,7 @@ from provisioning import services
 from provisioning.api import serializers as s
 from provisioning.api.idempotency import HEADER, IdempotentCreateMixin
 from provisioning.filtersets import InstanceFilterSet, OperationFilterSet, ReservationFilterSet
-from provisioning.models import Instance, Operation, Reservation, StepRun
+from provisioning.models import Instance, Operation, PortMembership, Reservation, StepRun
 from provisioning.scheduling.queue import score_report
 from web.api.base import ReadMixin, TenantScopedViewSet
 
@@ -133,8 +133,20 @@ class InstanceViewSet(ReadMixin, TenantScopedViewSet):
     """The servers, VMs and containers of the tenant's reservations, with how to reach them."""
 
     policy = "instances"
-    queryset = Instance.objects.all()
+    queryset = Instance.objects.prefetch_related(
+        Prefetch("memberships", queryset=PortMembership.objects.filter(left_at__isnull=True),
+                 to_attr="live_memberships"))
     serializer_class = s.InstanceSerializer
     filterset_class = InstanceFilterSet
     ordering_fields = ["created_at", "index"]
     ordering = ["-created_at", "index"]
+
+    @extend_schema(responses=s.ConsoleOutputSerializer)
+    @action(detail=True, methods=["get"])
+    def console(self, request, pk=None):
+        """
+        What the instance printed on its serial console (the last MERIDIAN_CONSOLE_OUTPUT_BYTES): its
+        boot, cloud-init's run and its host keys. Containers have none. Members and above.
+        """
+        output, truncated = services.instance_console(instance=self.get_object())
+        return Response({"output": output, "truncated": truncated})

@@ -79,6 +79,10 @@ class PowerDriver(ABC):
         "unknown").
         """
 
+    def console(self, target: Target) -> str:
+        """The server's serial console output as the BMC keeps it ('' where it keeps none)."""
+        return ""
+
 
 class ImageDriver(ABC):
     """The node's disks, written by the deploy image: the OS image, and the wipe when cleaning."""
@@ -116,6 +120,10 @@ class VMDriver(ABC):
 
     @abstractmethod
     def undefine(self, target: Target, name: str) -> None: ...
+
+    def console(self, target: Target, name: str) -> str:
+        """The domain's serial console output ('' where the hypervisor keeps none for remote readers)."""
+        return ""
 
 
 class ContainerDriver(ABC):

@@ -6,8 +6,10 @@ against the system's libvirt); the XML builder needs nothing.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import xml.etree.ElementTree as ET
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
@@ -25,9 +27,21 @@ def pci_address(bus_id: str) -> dict[str, str]:
     return {"domain": f"0x{domain:04x}", "bus": f"0x{bus:02x}", "slot": f"0x{slot:02x}", "function": f"0x{function:x}"}
 
 
+def mac_address(seed: str) -> str:
+    """A stable locally administered MAC in QEMU's range (52:54:00), for the VM's NIC and its network config."""
+    digest = hashlib.sha256(seed.encode()).digest()
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
+
+
 def domain_xml(*, name: str, vcpus: int, memory_mib: int, devices: list[dict], image: str,
-               domain_type: str = "kvm") -> str:
-    """A VM with the given GPUs passed through (one hostdev each) and its disk from ``image``."""
+               domain_type: str = "kvm", network: str | None = None, mac: str | None = None,
+               config_drive: str | None = None) -> str:
+    """
+    A VM with the given GPUs passed through (one hostdev each), its disk from ``image``, a virtio
+    NIC on the libvirt ``network`` (with ``mac``), and its cloud-init config drive as a read-only
+    CD-ROM that QEMU reads from the drive's HTTPS or HTTP URL (a network disk: nothing to copy
+    onto the host first).
+    """
     domain = ET.Element("domain", type=domain_type)
     ET.SubElement(domain, "name").text = name
     ET.SubElement(domain, "memory", unit="MiB").text = str(memory_mib)
@@ -42,6 +56,25 @@ def domain_xml(*, name: str, vcpus: int, memory_mib: int, devices: list[dict], i
     ET.SubElement(disk, "driver", name="qemu", type="qcow2")
     ET.SubElement(disk, "source", file=image)
     ET.SubElement(disk, "target", dev="vda", bus="virtio")
+    if config_drive:
+        url = urlsplit(config_drive)
+        cdrom = ET.SubElement(parts, "disk", type="network", device="cdrom")
+        ET.SubElement(cdrom, "driver", name="qemu", type="raw")
+        source = ET.SubElement(cdrom, "source", protocol=url.scheme, name=url.path)
+        ET.SubElement(source, "host", name=url.hostname or "", port=str(url.port or (443 if url.scheme == "https"
+                                                                                     else 80)))
+        ET.SubElement(cdrom, "target", dev="sda", bus="sata")
+        ET.SubElement(cdrom, "readonly")
+    if network:
+        nic = ET.SubElement(parts, "interface", type="network")
+        ET.SubElement(nic, "source", network=network)
+        if mac:
+            ET.SubElement(nic, "mac", address=mac)
+        ET.SubElement(nic, "model", type="virtio")
+    # The serial console cloud-init prints to (its host keys among it), kept in a log on the host.
+    serial = ET.SubElement(parts, "serial", type="pty")
+    ET.SubElement(serial, "target", port="0")
+    ET.SubElement(serial, "log", file=f"/var/log/libvirt/qemu/{name}-console.log", append="off")
     for device in devices:
         hostdev = ET.SubElement(parts, "hostdev", mode="subsystem", type="pci", managed="yes")
         ET.SubElement(hostdev, "driver", name="vfio")

@@ -37,6 +37,7 @@ from provisioning.drivers.fabric import (
     PartitionSpec,
     check_members,
 )
+from provisioning.drivers.simulated_console import boot_log
 from provisioning.drivers.simulated_devices import misbehaviour, simulated_evidence
 from provisioning.models import SimulatedDevice
 
@@ -143,6 +144,13 @@ class SimulatedPower(Simulated, PowerDriver):
         return {"power_w": given.get("power_w", (900.0 + 90.0 * gpus) if on else 12.0),
                 "temperatures": temperatures, "health": given.get("health", "ok")}
 
+    def console(self, target):
+        """A server booted from its disk has printed its boot (keys from its deployment: the media it booted with)."""
+        state = self._state(target)
+        if state.get("power") != "on" or state.get("boot", "hdd") != "hdd":
+            return ""
+        return boot_log(target.hostname, f"{target.hostname}|{state.get('media') or ''}")
+
     def set_readings(self, target, **readings) -> None:
         """Tests and the demo: fix what the BMC reports (power_w, gpu_celsius: one value or per GPU, health)."""
         self._act(target, "set_readings", lambda s: s.setdefault("readings", {}).update(readings))
@@ -194,6 +202,10 @@ class SimulatedVM(Simulated, VMDriver):
 
     def undefine(self, target, name):
         self._domain(target, "undefine", name, lambda d, n: d.pop(n, None))
+
+    def console(self, target, name):
+        domain = self._state(target).get("domains", {}).get(name, {})
+        return boot_log(name, f"{name}|{domain.get('xml', '')}") if domain.get("state") == "running" else ""
 
 
 class SimulatedContainers(Simulated, ContainerDriver):

@@ -17,7 +17,7 @@ from cloud.choices import GPUState, Health, NodePool, NodeState, OfferingKind
 from cloud.models import Node
 from cloud.services import node_transition
 from core.errors import Conflict
-from provisioning import addresses, images, notices
+from provisioning import addresses, cloud_init, images, notices
 from provisioning.allocations import allocation_end
 from provisioning.choices import InstanceState, OperationKind, OperationState
 from provisioning.choices import ReservationState as R
@@ -147,6 +147,7 @@ def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> N
     ports_abandon(on_faulty)
     Instance.objects.filter(pk__in=[i.pk for i in on_faulty]).update(state=InstanceState.FAILED)
     addresses.release(i.pk for i in on_faulty)  # the others' go back when they are cleaned
+    cloud_init.drives_forget(i.pk for i in on_faulty)
     if reservation.offering.kind != OfferingKind.BARE_METAL and reservation.offering.slots_per_gpu == 1:
         # Never scrubbed, maybe half set up: held out until the node is repaired and validated.
         moves.gpus_move({d["gpu_id"] for i in on_faulty for d in i.devices}, GPUState.ALLOCATED, GPUState.QUARANTINED)

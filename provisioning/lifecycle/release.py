@@ -14,7 +14,7 @@ from cloud.choices import GPUState, NodeState, OfferingKind
 from cloud.models import Node
 from cloud.services import node_transition
 from core.errors import Conflict
-from provisioning import addresses
+from provisioning import addresses, cloud_init
 from provisioning.allocations import allocation_end
 from provisioning.choices import InstanceState, OperationKind, OperationState
 from provisioning.choices import ReservationState as R
@@ -71,6 +71,7 @@ def released(operation: Operation, *, outcome: str = OperationState.SUCCEEDED, e
     instances = list(operation_state.instances_of(operation))
     Instance.objects.filter(pk__in=[i.pk for i in instances]).update(state=InstanceState.RELEASED)
     addresses.release(i.pk for i in instances)  # cleaned: their addresses go back to the pools
+    cloud_init.drives_forget(i.pk for i in instances)
     if reservation.offering.kind == OfferingKind.BARE_METAL:
         for node in Node.objects.filter(pk__in={i.node_id for i in instances}, state=N.RELEASING):
             node_transition(actor=None, node=node, target=N.AVAILABLE, reason="Cleaned.")

@@ -54,7 +54,7 @@ from cloud.choices import GPUState, Health, NodePool, NodeState, OfferingKind
 from cloud.models import GPU, Node
 from cloud.services import node_transition
 from core.errors import Conflict
-from provisioning import addresses, lock_objects
+from provisioning import addresses, cloud_init, lock_objects
 from provisioning.allocations import CapacityTaken, allocation_bind, allocation_end
 from provisioning.choices import InstanceState, OperationKind, OperationState
 from provisioning.choices import ReservationState as R
@@ -362,6 +362,7 @@ def _give_up(reservation, node: Node, *, at: datetime, gpu_ids=None) -> None:
             ports_abandon(lost)
             Instance.objects.filter(pk__in=[i.pk for i in lost]).update(state=InstanceState.FAILED)
             addresses.release(i.pk for i in lost)
+            cloud_init.drives_forget(i.pk for i in lost)
             if reservation.offering.kind != OfferingKind.BARE_METAL and reservation.offering.slots_per_gpu == 1:
                 moves.gpus_move({d["gpu_id"] for i in lost for d in i.devices}, GPUState.ALLOCATED,
                                      GPUState.QUARANTINED)
@@ -373,6 +374,7 @@ def _give_up(reservation, node: Node, *, at: datetime, gpu_ids=None) -> None:
 def _end_instances(reservation, instances, *, at: datetime) -> None:
     """End the allocations under these instances at ``at`` (a failed attempt's capacity goes back)."""
     addresses.release(instance.pk for instance in instances)  # lost with their hardware
+    cloud_init.drives_forget(instance.pk for instance in instances)
     for instance in instances:
         for d in instance.devices:
             held = Allocation.objects.filter(reservation=reservation, gpu_id=d["gpu_id"], mem_lo=d["mem_lo"],

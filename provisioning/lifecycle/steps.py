@@ -18,9 +18,10 @@ from django.utils import timezone
 
 from cloud.choices import IsolationMode, NodePool, OfferingKind
 from core.errors import DomainError
+from provisioning import cloud_init, host_keys
 from provisioning.choices import OperationKind
-from provisioning.drivers import DriverError, Drivers, Target
-from provisioning.drivers.libvirt_vm import domain_xml
+from provisioning.drivers import DriverError, Drivers, Target, drivers_for
+from provisioning.drivers.libvirt_vm import domain_xml, mac_address
 from provisioning.drivers.pods import pod_manifest
 from provisioning.images import boot_of
 from provisioning.models import Allocation, Instance
@@ -128,15 +129,26 @@ def write_image(ctx: Context) -> None:
 
 
 def boot_from_disk(ctx: Context) -> None:
-    """Eject the deploy image and boot the written OS."""
+    """
+    Swap the deploy image for the instance's cloud-init config drive in the virtual CD and boot
+    the written OS (cloud-init finds the drive by its label and sets the host up).
+    """
     power = ctx.drivers.power
+    keys = _keys_of(ctx.reservation)
 
     def switch(instance, target):
-        if power.media(target) is not None:
-            power.eject_media(target)
+        url = cloud_init.drive_url(cloud_init.drive_for(instance, keys=keys))
+        if power.media(target) != url:
+            if power.media(target) is not None:
+                power.eject_media(target)
+            power.insert_media(target, url)
         if power.boot_device(target) != "hdd":
             power.set_boot_device(target, "hdd")
     ctx.each(switch)
+
+
+def _keys_of(reservation) -> list[str]:
+    return [line for line in authorized_keys(reservation).splitlines() if line]
 
 
 def join_network(ctx: Context) -> None:
@@ -275,11 +287,44 @@ def hand_over(ctx: Context) -> None:
     if tenant_writes is not None:
         ctx.each(lambda instance, target: tenant_writes(target, instance.devices)
                  if host.scrubbed(target, instance.devices) else None)
+    ctx.each(lambda instance, target: _host_keys_from_console(ctx.drivers, instance, target))
+
+
+def _host_keys_from_console(drivers: Drivers, instance, target) -> None:
+    """
+    The host keys cloud-init printed on the console, unless the instance reported them already.
+    Best effort: a console the driver cannot read leaves them to the instance's own report.
+    """
+    if instance.reported_at is not None or instance.kind == OfferingKind.CONTAINER:
+        return
+    try:
+        text = console_output(instance, drivers=drivers, target=target)
+    except DriverError:
+        return
+    host_keys.record(instance, host_keys.from_console(text))
+
+
+def console_output(instance, *, drivers: Drivers | None = None, target: Target | None = None) -> str:
+    """What the instance printed on its serial console, as its driver keeps it ('' for containers)."""
+    drivers = drivers or drivers_for(instance.node.region.slug)  # the host's region holds its drivers
+    target = target or target_of(instance.node)
+    if instance.kind == OfferingKind.VM:
+        return drivers.vm.console(target, instance.name)
+    if instance.kind == OfferingKind.BARE_METAL:
+        return drivers.power.console(target)
+    return ""
 
 
 def power_off(ctx: Context) -> None:
+    """Power the server off and take its config drive out of the virtual CD."""
     power = ctx.drivers.power
-    ctx.each(lambda instance, target: power.set_power(target, False) if power.power_state(target) == "on" else None)
+
+    def off(instance, target):
+        if power.power_state(target) == "on":
+            power.set_power(target, False)
+        if power.media(target) is not None:
+            power.eject_media(target)
+    ctx.each(off)
 
 
 def wipe(ctx: Context) -> None:
@@ -315,16 +360,24 @@ def reset_power(ctx: Context) -> None:
 
 
 def define_domain(ctx: Context) -> None:
-    """A domain with the instance's GPUs passed through and its share of the host's CPUs and memory."""
+    """
+    A domain with the instance's GPUs passed through, its share of the host's CPUs and memory, a
+    NIC, and its cloud-init config drive (keys, hostname, network, the tenant's user-data).
+    """
     vms = ctx.drivers.vm
+    keys = _keys_of(ctx.reservation)
 
     def define(instance, target):
         if vms.domain_state(target, instance.name) != "absent":
             return
+        mac = mac_address(str(instance.pk))
+        drive = cloud_init.drive_for(instance, keys=keys, mac=mac)
         node, share = instance.node, len(instance.devices) / max(1, instance.node.gpus.count())
         xml = domain_xml(name=instance.name, vcpus=max(2, int(node.cpu_cores * share)),
                          memory_mib=max(8192, int(node.ram_gib * 1024 * share * 0.9)), devices=instance.devices,
-                         image=f"{settings.MERIDIAN_VM_IMAGE_DIR}/{instance.name}.qcow2")
+                         image=f"{settings.MERIDIAN_VM_IMAGE_DIR}/{instance.name}.qcow2",
+                         network=settings.MERIDIAN_LIBVIRT_NETWORK, mac=mac,
+                         config_drive=cloud_init.drive_url(drive))
         vms.define(target, instance.name, xml)
     ctx.each(define)
 

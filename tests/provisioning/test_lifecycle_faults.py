@@ -84,7 +84,8 @@ def test_a_step_redone_after_a_lost_worker_does_not_repeat_its_side_effects(worl
     steps.run(redeliver=WorkerLost)
     assert reservation(pk).state == "active"
     node = Instance.objects.get(reservation_id=pk).node
-    assert Simulated.calls("bmc", node.hostname) == {"insert_media": 1, "set_boot_device": 2, "set_power": 1,
+    # The deploy image, then the config drive: each inserted once.
+    assert Simulated.calls("bmc", node.hostname) == {"insert_media": 2, "set_boot_device": 2, "set_power": 1,
                                                      "eject_media": 1}
     assert Simulated.calls("disk", node.hostname) == {"write_image": 1}
     assert without_attest(Simulated.calls("host", node.hostname)) == {"use": 1}

@@ -1,4 +1,7 @@
-"""The address assignments of instances (``provisioning.addresses``); loaded with provisioning's models."""
+"""
+What an instance is reached and configured by: its addresses (``provisioning.addresses``) and its
+config drive (``provisioning.cloud_init``); loaded with provisioning's models.
+"""
 
 import uuid
 
@@ -38,3 +41,22 @@ class AddressAssignment(TenantOwnedModel):
 
     def __str__(self):
         return f"{self.address} ({self.kind}, {self.region})"
+
+
+class ConfigDrive(models.Model):
+    """
+    An instance's NoCloud config drive (``provisioning.cloud_init``): the ISO built once when it is
+    first needed, so a retried step serves the same bytes, and the secret in the URL its BMC or
+    hypervisor fetches it from (and the instance reports in and reads its notices with). Deleted
+    once the instance is cleaned: the URL then answers 404.
+    """
+
+    instance = models.OneToOneField("provisioning.Instance", on_delete=models.CASCADE, primary_key=True,
+                                    related_name="config_drive")
+    token = models.CharField(max_length=64, unique=True, help_text="The URL's secret (URL-safe, 256 bits).")
+    iso = models.BinaryField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return f"config drive of {self.instance_id}"
