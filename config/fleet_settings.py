@@ -45,7 +45,9 @@ MERIDIAN_REDFISH_VERIFY_TLS = env.bool("MERIDIAN_REDFISH_VERIFY_TLS", default=Tr
 MERIDIAN_LIBVIRT_URI = env("MERIDIAN_LIBVIRT_URI", default="qemu+ssh://root@{host}/system")
 MERIDIAN_DEPLOY_IMAGE_URL = env("MERIDIAN_DEPLOY_IMAGE_URL", default="http://images.meridian.internal/deploy.iso")
 MERIDIAN_OS_IMAGE = env("MERIDIAN_OS_IMAGE", default="ubuntu-24.04-cuda-12.8")
-MERIDIAN_VM_IMAGE_DIR = env("MERIDIAN_VM_IMAGE_DIR", default="/var/lib/meridian/images")
+# A VM's disk: a copy-on-write volume in this libvirt storage pool over the image's base volume there.
+MERIDIAN_LIBVIRT_POOL = env("MERIDIAN_LIBVIRT_POOL", default="meridian")
+MERIDIAN_VM_DISK_GIB = env.int("MERIDIAN_VM_DISK_GIB", default=200)
 # The libvirt network a VM's NIC joins (its private address is set by its cloud-init network config).
 MERIDIAN_LIBVIRT_NETWORK = env("MERIDIAN_LIBVIRT_NETWORK", default="meridian-instances")
 # cloud-init (provisioning.cloud_init): the most user-data a reservation may carry, and how much of an

@@ -125,6 +125,20 @@ class VMDriver(ABC):
         """The domain's serial console output ('' where the hypervisor keeps none for remote readers)."""
         return ""
 
+    @abstractmethod
+    def volume(self, target: Target, pool: str, name: str) -> str | None:
+        """The path of volume ``name`` in the host's storage ``pool``, None when there is none."""
+
+    @abstractmethod
+    def create_volume(self, target: Target, pool: str, name: str, *, base: str, size_gib: int) -> str:
+        """
+        A copy-on-write qcow2 volume over the pool's volume ``base`` (the image, imported once per
+        host), ``size_gib`` large; returns its path. A missing base fails for good, naming it.
+        """
+
+    @abstractmethod
+    def delete_volume(self, target: Target, pool: str, name: str) -> None: ...
+
 
 class ContainerDriver(ABC):
     """A shared host's container runtime, through the Kubernetes API of its cluster."""

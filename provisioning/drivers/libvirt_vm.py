@@ -140,3 +140,73 @@ class LibvirtVM(VMDriver):
 
     def undefine(self, target, name):
         self._on_domain(target, name, lambda lv, d: d.undefine())
+
+    def _on_pool(self, target, pool, action):
+        libvirt, conn = self._open(target)
+        try:
+            try:
+                found = conn.storagePoolLookupByName(pool)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
+                    raise DriverError(f"{target.hostname} has no storage pool '{pool}': define it "
+                                      "(MERIDIAN_LIBVIRT_POOL names it).", transient=False) from exc
+                raise
+            return action(libvirt, found)
+        except libvirt.libvirtError as exc:
+            raise DriverError(f"libvirt storage on {target.hostname}: {exc}.") from exc
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _lookup(libvirt, pool, name):
+        try:
+            return pool.storageVolLookupByName(name)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+                return None
+            raise
+
+    def volume(self, target, pool, name):
+        def read(libvirt, found):
+            volume = self._lookup(libvirt, found, name)
+            return volume.path() if volume is not None else None
+        return self._on_pool(target, pool, read)
+
+    def create_volume(self, target, pool, name, *, base, size_gib):
+        def create(libvirt, found):
+            backing = self._lookup(libvirt, found, base)
+            if backing is None:
+                raise DriverError(f"The image volume '{base}' is not in pool '{pool}' on {target.hostname}: "
+                                  "import the image onto the host first.", transient=False)
+            return found.createXML(volume_xml(name=name, size_gib=size_gib, base_path=backing.path()), 0).path()
+        return self._on_pool(target, pool, create)
+
+    def delete_volume(self, target, pool, name):
+        def delete(libvirt, found):
+            volume = self._lookup(libvirt, found, name)
+            if volume is not None:
+                volume.delete(0)
+        self._on_pool(target, pool, delete)
+
+
+def volume_xml(*, name: str, size_gib: int, base_path: str) -> str:
+    """A qcow2 volume whose reads fall through to ``base_path`` until written (copy-on-write)."""
+    volume = ET.Element("volume", type="file")
+    ET.SubElement(volume, "name").text = name
+    ET.SubElement(volume, "capacity", unit="GiB").text = str(size_gib)
+    target = ET.SubElement(volume, "target")
+    ET.SubElement(target, "format", type="qcow2")
+    backing = ET.SubElement(volume, "backingStore")
+    ET.SubElement(backing, "path").text = base_path
+    ET.SubElement(backing, "format", type="qcow2")
+    return ET.tostring(volume, encoding="unicode")
+
+
+def disk_volume(instance_name: str) -> str:
+    return f"{instance_name}.qcow2"
+
+
+def volume_names(instance_name: str, source: str) -> tuple[str, str]:
+    """The instance's disk volume and the image's base volume in the pool (the source's file name)."""
+    base = source.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0] or "image"
+    return disk_volume(instance_name), base if base.endswith((".qcow2", ".img", ".raw")) else f"{base}.qcow2"

@@ -203,6 +203,18 @@ class SimulatedVM(Simulated, VMDriver):
     def undefine(self, target, name):
         self._domain(target, "undefine", name, lambda d, n: d.pop(n, None))
 
+    def volume(self, target, pool, name):
+        return self._state(target).get("volumes", {}).get(f"{pool}/{name}", {}).get("path")
+
+    def create_volume(self, target, pool, name, *, base, size_gib):
+        path = f"/var/lib/libvirt/{pool}/{name}"
+        self._act(target, "create_volume", lambda s: s.setdefault("volumes", {}).setdefault(
+            f"{pool}/{name}", {"path": path, "base": base, "size_gib": size_gib}))
+        return path
+
+    def delete_volume(self, target, pool, name):
+        self._act(target, "delete_volume", lambda s: s.setdefault("volumes", {}).pop(f"{pool}/{name}", None))
+
     def console(self, target, name):
         domain = self._state(target).get("domains", {}).get(name, {})
         return boot_log(name, f"{name}|{domain.get('xml', '')}") if domain.get("state") == "running" else ""

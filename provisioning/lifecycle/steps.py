@@ -21,7 +21,7 @@ from core.errors import DomainError
 from provisioning import cloud_init, host_keys
 from provisioning.choices import OperationKind
 from provisioning.drivers import DriverError, Drivers, Target, drivers_for
-from provisioning.drivers.libvirt_vm import domain_xml, mac_address
+from provisioning.drivers.libvirt_vm import disk_volume, domain_xml, mac_address, volume_names
 from provisioning.drivers.pods import pod_manifest
 from provisioning.images import boot_of
 from provisioning.models import Allocation, Instance
@@ -367,15 +367,21 @@ def define_domain(ctx: Context) -> None:
     vms = ctx.drivers.vm
     keys = _keys_of(ctx.reservation)
 
+    source = boot_of(ctx.reservation).source
+    pool = settings.MERIDIAN_LIBVIRT_POOL
+
     def define(instance, target):
         if vms.domain_state(target, instance.name) != "absent":
             return
+        disk, base = volume_names(instance.name, source)
+        path = vms.volume(target, pool, disk) or vms.create_volume(target, pool, disk, base=base,
+                                                                  size_gib=settings.MERIDIAN_VM_DISK_GIB)
         mac = mac_address(str(instance.pk))
         drive = cloud_init.drive_for(instance, keys=keys, mac=mac)
         node, share = instance.node, len(instance.devices) / max(1, instance.node.gpus.count())
         xml = domain_xml(name=instance.name, vcpus=max(2, int(node.cpu_cores * share)),
                          memory_mib=max(8192, int(node.ram_gib * 1024 * share * 0.9)), devices=instance.devices,
-                         image=f"{settings.MERIDIAN_VM_IMAGE_DIR}/{instance.name}.qcow2",
+                         image=path,
                          network=settings.MERIDIAN_LIBVIRT_NETWORK, mac=mac,
                          config_drive=cloud_init.drive_url(drive))
         vms.define(target, instance.name, xml)
@@ -395,9 +401,16 @@ def stop_domain(ctx: Context) -> None:
 
 
 def undefine_domain(ctx: Context) -> None:
-    vms = ctx.drivers.vm
-    ctx.each(lambda instance, target: vms.undefine(target, instance.name)
-             if vms.domain_state(target, instance.name) != "absent" else None)
+    """Remove the domain and its disk volume (nothing of the tenant's stays in the host's pool)."""
+    vms, pool = ctx.drivers.vm, settings.MERIDIAN_LIBVIRT_POOL
+
+    def remove(instance, target):
+        if vms.domain_state(target, instance.name) != "absent":
+            vms.undefine(target, instance.name)
+        disk = disk_volume(instance.name)
+        if vms.volume(target, pool, disk) is not None:
+            vms.delete_volume(target, pool, disk)
+    ctx.each(remove)
 
 
 #

@@ -495,3 +495,51 @@ def test_simulated_fabric_keeps_port_states():
     assert fabric.port_states(ports)["b83fd20300000001"] == "down"
     fabric.set_port_state(ports[0], "up")
     assert set(fabric.port_states(ports).values()) == {"up"}
+
+
+def test_libvirt_a_vm_disk_is_a_copy_on_write_volume_over_the_image_and_is_deleted(hypervisor):
+    """In the test driver's own pool: the clone is backed by the image's volume; deleting it leaves only the image."""
+    vms, host, pool = LibvirtVM(), Target(node_id="1", hostname="gpu-host-01"), "default-pool"
+    base = f"img-{uuid.uuid4().hex[:8]}.qcow2"
+    hypervisor.storagePoolLookupByName(pool).createXML(
+        f"<volume><name>{base}</name><capacity unit='GiB'>8</capacity><target><format type='qcow2'/></target>"
+        "</volume>", 0)
+    disk = f"vm-{uuid.uuid4().hex[:12]}.qcow2"
+    assert vms.volume(host, pool, disk) is None
+    path = vms.create_volume(host, pool, disk, base=base, size_gib=20)
+    assert vms.volume(host, pool, disk) == path
+    described = _xml(hypervisor.storagePoolLookupByName(pool).storageVolLookupByName(disk).XMLDesc())
+    assert described.find("backingStore/path").text == vms.volume(host, pool, base)
+    vms.delete_volume(host, pool, disk)
+    vms.delete_volume(host, pool, disk)  # a retried delete finds it gone
+    names = hypervisor.storagePoolLookupByName(pool).listVolumes()
+    assert disk not in names and base in names
+    hypervisor.storagePoolLookupByName(pool).storageVolLookupByName(base).delete(0)
+
+
+def test_libvirt_a_missing_image_volume_or_pool_fails_for_good_naming_it(hypervisor):
+    vms, host = LibvirtVM(), Target(node_id="1", hostname="gpu-host-01")
+    with pytest.raises(DriverError, match="'no-such-image.qcow2' is not in pool") as raised:
+        vms.create_volume(host, "default-pool", "vm-x.qcow2", base="no-such-image.qcow2", size_gib=10)
+    assert raised.value.transient is False
+    with pytest.raises(DriverError, match="no storage pool 'nowhere'") as raised:
+        vms.volume(host, "nowhere", "vm-x.qcow2")
+    assert raised.value.transient is False
+
+
+def test_libvirt_accepts_a_domain_with_its_config_drive_nic_and_serial_console(hypervisor):
+    vms, host, name = LibvirtVM(), Target(node_id="1", hostname="gpu-host-01"), f"vm-{uuid.uuid4().hex[:12]}"
+    xml = domain_xml(name=name, vcpus=4, memory_mib=2048, devices=GPUS, image=f"/default-pool/{name}.qcow2",
+                     network="default", mac="52:54:00:12:34:56",
+                     config_drive="https://meridian.example:8443/instance-data/x/secret/config-drive.iso")
+    vms.define(host, name, xml)
+    try:
+        described = _xml(hypervisor.lookupByName(name).XMLDesc())
+        cdrom = described.find("devices/disk[@device='cdrom']")
+        assert cdrom.find("source").get("protocol") == "https"
+        assert cdrom.find("source").get("name") == "/instance-data/x/secret/config-drive.iso"
+        assert cdrom.find("source/host").attrib == {"name": "meridian.example", "port": "8443"}
+        assert described.find("devices/interface/mac").get("address") == "52:54:00:12:34:56"
+        assert described.find("devices/serial") is not None
+    finally:
+        vms.undefine(host, name)

@@ -82,15 +82,15 @@ def test_a_vm_gets_its_gpus_passed_through_and_gives_them_back(world, fleet, ste
     assert len(gpu_ids) == 2 and set(GPU.objects.filter(pk__in=gpu_ids).values_list("state", flat=True)) == {
         "allocated"}
     domain = Simulated.calls("hypervisor", instance.node.hostname)
-    assert domain == {"define": 1, "start": 1}
+    assert domain == {"create_volume": 1, "define": 1, "start": 1}
     assert Node.objects.get(pk=instance.node_id).state == "in_service"  # a shared host stays in service
 
     release(world, pk)
     steps.run()
     assert reservation(pk).state == "released"
     assert set(GPU.objects.filter(pk__in=gpu_ids).values_list("state", flat=True)) == {"available"}
-    assert Simulated.calls("hypervisor", instance.node.hostname) == {"define": 1, "start": 1, "stop": 1,
-                                                                     "undefine": 1}
+    assert Simulated.calls("hypervisor", instance.node.hostname) == {
+        "create_volume": 1, "define": 1, "start": 1, "stop": 1, "undefine": 1, "delete_volume": 1}
 
 
 def test_a_container_slot_carries_its_memory_cap(world, fleet, steps):
