@@ -55,6 +55,11 @@ MERIDIAN_LIBVIRT_NETWORK = env("MERIDIAN_LIBVIRT_NETWORK", default="meridian-ins
 MERIDIAN_USER_DATA_MAX_BYTES = env.int("MERIDIAN_USER_DATA_MAX_BYTES", default=16_384)
 MERIDIAN_CONSOLE_OUTPUT_BYTES = env.int("MERIDIAN_CONSOLE_OUTPUT_BYTES", default=65_536)
 MERIDIAN_CONTAINER_IMAGE = env("MERIDIAN_CONTAINER_IMAGE", default="nvcr.io/nvidia/pytorch:25.01-py3")
+# Each region's Kubernetes cluster for the "kubernetes" container driver ("default" and region slugs):
+# {"url", "token", "ca_file", "verify_tls"} or {"kubeconfig", "context"}.
+MERIDIAN_KUBERNETES = env.json("MERIDIAN_KUBERNETES", default={})
+# The Multus network a container joins for its IB-VPC (its virtual function's GUID in cni-args); "" for none.
+MERIDIAN_KUBERNETES_IB_NETWORK = env("MERIDIAN_KUBERNETES_IB_NETWORK", default="ib-vpc")
 # A worker goes on to an operation's next step in the same task for this long (steps that only
 # ask a driver or an agent take milliseconds; a task per step cost more than the steps did).
 # 0: one step per task.

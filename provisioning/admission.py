@@ -9,6 +9,7 @@ and again when the scheduler places the reservation.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ class Ask:
     image: object | None = None  # a cloud.Image the principal can see; None: the default of the kind
     public_ip: bool = False
     user_data: str = ""  # checked cloud-init user-data (provisioning.cloud_init.user_data_check)
+    environment: tuple = ()  # (name, value) pairs for a container's environment (environment_check)
     spec: dict | None = None
     vpc: object | None = None  # a VPC the principal can see (checked against team and regions at admission)
 
@@ -63,6 +65,40 @@ class Ask:
         if self.offering.slots_per_gpu == 1:
             return float(self.gpus)
         return self.units / self.offering.slots_per_gpu
+
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MAX_ENV_VARS = 64
+MAX_ENV_BYTES = 32_768
+
+
+def environment_check(environment: dict, offering: Offering) -> dict:
+    """
+    A container's environment variables: names as a shell takes them (not MERIDIAN_*, which are
+    Meridian's own), string values, at most 64 of them and 32 KiB in all (a Secret holds 1 MiB);
+    servers and VMs take theirs through user-data instead.
+    """
+    if not environment:
+        return {}
+    if offering.kind != OfferingKind.CONTAINER:
+        raise invalid("environment", f"{offering.slug} is a {offering.get_kind_display().lower()} offering: "
+                      "environment applies to containers; set variables through user_data instead.",
+                      code="not_container")
+    if len(environment) > MAX_ENV_VARS:
+        raise invalid("environment", f"{len(environment)} variables; the limit is {MAX_ENV_VARS}.", code="too_many")
+    for name, value in environment.items():
+        if not ENV_NAME.match(name):
+            raise invalid("environment", f"'{name[:64]}' is not a variable name (letters, digits and '_', not "
+                          "starting with a digit).", code="invalid_name")
+        if name.upper().startswith("MERIDIAN_") or name == "SSH_PUBLIC_KEY":
+            raise invalid("environment", f"{name} is set by Meridian; choose another name.", code="reserved_name")
+        if not isinstance(value, str) or "\x00" in value:
+            raise invalid("environment", f"{name}: values are text without NUL bytes.", code="invalid_value")
+    size = sum(len(name) + len(value.encode()) for name, value in environment.items())
+    if size > MAX_ENV_BYTES:
+        raise invalid("environment", f"The variables hold {size:,} bytes; the limit is {MAX_ENV_BYTES:,}.",
+                      code="too_large")
+    return dict(environment)
 
 
 def count_field(offering: Offering) -> str:

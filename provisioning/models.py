@@ -62,6 +62,8 @@ class Reservation(TeamOwnedModel):
     public_ip = models.BooleanField(default=False, help_text="Whether its instances get a public address too.")
     user_data = models.TextField(blank=True, help_text="cloud-init user-data for its instances (#cloud-config or a "
                                                        "script), checked at create.")
+    environment = models.JSONField(default=dict, blank=True,
+                                   help_text="Environment variables of its containers (kept in a Kubernetes Secret).")
     ssh_keys = models.ManyToManyField("tenants.SSHKey", blank=True, related_name="reservations",
                                       help_text="Saved keys its instances get (with ssh_public_key, if pasted).")
     # Its IB-VPC; none: the tenant's default VPC on the fabric it lands on (created on first use).

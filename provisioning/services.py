@@ -134,7 +134,7 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
         regions=[region.slug for region in ask.regions], requested_start=ask.requested_start, duration=ask.duration,
         billing_term=ask.billing_term, spot_max_price=ask.spot_max_price, eviction_policy=ask.eviction_policy,
         urgency=ask.urgency, ssh_public_key=ask.ssh_public_key, vpc=ask.vpc, image=ask.image, public_ip=ask.public_ip,
-        user_data=ask.user_data,
+        user_data=ask.user_data, environment=dict(ask.environment),
     )
     # Scored, and placed when it can be, before it is stored: one INSERT in the state it ends in
     # (it has waited nothing yet), with its operation and audit event.

@@ -17,12 +17,13 @@ from cloud.choices import OfferingKind
 from cloud.models import Image, Offering, Region
 from core.errors import DomainError
 from provisioning import cloud_init
-from provisioning.admission import Ask, best_offering_for_spec, count_field
+from provisioning.admission import MAX_ENV_VARS, Ask, best_offering_for_spec, count_field, environment_check
 from provisioning.choices import BillingTerm, EvictionPolicy
 from provisioning.models import VPC, Instance, Operation, Reservation, StepRun
 from provisioning.scheduling.priority import URGENCY_LEVELS
 from tenants.models import SSHKey, Team
 from web.api.base import (
+    BoundedDictField,
     BoundedListField,
     ScopedRelatedField,
     StrictFloatField,
@@ -117,6 +118,11 @@ class ReservationCreateSerializer(StrictSerializer):
                                       help_text="cloud-init user-data for its instances: '#cloud-config' YAML or a "
                                                 "script ('#!'), at most MERIDIAN_USER_DATA_MAX_BYTES (16 KiB).")
 
+    environment = BoundedDictField(
+        max_length=MAX_ENV_VARS, child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False,
+        help_text="Environment variables of a container offering's instances (at most 64, 32 KiB), kept in a "
+                  "Kubernetes Secret; the API shows their names only.")
+
     def validate_user_data(self, text):
         try:
             return cloud_init.user_data_check(text)
@@ -151,8 +157,16 @@ class ReservationCreateSerializer(StrictSerializer):
             ssh_public_key=attrs.get("ssh_public_key", ""), spec=self.initial_data.get("spec"), vpc=attrs.get("vpc"),
             ssh_keys=tuple(dict.fromkeys(attrs.get("ssh_keys", []))), image=attrs.get("image"),
             public_ip=attrs["public_ip"], user_data=attrs.get("user_data", ""),
+            environment=tuple(_environment(attrs.get("environment") or {}, offering).items()),
         )
         return attrs
+
+
+def _environment(environment: dict, offering) -> dict:
+    try:
+        return environment_check(environment, offering)
+    except DomainError as exc:
+        raise serializers.ValidationError(exc.detail, code=exc.default_code) from None
 
 
 class ExtendSerializer(StrictSerializer):
@@ -167,6 +181,8 @@ class ReservationSerializer(serializers.ModelSerializer):
     duration_hours = serializers.SerializerMethodField()
     team = serializers.UUIDField(source="team_id", read_only=True, allow_null=True)
     vpc = serializers.UUIDField(source="vpc_id", read_only=True, allow_null=True)
+    environment = serializers.SerializerMethodField(help_text="The names of its containers' environment variables "
+                                                              "(their values stay in the Secret).")
 
     class Meta:
         model = Reservation
@@ -174,8 +190,12 @@ class ReservationSerializer(serializers.ModelSerializer):
                   "regions", "region", "requested_start", "starts_at", "ends_at", "duration_hours", "billing_term",
                   "spot_max_price", "eviction_policy", "urgency", "team", "vpc", "score", "submitted_at",
                   "scheduled_at", "released_at", "image", "public_ip", "replacements", "replaced_at",
-                  "replacement_reason"]
+                  "replacement_reason", "environment"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_environment(self, reservation) -> list[str]:
+        return sorted(reservation.environment or {})
 
     @extend_schema_field(serializers.FloatField())
     def get_duration_hours(self, reservation) -> float:
@@ -204,6 +224,7 @@ class ReservationSerializer(serializers.ModelSerializer):
             "public_ip": r.public_ip,
             "replacements": r.replacements,
             "replaced_at": _moment(r.replaced_at), "replacement_reason": r.replacement_reason,
+            "environment": self.get_environment(r),
         }
 
 

@@ -27,7 +27,7 @@ IMPLEMENTATIONS = {
     "power": {"simulated": "simulated.SimulatedPower", "redfish": "redfish.RedfishPower"},
     "image": {"simulated": "simulated.SimulatedImage"},
     "vm": {"simulated": "simulated.SimulatedVM", "libvirt": "libvirt_vm.LibvirtVM"},
-    "container": {"simulated": "simulated.SimulatedContainers"},
+    "container": {"simulated": "simulated.SimulatedContainers", "kubernetes": "kubernetes_pods.KubernetesContainers"},
     "host": {"simulated": "simulated.SimulatedHost", "agent": "agent_host.AgentHost"},
 }
 
@@ -76,15 +76,17 @@ def fabric_driver_for(fabric) -> FabricDriver:
 def drivers_for(region_slug: str) -> Drivers:
     configured = settings.MERIDIAN_DRIVERS
     chosen = {**configured.get("default", {}), **configured.get(region_slug, {})}
-    return Drivers(**{kind: _load(kind, chosen.get(kind, "simulated")) for kind in IMPLEMENTATIONS})
+    return Drivers(**{kind: _load(kind, chosen.get(kind, "simulated"), region_slug) for kind in IMPLEMENTATIONS})
 
 
 @cache
-def _load(kind: str, name: str):
+def _load(kind: str, name: str, region_slug: str):
     try:
         path = IMPLEMENTATIONS[kind][name]
     except KeyError:
         raise DriverError(f"No {kind} driver '{name}' (known: {', '.join(IMPLEMENTATIONS[kind])}); "
                           "fix MERIDIAN_DRIVERS.", transient=False) from None
-    module, cls = path.rsplit(".", 1)
-    return getattr(import_module(f"{__name__}.{module}"), cls)()
+    module, name = path.rsplit(".", 1)
+    cls = getattr(import_module(f"{__name__}.{module}"), name)
+    # A driver whose endpoint differs by region (a region's Kubernetes cluster) is made per region.
+    return cls(region=region_slug) if getattr(cls, "per_region", False) else cls()

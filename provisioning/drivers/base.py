@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from provisioning.drivers.pods import PodSpec
 
 
 class DriverError(Exception):
@@ -144,14 +148,16 @@ class ContainerDriver(ABC):
     """A shared host's container runtime, through the Kubernetes API of its cluster."""
 
     @abstractmethod
-    def pod(self, target: Target, name: str) -> dict | None:
-        """The applied manifest, None when there is no such pod."""
+    def pod(self, target: Target, namespace: str, name: str) -> dict | None:
+        """The pod as the API has it (``metadata.uid``, ``status``), None when there is no such pod."""
 
     @abstractmethod
-    def apply(self, target: Target, manifest: dict) -> None: ...
+    def apply(self, target: Target, spec: PodSpec) -> None:
+        """Create what is missing of the instance's namespace, network policy, secret and pod."""
 
     @abstractmethod
-    def delete(self, target: Target, name: str) -> None: ...
+    def delete(self, target: Target, namespace: str, name: str) -> None:
+        """Delete the pod and its secret (the tenant's namespace stays for its other instances)."""
 
 
 class HostDriver(ABC):

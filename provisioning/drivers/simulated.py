@@ -223,17 +223,29 @@ class SimulatedVM(Simulated, VMDriver):
 class SimulatedContainers(Simulated, ContainerDriver):
     kind = "containers"
 
-    def pod(self, target, name):
-        return self._state(target).get("pods", {}).get(name)
+    def pod(self, target, namespace, name):
+        return self._state(target).get("pods", {}).get(f"{namespace}/{name}")
 
-    def apply(self, target, manifest):
-        name = manifest["metadata"]["name"]
-        # The API server gives every pod a UID, as the simulated one does here.
-        applied = {**manifest, "metadata": {**manifest["metadata"], "uid": str(uuid.uuid4())}}
-        self._act(target, "apply", lambda s: s.setdefault("pods", {}).setdefault(name, applied))
+    def apply(self, target, spec):
+        # The API server gives every pod a UID; the simulated kubelet starts it at once.
+        applied = {**spec.pod, "metadata": {**spec.pod["metadata"], "uid": str(uuid.uuid4())},
+                   "status": {"phase": "Running"}}
 
-    def delete(self, target, name):
-        self._act(target, "delete", lambda s: s.setdefault("pods", {}).pop(name, None))
+        def change(state):
+            state.setdefault("secrets", {}).setdefault(f"{spec.namespace_name}/{spec.secret['metadata']['name']}",
+                                                       spec.secret)
+            state.setdefault("pods", {}).setdefault(f"{spec.namespace_name}/{spec.name}", applied)
+        self._act(target, "apply", change)
+
+    def delete(self, target, namespace, name):
+        def change(state):
+            state.setdefault("pods", {}).pop(f"{namespace}/{name}", None)
+            state.setdefault("secrets", {}).pop(f"{namespace}/{name}-access", None)
+        self._act(target, "delete", change)
+
+    def secret(self, target, namespace, name) -> dict | None:
+        """The instance's secret as applied (tests read the keys and environment it carries)."""
+        return self._state(target).get("secrets", {}).get(f"{namespace}/{name}-access")
 
 
 class SimulatedHost(Simulated, HostDriver):

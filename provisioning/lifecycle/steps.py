@@ -20,12 +20,12 @@ from cloud.choices import IsolationMode, NodePool, OfferingKind
 from core.errors import DomainError
 from provisioning import cloud_init, host_keys
 from provisioning.choices import OperationKind
-from provisioning.drivers import DriverError, Drivers, Target, drivers_for
+from provisioning.drivers import DriverError, Drivers, NotYet, Target, drivers_for
 from provisioning.drivers.libvirt_vm import disk_volume, domain_xml, mac_address, volume_names
-from provisioning.drivers.pods import pod_manifest
+from provisioning.drivers.pods import Limits, namespace_of, pod_phase, pod_spec
 from provisioning.images import boot_of
 from provisioning.models import Allocation, Instance
-from provisioning.networks.ports import VPCRefused, ports_join, ports_join_many, ports_leave
+from provisioning.networks.ports import VPCRefused, instance_ports, ports_join, ports_join_many, ports_leave
 from provisioning.networks.vpcs import default_vpc
 from security.models import AttestationNonce, AttestationReport
 from security.services import attestation_challenge, attestation_outcome, attestation_submit
@@ -443,38 +443,66 @@ def configure_mig(ctx: Context) -> None:
 
 
 def apply_pod(ctx: Context) -> None:
-    boot = boot_of(ctx.reservation)
-    pods = ctx.drivers.container
-    reservation = ctx.reservation
-    offering = reservation.offering
+    """
+    The instance's namespace, network policy, secret (keys, environment) and pod, then wait for
+    the pod to run: pulling an image takes minutes, a bad image or a crash loop fails the step.
+    """
+    pods, reservation = ctx.drivers.container, ctx.reservation
+    image = boot_of(reservation).source
 
     def apply(instance, target):
-        if pods.pod(target, instance.name) is None:
-            pods.apply(target, manifest_of(instance))
+        namespace = namespace_of(reservation.tenant_id)
+        pod = pods.pod(target, namespace, instance.name)
+        if pod is None:
+            pods.apply(target, spec_of(instance))
+            pod = pods.pod(target, namespace, instance.name) or {}
         # The host's cgroups name the pod's processes by its UID: the watchdog knows them by it.
-        uid = ((pods.pod(target, instance.name) or {}).get("metadata") or {}).get("uid") or ""
-        Instance.objects.filter(pk=instance.pk).update(runtime_uid=uid)
-        instance.runtime_uid = uid
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        if uid != instance.runtime_uid:
+            Instance.objects.filter(pk=instance.pk).update(runtime_uid=uid)
+            instance.runtime_uid = uid
+        phase, why = pod_phase(pod)
+        if phase == "failed":  # the image or its command, not the host: cleaned, and placed again
+            raise NodeFault(instance.node, f"the container cannot start: {why}", transient=False, blame=False)
+        if phase == "starting":
+            raise NotYet(f"the container is starting ({why})", wait_s=10.0)
 
-    def manifest_of(instance):
-        slot = offering.slots_per_gpu > 1
-        manifest = pod_manifest(
-            name=instance.name, namespace=f"tenant-{reservation.tenant_id}", node_name=instance.node.hostname,
-            image=boot.source, gpus=0 if slot else len(instance.devices),
-            devices=instance.devices,
-            memory_cap_mib=(instance.devices[0]["mem_hi"] - instance.devices[0]["mem_lo"]) if slot else None,
-            ssh_public_key=authorized_keys(reservation),
-            labels={"meridian.cloud/reservation": str(reservation.pk),
-                    "meridian.cloud/tenant": str(reservation.tenant_id)},
+    def spec_of(instance):
+        network = settings.MERIDIAN_KUBERNETES_IB_NETWORK
+        # The virtual function is handed out here (join_network then finds it) so the pod is made with its GUID.
+        vf_guid = next(iter(instance_ports(instance)), "") if network else ""
+        return pod_spec(
+            name=instance.name, tenant_id=reservation.tenant_id, node_name=instance.node.hostname, image=image,
+            devices=instance.devices, limits=pod_limits(instance, reservation.offering),
+            authorized_keys=authorized_keys(reservation), environment=dict(reservation.environment or {}),
+            labels={"meridian.cloud/reservation": str(reservation.pk), "meridian.cloud/instance": instance.name},
+            network=network, vf_guid=vf_guid,
         )
-        return manifest
     ctx.each(apply)
 
 
+def host_share(instance, offering) -> float:
+    """The instance's share of its host: its GPUs of the host's, a slot counted as its part of a GPU."""
+    gpus = max(1, instance.node.gpus.count())
+    if offering.slots_per_gpu > 1:
+        return len(instance.devices) / (gpus * offering.slots_per_gpu)
+    return len(instance.devices) / gpus
+
+
+def pod_limits(instance, offering) -> Limits:
+    """Whole GPUs or a slot with its memory cap; the host's CPUs and memory in proportion (at least 1 CPU, 4 GiB)."""
+    node, share = instance.node, host_share(instance, offering)
+    slot = offering.slots_per_gpu > 1
+    return Limits(gpus=0 if slot else len(instance.devices),
+                  gpu_memory_cap_mib=(instance.devices[0]["mem_hi"] - instance.devices[0]["mem_lo"]) if slot else None,
+                  cpu_millicores=max(1000, int(node.cpu_cores * 1000 * share)),
+                  memory_mib=max(4096, int(node.ram_gib * 1024 * share * 0.9)))
+
+
 def delete_pod(ctx: Context) -> None:
-    pods = ctx.drivers.container
-    ctx.each(lambda instance, target: pods.delete(target, instance.name)
-             if pods.pod(target, instance.name) is not None else None)
+    pods, namespace = ctx.drivers.container, namespace_of(ctx.reservation.tenant_id)
+    ctx.each(lambda instance, target: pods.delete(target, namespace, instance.name)
+             if pods.pod(target, namespace, instance.name) is not None else None)
 
 
 #

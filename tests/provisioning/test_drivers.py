@@ -1,8 +1,7 @@
 """
 The drivers against real counterparts where one runs locally: RedfishPower against the sushy-tools
 Redfish emulator (fake driver, one system, basic auth), LibvirtVM against libvirt's test driver;
-the pure builders (pci_address, domain_xml, pod_manifest checked by the kubernetes client's own
-models); the drivers_for registry; and the simulated drivers' fault injection.
+the pure builders (pci_address, domain_xml); the drivers_for registry; and the simulated drivers' fault injection.
 """
 
 from __future__ import annotations
@@ -26,11 +25,9 @@ import bcrypt
 import pytest
 import sushy
 import sushy.connector
-from kubernetes import client
 
 from provisioning.drivers import DriverError, Target, drivers_for
 from provisioning.drivers.libvirt_vm import LibvirtVM, domain_xml, pci_address
-from provisioning.drivers.pods import pod_manifest
 from provisioning.drivers.redfish import RedfishPower
 from provisioning.drivers.simulated import (
     Simulated,
@@ -321,57 +318,6 @@ def test_domain_xml_has_one_vfio_managed_hostdev_per_gpu():
     assert all((h.get("mode"), h.get("type"), h.get("managed")) == ("subsystem", "pci", "yes") for h in hostdevs)
     assert [h.find("driver").get("name") for h in hostdevs] == ["vfio", "vfio"]
     assert [h.find("source/address").get("bus") for h in hostdevs] == ["0x18", "0x2a"]
-
-
-def _pod(**overrides) -> dict:
-    return pod_manifest(**{"name": "pod-1", "namespace": "tenant-1", "node_name": "gpu-node-07", "image": "img:1",
-                           "gpus": 2, "devices": GPUS, "memory_cap_mib": None, "ssh_public_key": "ssh-ed25519 AAAA",
-                           "labels": {"meridian.cloud/reservation": "r-1"}, **overrides})
-
-
-def test_pod_manifest_whole_gpus_pinned_and_unprivileged():
-    manifest = _pod()
-    spec, (container,) = manifest["spec"], manifest["spec"]["containers"]
-    assert container["resources"] == {"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "2"}}
-    assert manifest["metadata"]["annotations"] == {"meridian.cloud/gpus": "gpu-a,gpu-b"}
-    assert spec["nodeName"] == "gpu-node-07"
-    assert spec["automountServiceAccountToken"] is False
-    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False}
-
-
-def test_pod_manifest_slot_asks_for_a_gpu_share_with_its_memory_cap():
-    manifest = _pod(gpus=0, devices=GPUS[:1], memory_cap_mib=8192)
-    resources = manifest["spec"]["containers"][0]["resources"]
-    assert resources == {"limits": {"nvidia.com/gpu.shared": "1"}, "requests": {"nvidia.com/gpu.shared": "1"}}
-    assert manifest["metadata"]["annotations"] == {"meridian.cloud/gpus": "gpu-a",
-                                                   "meridian.cloud/gpu-memory-cap-mib": "8192"}
-
-
-def test_pod_manifest_without_gpus_or_a_slot_is_refused():
-    with pytest.raises(ValueError):
-        _pod(gpus=0, memory_cap_mib=None)
-
-
-def test_pod_manifest_round_trips_through_the_client_models():
-    api = client.ApiClient()
-    manifest = _pod()
-    pod = api._ApiClient__deserialize(manifest, "V1Pod")
-    assert isinstance(pod, client.V1Pod)
-    assert (pod.metadata.name, pod.metadata.namespace, pod.spec.node_name) == ("pod-1", "tenant-1", "gpu-node-07")
-    container = pod.spec.containers[0]
-    assert container.resources.limits == {"nvidia.com/gpu": "2"}
-    assert container.security_context.privileged is False
-    assert api.sanitize_for_serialization(pod) == manifest
-
-
-def test_client_models_refuse_a_container_without_a_name():
-    """kubernetes 36's models check required fields, which is what pod_manifest relies on."""
-    with pytest.raises(ValueError, match="name"):
-        client.V1Container(image="img:1")
-    nameless = _pod()
-    del nameless["spec"]["containers"][0]["name"]
-    with pytest.raises(ValueError, match="name"):
-        client.ApiClient()._ApiClient__deserialize(nameless, "V1Pod")
 
 
 #

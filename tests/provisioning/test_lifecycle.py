@@ -102,9 +102,11 @@ def test_a_container_slot_carries_its_memory_cap(world, fleet, steps):
     steps.run()
     assert reservation(pk).state == "active"
     instance = Instance.objects.get(reservation_id=pk)
-    pod = SimulatedContainers().pod(target_of(instance.node), instance.name)
+    namespace = f"tenant-{instance.reservation.tenant_id}"
+    pod = SimulatedContainers().pod(target_of(instance.node), namespace, instance.name)
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {"nvidia.com/gpu.shared": "1"}
+    # 1/64 of the host (8 GPUs, 8 slots each): of its 112 cores, and 90% of its 2 TiB.
+    assert limits == {"nvidia.com/gpu.shared": "1", "cpu": "1750m", "memory": "29491Mi"}
     device = instance.devices[0]
     cap = pod["metadata"]["annotations"]["meridian.cloud/gpu-memory-cap-mib"]
     assert cap == str(device["mem_hi"] - device["mem_lo"])
@@ -114,7 +116,8 @@ def test_a_container_slot_carries_its_memory_cap(world, fleet, steps):
     release(world, pk)
     steps.run()
     assert reservation(pk).state == "released"
-    assert SimulatedContainers().pod(target_of(instance.node), instance.name) is None
+    assert SimulatedContainers().pod(target_of(instance.node), namespace, instance.name) is None
+    assert SimulatedContainers().secret(target_of(instance.node), namespace, instance.name) is None
 
 
 #
