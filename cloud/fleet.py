@@ -25,6 +25,8 @@ SPINES_PER_POD = 4
 GPUS_PER_NODE = 8
 # PCI bus ids of the eight SXM GPUs of an HGX baseboard, as nvidia-smi lists them.
 HGX_PCI_BUS_IDS = [f"00000000:{bus}:00.0" for bus in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")]
+# One ConnectX-7 beside each GPU, under the same PCIe switch.
+HGX_HCA_PCI_BUS_IDS = [f"00000000:{bus}:00.0" for bus in ("1a", "2b", "3b", "5e", "9b", "ac", "bb", "dc")]
 NVIDIA_OUI = "b83fd2"  # the IEEE OUI NVIDIA (Mellanox) port GUIDs begin with
 REGION_NAMES = ["us-east-1", "eu-west-1", "us-west-2", "ap-northeast-1", "eu-north-1", "ap-south-1"]
 # What the console calls them, beside the slug (a title made of the slug read "Eu West 1").
@@ -132,7 +134,8 @@ def _build_fabric(region: Region, fabric_slug: str, model: GPUModel, spec: Fleet
                 state=GPUState.AVAILABLE, health=Health.HEALTHY,
             ))
             # One ConnectX port per GPU (rail-optimised), with NVIDIA's OUI as real GUIDs carry.
-            ports.append(HCAPort(node=node, index=g, guid=f"{NVIDIA_OUI}{secrets.token_hex(5)}"))
+            ports.append(HCAPort(node=node, index=g, guid=f"{NVIDIA_OUI}{secrets.token_hex(5)}",
+                                 pci_bus_id=HGX_HCA_PCI_BUS_IDS[g]))
     Node.objects.bulk_create(nodes, batch_size=500)
     GPU.objects.bulk_create(gpus, batch_size=2000)
     HCAPort.objects.bulk_create(ports, batch_size=2000)

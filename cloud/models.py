@@ -238,6 +238,9 @@ class HCAPort(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="ib_ports")
     index = models.PositiveSmallIntegerField()
     guid = models.CharField("port GUID", max_length=16, unique=True, help_text="16 lower-case hex digits, no 0x.")
+    pci_bus_id = models.CharField("PCI address", max_length=32, blank=True,
+                                  help_text="Its physical function's, e.g. 00000000:1a:00.0: a shared host passes "
+                                            "its SR-IOV virtual functions through to VMs by theirs.")
 
     objects = PlatformQuerySet.as_manager()
 

@@ -99,7 +99,8 @@ def node_transition(
 
 
 @transaction.atomic
-def node_enrol(*, actor, gpus: list[dict], gpu_model, ib_port_guids: list[str], **fields) -> Node:
+def node_enrol(*, actor, gpus: list[dict], gpu_model, ib_port_guids: list[str],
+               ib_port_pci_bus_ids: list[str] | None = None, **fields) -> Node:
     """
     Enrol a node, its GPUs and its InfiniBand ports (state ``enrolled``); validation (burn-in)
     follows before it is sold. The BMC password is stored encrypted and never audited.
@@ -109,8 +110,10 @@ def node_enrol(*, actor, gpus: list[dict], gpu_model, ib_port_guids: list[str], 
             node = Node.objects.create(state=NodeState.ENROLLED, state_changed_at=timezone.now(), **fields)
             GPU.objects.bulk_create([GPU(node=node, model=gpu_model, memory_mib=gpu_model.memory_gib * 1024, **gpu)
                                      for gpu in gpus])
-            HCAPort.objects.bulk_create([HCAPort(node=node, index=index, guid=guid)
-                                         for index, guid in enumerate(ib_port_guids)])
+            addresses = ib_port_pci_bus_ids or [""] * len(ib_port_guids)
+            HCAPort.objects.bulk_create([HCAPort(node=node, index=index, guid=guid, pci_bus_id=address.lower())
+                                         for index, (guid, address) in enumerate(zip(ib_port_guids, addresses,
+                                                                                     strict=True))])
     except IntegrityError as exc:
         # Two enrolments of one node (or GPU) at once: the database's unique rules decide.
         raise Conflict("This node, one of its GPUs or one of its ports is enrolled already.",

@@ -48,6 +48,10 @@ MERIDIAN_OS_IMAGE = env("MERIDIAN_OS_IMAGE", default="ubuntu-24.04-cuda-12.8")
 # A VM's disk: a copy-on-write volume in this libvirt storage pool over the image's base volume there.
 MERIDIAN_LIBVIRT_POOL = env("MERIDIAN_LIBVIRT_POOL", default="meridian")
 MERIDIAN_VM_DISK_GIB = env.int("MERIDIAN_VM_DISK_GIB", default=200)
+# Where a port's SR-IOV virtual functions sit on the PCI bus (the adapter's First VF Offset and VF
+# Stride, as lspci -vvv shows them): a VM's virtual function is passed through by that address.
+MERIDIAN_SRIOV_VF_OFFSET = env.int("MERIDIAN_SRIOV_VF_OFFSET", default=1)
+MERIDIAN_SRIOV_VF_STRIDE = env.int("MERIDIAN_SRIOV_VF_STRIDE", default=1)
 # The libvirt network a VM's NIC joins (its private address is set by its cloud-init network config).
 MERIDIAN_LIBVIRT_NETWORK = env("MERIDIAN_LIBVIRT_NETWORK", default="meridian-instances")
 # cloud-init (provisioning.cloud_init): the most user-data a reservation may carry, and how much of an

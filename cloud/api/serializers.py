@@ -119,6 +119,11 @@ class NodeEnrolSerializer(StrictSerializer):
     gpus = GPUEnrolSerializer(many=True, allow_empty=False, max_length=16)
     # The node's InfiniBand port GUIDs in port order (IB-VPC membership is per port GUID).
     ib_port_guids = BoundedListField(child=serializers.CharField(max_length=18), min_length=1, max_length=16)
+    # Their physical functions' PCI addresses, in the same order: a shared host's VMs get its
+    # virtual functions passed through by address.
+    ib_port_pci_bus_ids = BoundedListField(child=serializers.RegexField(PCI_BUS_ID, max_length=32), required=False,
+                                           max_length=16, help_text="The ports' PCI addresses, in port order (needed "
+                                           "for VMs on a shared host).")
 
     def validate_ib_port_guids(self, guids):
         try:
@@ -141,6 +146,10 @@ class NodeEnrolSerializer(StrictSerializer):
         if leaf is None:
             raise serializers.ValidationError({"leaf": f"Fabric {fabric.slug} has no leaf switch '{attrs['leaf']}'."})
         attrs["fabric"], attrs["leaf"] = fabric, leaf
+        addresses = attrs.get("ib_port_pci_bus_ids")
+        if addresses is not None and len(addresses) != len(attrs["ib_port_guids"]):
+            raise serializers.ValidationError({"ib_port_pci_bus_ids": (
+                f"Give one per port: {len(attrs['ib_port_guids'])} GUIDs, {len(addresses)} addresses.")})
         for field in ("index", "uuid", "serial", "pci_bus_id"):
             values = [gpu[field] for gpu in attrs["gpus"]]
             if len(set(values)) != len(values):

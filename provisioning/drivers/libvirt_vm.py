@@ -27,6 +27,20 @@ def pci_address(bus_id: str) -> dict[str, str]:
     return {"domain": f"0x{domain:04x}", "bus": f"0x{bus:02x}", "slot": f"0x{slot:02x}", "function": f"0x{function:x}"}
 
 
+def vf_pci_address(pf_bus_id: str, index: int, *, offset: int = 1, stride: int = 1) -> str:
+    """
+    The PCI address of virtual function ``index`` of a physical function: SR-IOV puts VF n at the
+    PF's routing ID (bus, device, function as 8+5+3 bits) + First VF Offset + n x VF Stride.
+    """
+    parts = pci_address(pf_bus_id)
+    pf_rid = int(parts["bus"], 16) << 8 | int(parts["slot"], 16) << 3 | int(parts["function"], 16)
+    rid = pf_rid + offset + index * stride
+    if rid > 0xFFFF:
+        raise DriverError(f"Virtual function {index} of {pf_bus_id} falls beyond the PCI bus range.", transient=False)
+    domain = pf_bus_id.split(":")[0]
+    return f"{domain}:{rid >> 8:02x}:{(rid >> 3) & 0x1F:02x}.{rid & 0x7}"
+
+
 def mac_address(seed: str) -> str:
     """A stable locally administered MAC in QEMU's range (52:54:00), for the VM's NIC and its network config."""
     digest = hashlib.sha256(seed.encode()).digest()
@@ -35,9 +49,10 @@ def mac_address(seed: str) -> str:
 
 def domain_xml(*, name: str, vcpus: int, memory_mib: int, devices: list[dict], image: str,
                domain_type: str = "kvm", network: str | None = None, mac: str | None = None,
-               config_drive: str | None = None) -> str:
+               config_drive: str | None = None, ib_functions: tuple[str, ...] = ()) -> str:
     """
-    A VM with the given GPUs passed through (one hostdev each), its disk from ``image``, a virtio
+    A VM with the given GPUs and InfiniBand virtual functions (``ib_functions``, PCI addresses)
+    passed through (one hostdev each), its disk from ``image``, a virtio
     NIC on the libvirt ``network`` (with ``mac``), and its cloud-init config drive as a read-only
     CD-ROM that QEMU reads from the drive's HTTPS or HTTP URL (a network disk: nothing to copy
     onto the host first).
@@ -75,11 +90,11 @@ def domain_xml(*, name: str, vcpus: int, memory_mib: int, devices: list[dict], i
     serial = ET.SubElement(parts, "serial", type="pty")
     ET.SubElement(serial, "target", port="0")
     ET.SubElement(serial, "log", file=f"/var/log/libvirt/qemu/{name}-console.log", append="off")
-    for device in devices:
+    for bus_id in [device["pci_bus_id"] for device in devices] + list(ib_functions):
         hostdev = ET.SubElement(parts, "hostdev", mode="subsystem", type="pci", managed="yes")
         ET.SubElement(hostdev, "driver", name="vfio")
         source = ET.SubElement(hostdev, "source")
-        ET.SubElement(source, "address", **pci_address(device["pci_bus_id"]))
+        ET.SubElement(source, "address", **pci_address(bus_id))
     return ET.tostring(domain, encoding="unicode")
 
 

@@ -21,11 +21,18 @@ from core.errors import DomainError
 from provisioning import cloud_init, host_keys
 from provisioning.choices import OperationKind
 from provisioning.drivers import DriverError, Drivers, NotYet, Target, drivers_for
-from provisioning.drivers.libvirt_vm import disk_volume, domain_xml, mac_address, volume_names
+from provisioning.drivers.libvirt_vm import disk_volume, domain_xml, mac_address, vf_pci_address, volume_names
 from provisioning.drivers.pods import Limits, namespace_of, pod_phase, pod_spec
 from provisioning.images import boot_of
 from provisioning.models import Allocation, Instance
-from provisioning.networks.ports import VPCRefused, instance_ports, ports_join, ports_join_many, ports_leave
+from provisioning.networks.ports import (
+    VPCRefused,
+    instance_ports,
+    instance_virtual_function,
+    ports_join,
+    ports_join_many,
+    ports_leave,
+)
 from provisioning.networks.vpcs import default_vpc
 from security.models import AttestationNonce, AttestationReport
 from security.services import attestation_challenge, attestation_outcome, attestation_submit
@@ -361,12 +368,13 @@ def reset_power(ctx: Context) -> None:
 
 def define_domain(ctx: Context) -> None:
     """
-    A domain with the instance's GPUs passed through, its share of the host's CPUs and memory, a
-    NIC, and its cloud-init config drive (keys, hostname, network, the tenant's user-data).
+    A domain with the instance's GPUs and its InfiniBand virtual function passed through, its
+    share of the host's CPUs and memory, a NIC, and its cloud-init config drive (keys, hostname,
+    network, the tenant's user-data).
     """
     vms = ctx.drivers.vm
     keys = _keys_of(ctx.reservation)
-
+    offering = ctx.reservation.offering
     source = boot_of(ctx.reservation).source
     pool = settings.MERIDIAN_LIBVIRT_POOL
 
@@ -378,14 +386,23 @@ def define_domain(ctx: Context) -> None:
                                                                   size_gib=settings.MERIDIAN_VM_DISK_GIB)
         mac = mac_address(str(instance.pk))
         drive = cloud_init.drive_for(instance, keys=keys, mac=mac)
-        node, share = instance.node, len(instance.devices) / max(1, instance.node.gpus.count())
+        node, share = instance.node, host_share(instance, offering)
         xml = domain_xml(name=instance.name, vcpus=max(2, int(node.cpu_cores * share)),
                          memory_mib=max(8192, int(node.ram_gib * 1024 * share * 0.9)), devices=instance.devices,
-                         image=path,
-                         network=settings.MERIDIAN_LIBVIRT_NETWORK, mac=mac,
-                         config_drive=cloud_init.drive_url(drive))
+                         image=path, network=settings.MERIDIAN_LIBVIRT_NETWORK, mac=mac,
+                         config_drive=cloud_init.drive_url(drive), ib_functions=(ib_function(instance),))
         vms.define(target, instance.name, xml)
     ctx.each(define)
+
+
+def ib_function(instance) -> str:
+    """The PCI address of the instance's InfiniBand virtual function (handed out here; join_network joins it)."""
+    vf = instance_virtual_function(instance)
+    if not vf.port.pci_bus_id:
+        raise DriverError(f"{vf.port} has no PCI address recorded, so its virtual functions cannot be passed "
+                          "through: enrol the host's ports with ib_port_pci_bus_ids.", transient=False)
+    return vf_pci_address(vf.port.pci_bus_id, vf.index, offset=settings.MERIDIAN_SRIOV_VF_OFFSET,
+                          stride=settings.MERIDIAN_SRIOV_VF_STRIDE)
 
 
 def start_domain(ctx: Context) -> None:

@@ -68,6 +68,12 @@ def instance_ports(instance: Instance, *, assign: bool = True) -> list[str]:
     return [vf.guid] if vf else []
 
 
+def instance_virtual_function(instance: Instance) -> VirtualFunction:
+    """A VM's or container's virtual function, handed out on first ask (join_network then finds it), its port loaded."""
+    vf = VirtualFunction.objects.select_related("port").filter(instance=instance).first()
+    return vf or _assign_vf(instance)
+
+
 def instance_ports_many(instances: list[Instance]) -> dict:
     """
     ``instance_ports`` for instances that join together, by instance key: servers' HCA ports,

@@ -30,7 +30,8 @@ def body(switch, **changes):
             "nvme_tb": "30.72", "gpu_model": "h100-80gb-sxm",
             "gpus": [{"index": i, "uuid": f"GPU-{uuid.uuid4()}", "serial": f"SN{i}{uuid.uuid4().hex[:8]}",
                       "pci_bus_id": f"00000000:{0x18 + i:02x}:00.0"} for i in range(8)],
-            "ib_port_guids": [f"0xb83fd2{uuid.uuid4().hex[:10]}" for _ in range(8)], **changes}
+            "ib_port_guids": [f"0xb83fd2{uuid.uuid4().hex[:10]}" for _ in range(8)],
+            "ib_port_pci_bus_ids": [f"00000000:{0x1a + i:02X}:00.0" for i in range(8)], **changes}
 
 
 def test_an_enrolled_node_is_validated_before_it_is_sold(world, leaf):
@@ -41,6 +42,7 @@ def test_an_enrolled_node_is_validated_before_it_is_sold(world, leaf):
     assert node.state == "validating" and node.gpus.count() == 8
     sent = [guid.removeprefix("0x") for guid in body_sent["ib_port_guids"]]
     assert list(node.ib_ports.order_by("index").values_list("guid", flat=True)) == sent
+    assert node.ib_ports.get(index=1).pci_bus_id == "00000000:1b:00.0"  # as NVML writes them, lower case
     assert PASSWORD not in response.content.decode() and "bmc_password" not in response.json()
     with connection.cursor() as cursor:
         cursor.execute("SELECT bmc_password FROM cloud_node WHERE id = %s", [node.pk])
@@ -78,6 +80,8 @@ BAD = {
     "ib-port-not-a-guid": lambda leaf: body(leaf, ib_port_guids=["0xnot-a-guid"]),
     "ib-port-too-long": lambda leaf: body(leaf, ib_port_guids=["0x" + "a" * 17]),
     "ib-port-twice": lambda leaf: body(leaf, ib_port_guids=["0xb83fd20300000001", "b83fd20300000001"]),
+    "ib-port-addresses-fewer": lambda leaf: body(leaf, ib_port_pci_bus_ids=["00000000:1a:00.0"]),
+    "ib-port-address-malformed": lambda leaf: body(leaf, ib_port_pci_bus_ids=["1a:00.0"] * 8),
     "ib-port-of-another-node": lambda leaf: body(leaf, ib_port_guids=[Node.objects.first().ib_ports.first().guid]),
 }
 

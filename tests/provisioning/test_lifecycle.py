@@ -195,7 +195,7 @@ def test_a_chained_step_leaves_out_an_instance_failed_meanwhile(world, fleet, st
     joined for it -- as when each step read the operation's instances again.
     """
     from provisioning.lifecycle.steps import PIPELINES, Step
-    from provisioning.networks.ports import instance_ports
+    from provisioning.networks.ports import instance_ports, ports_abandon
 
     settings.MERIDIAN_STEP_CHAIN_SECONDS = 5
     pipeline = PIPELINES[("provision", "vm")]
@@ -205,6 +205,7 @@ def test_a_chained_step_leaves_out_an_instance_failed_meanwhile(world, fleet, st
         pipeline[0].run(ctx)
         lost.append(ctx.instances[1])
         Instance.objects.filter(pk=ctx.instances[1].pk).update(state="failed")
+        ports_abandon([ctx.instances[1]])  # as replacement does: its virtual function (handed out at define) freed
 
     monkeypatch.setitem(PIPELINES, ("provision", "vm"), [Step(pipeline[0].name, define_then_one_lost), *pipeline[1:]])
     pk = create(world, offering("vm", 1), gpus=2)

@@ -1,8 +1,9 @@
 """
-A VM's disk: a copy-on-write volume in the host's pool over the image's base volume, named in its
+A VM's devices. Its disk: a copy-on-write volume in the host's pool over the image's base volume, named in its
 domain, and gone with the domain on release -- nothing of the tenant's is left in the pool. A driver
 failure mid-provisioning gives back the address and the config drive; where the host is not at
-fault its VM is cleaned like any other, volume included.
+fault its VM is cleaned like any other, volume included. Its InfiniBand virtual function is passed
+through by PCI address beside its GPUs, and is the port that joins the tenant's VPC.
 """
 
 import xml.etree.ElementTree as ET
@@ -51,6 +52,40 @@ def test_a_vm_boots_a_clone_of_its_image_and_release_leaves_no_volume(world, fle
     steps.run()
     assert reservation(pk).state == "released"
     assert hypervisor(instance)["volumes"] == {} and hypervisor(instance)["domains"] == {}
+
+
+def test_a_vm_gets_its_ib_virtual_function_passed_through_and_joined(world, fleet, steps, settings):
+    from cloud.models import HCAPort
+    from provisioning.drivers.libvirt_vm import vf_pci_address
+    from provisioning.models import PortMembership, VirtualFunction
+
+    pk = reserve(world)
+    steps.run()
+    assert reservation(pk).state == "active"
+    instance = Instance.objects.get(reservation_id=pk)
+    vf = VirtualFunction.objects.select_related("port").get(instance=instance)
+    domain = ET.fromstring(hypervisor(instance)["domains"][instance.name]["xml"])  # noqa: S314 -- our own XML
+    addresses = [h.find("source/address").attrib for h in domain.findall("devices/hostdev")]
+    assert len(addresses) == 2  # its GPU, then its virtual function
+    expected = vf_pci_address(vf.port.pci_bus_id, vf.index)
+    bus, slot_function = expected.split(":")[1:]
+    assert (addresses[1]["bus"], addresses[1]["slot"], addresses[1]["function"]) == (
+        f"0x{bus}", f"0x{slot_function[:2]}", f"0x{slot_function[3]}")
+    assert PortMembership.objects.filter(instance=instance, guid=vf.guid, left_at__isnull=True).exists()
+    # A host whose ports' PCI addresses were never recorded cannot pass a function through: it says so.
+    HCAPort.objects.filter(node=instance.node).update(pci_bus_id="")
+    with pytest.raises(lifecycle_steps.DriverError, match="ib_port_pci_bus_ids"):
+        lifecycle_steps.ib_function(instance)
+
+
+def test_virtual_functions_sit_after_their_physical_function_on_the_bus():
+    from provisioning.drivers.libvirt_vm import vf_pci_address
+
+    assert vf_pci_address("00000000:1a:00.0", 0) == "00000000:1a:00.1"
+    assert vf_pci_address("00000000:1a:00.0", 7) == "00000000:1a:01.0"
+    assert vf_pci_address("0000:1a:00.1", 0, offset=7, stride=2) == "0000:1a:01.0"
+    with pytest.raises(lifecycle_steps.DriverError, match="beyond"):
+        vf_pci_address("0000:ff:1f.7", 0)
 
 
 def test_a_vm_whose_start_fails_for_good_gives_back_its_address_and_config_drive(world, fleet, steps, settings):
