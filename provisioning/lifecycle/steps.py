@@ -137,20 +137,27 @@ def write_image(ctx: Context) -> None:
 
 def boot_from_disk(ctx: Context) -> None:
     """
-    Swap the deploy image for the instance's cloud-init config drive in the virtual CD and boot
-    the written OS (cloud-init finds the drive by its label and sets the host up).
+    Power the server off (the deploy image is done), swap the deploy image for the instance's
+    cloud-init config drive in the virtual CD, boot from the written disk and power on: cloud-init
+    finds the drive by its label and sets the host up. The drive stays in until release: on a
+    reboot without it cloud-init would take the host for a new instance and make new host keys.
     """
     power = ctx.drivers.power
     keys = _keys_of(ctx.reservation)
 
     def switch(instance, target):
         url = cloud_init.drive_url(cloud_init.drive_for(instance, keys=keys))
+        # Boot device last: a retry that finds it on the disk knows the power cycle is under way.
+        if power.boot_device(target) != "hdd" and power.power_state(target) == "on":
+            power.set_power(target, False)
         if power.media(target) != url:
             if power.media(target) is not None:
                 power.eject_media(target)
             power.insert_media(target, url)
         if power.boot_device(target) != "hdd":
             power.set_boot_device(target, "hdd")
+        if power.power_state(target) != "on":
+            power.set_power(target, True)
     ctx.each(switch)
 
 
@@ -567,7 +574,7 @@ STEP_TITLES = {
     "place": "Find capacity",
     "power_on_deploy": "Power on with the deploy image",
     "write_image": "Write the OS image",
-    "boot_from_disk": "Boot the OS",
+    "boot_from_disk": "Power-cycle into the OS",
     "join_network": "Join the VPC network",
     "verify": "Check and attest the hardware",
     "hand_over": "Hand over access",

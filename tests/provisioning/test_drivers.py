@@ -120,6 +120,7 @@ def image_url(tmp_path_factory):
     """The URL of a small boot.iso served over http: the emulator really downloads what is inserted."""
     served = tmp_path_factory.mktemp("images")
     (served / "boot.iso").write_bytes(b"MERIDIAN-DEPLOY-IMAGE")
+    (served / "config-drive.iso").write_bytes(b"MERIDIAN-CONFIG-DRIVE")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=served))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/boot.iso"
@@ -166,6 +167,45 @@ def test_redfish_virtual_media_insert_and_eject(bmc, image_url):
     assert power.media(node) == image_url  # the CD's Image is the URL as inserted
     power.eject_media(node)
     assert power.media(node) is None
+
+
+def test_bare_metal_steps_deploy_boot_the_os_and_release_through_the_emulator(bmc, image_url, monkeypatch, settings):
+    """
+    The bare-metal steps with the Redfish driver: the deploy image from the virtual CD (one-time
+    boot), then off, the config drive in its place, boot from disk, on; a retry changes nothing;
+    release powers off and ejects.
+    """
+    from types import SimpleNamespace
+
+    from provisioning.drivers import Drivers
+    from provisioning.lifecycle import steps as lifecycle_steps
+
+    drive = image_url.replace("boot.iso", "config-drive.iso")
+    monkeypatch.setattr(lifecycle_steps.cloud_init, "drive_for", lambda instance, **kw: "drive")
+    monkeypatch.setattr(lifecycle_steps.cloud_init, "drive_url", lambda _drive: drive)
+    monkeypatch.setattr(lifecycle_steps, "_keys_of", lambda reservation: [])
+    settings.MERIDIAN_DEPLOY_IMAGE_URL = image_url
+    target = _node(bmc)
+    server = SimpleNamespace(pk=target.node_id, hostname=target.hostname, bmc_address=target.bmc_address,
+                             bmc_username=target.bmc_username, bmc_password=target.bmc_password)
+    power = RedfishPower()
+    ctx = lifecycle_steps.Context(operation=None, drivers=Drivers(power=power, image=None, vm=None, container=None,
+                                                                  host=None),
+                                  reservation=None, instances=[SimpleNamespace(node=server)])
+    if power.power_state(target) == "on":
+        power.set_power(target, False)
+
+    lifecycle_steps.power_on_deploy(ctx)
+    assert (power.media(target), power.boot_device(target), power.power_state(target)) == (image_url, "cd", "on")
+    lifecycle_steps.boot_from_disk(ctx)
+    assert (power.media(target), power.boot_device(target), power.power_state(target)) == (drive, "hdd", "on")
+    calls = []
+    monkeypatch.setattr(power, "_call", lambda tgt, what, act, _real=power._call: calls.append(what)
+                        or _real(tgt, what, act))
+    lifecycle_steps.boot_from_disk(ctx)  # a retry after the worker died: reads only
+    assert all(what.startswith("read") for what in calls), calls
+    lifecycle_steps.power_off(ctx)
+    assert (power.media(target), power.power_state(target)) == (None, "off")
 
 
 def test_redfish_unreachable_bmc_is_transient_and_keeps_the_password_out(monkeypatch, caplog):

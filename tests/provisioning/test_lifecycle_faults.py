@@ -84,8 +84,8 @@ def test_a_step_redone_after_a_lost_worker_does_not_repeat_its_side_effects(worl
     steps.run(redeliver=WorkerLost)
     assert reservation(pk).state == "active"
     node = Instance.objects.get(reservation_id=pk).node
-    # The deploy image, then the config drive: each inserted once.
-    assert Simulated.calls("bmc", node.hostname) == {"insert_media": 2, "set_boot_device": 2, "set_power": 1,
+    # The deploy image, then the config drive: each inserted once; on, off and on into the OS, once each.
+    assert Simulated.calls("bmc", node.hostname) == {"insert_media": 2, "set_boot_device": 2, "set_power": 3,
                                                      "eject_media": 1}
     assert Simulated.calls("disk", node.hostname) == {"write_image": 1}
     assert without_attest(Simulated.calls("host", node.hostname)) == {"use": 1}
@@ -95,7 +95,7 @@ def test_a_step_redone_after_a_lost_worker_does_not_repeat_its_side_effects(worl
     assert reservation(pk).state == "released"
     assert Simulated.calls("disk", node.hostname) == {"write_image": 1, "wipe": 1}
     assert without_attest(Simulated.calls("host", node.hostname)) == {"use": 1, "scrub": 1}
-    assert Simulated.calls("bmc", node.hostname)["set_power"] == 2  # on, then off: once each
+    assert Simulated.calls("bmc", node.hostname)["set_power"] == 4  # and off at release: once
     assert Node.objects.get(pk=node.pk).state == "available"
     assert len(crashed) == 12  # six provisioning and six cleaning steps each died once
 
