@@ -7,7 +7,7 @@ transition table by compare-and-set; each call from a person or token writes one
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
@@ -400,7 +400,10 @@ def reservation_evict(*, victim_id, by: Reservation, at: datetime) -> None:
         at = now  # hard: at once (the planner leaves every victim the soft grace; a later window keeps its start)
     allocation_end(reservation=victim, at=at)
     # The reason names no other reservation: the preemptor may belong to another tenant.
-    why = "Preempted by higher-priority work" + (" after its grace period." if at > now else ".")
+    why = "Preempted by higher-priority work."
+    if at > now:  # soft: say when, here as on the instance (spot/termination-time in its metadata)
+        why = (f"Preempted by higher-priority work: its instances stop at {at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC "
+               "(the end of its grace period); save your work before then.")
     if victim.state == R.SCHEDULED and (victim.starts_at is None or victim.starts_at >= at):
         reservation_transition(victim, R.PREEMPTED, reason=why, preempted_by=by)
     else:

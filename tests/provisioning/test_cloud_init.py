@@ -199,6 +199,31 @@ def test_a_preempted_spot_instance_reads_its_termination_time(world, fleet, step
     assert answer.status_code == 200 and answer.content.decode() == at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def test_a_soft_eviction_tells_the_time_in_its_reason_the_metadata_and_a_notification(world, fleet, steps, api):
+    from django.db import transaction
+
+    from provisioning.services import reservation_evict
+    from tenants.models import Notification
+
+    spot = offering("vm", 1)
+    type(spot).objects.filter(pk=spot.pk).update(spot_available=True, spot_floor_price="1.00")
+    pk = reserve(world, "vm", billing_term="spot", spot_max_price="1.50").json()["id"]
+    steps.run()
+    instance = Instance.objects.get(reservation_id=pk)
+    preemptor = reserve(world, "vm").json()["id"]
+    at = (timezone.now() + timedelta(minutes=2)).replace(microsecond=0)
+    with transaction.atomic():
+        reservation_evict(victim_id=pk, by=Reservation.objects.get(pk=preemptor), at=at)
+    victim = Reservation.objects.get(pk=pk)
+    stamp = at.strftime("%Y-%m-%d %H:%M:%S")
+    assert stamp in victim.state_reason and "save your work" in victim.state_reason
+    assert str(preemptor) not in victim.state_reason  # never who: the preemptor may be another tenant's
+    token = ConfigDrive.objects.get(instance=instance).token
+    answer = api.get(f"/instance-data/{instance.pk}/{token}/spot/termination-time")
+    assert answer.content.decode() == at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert Notification.objects.filter(kind__icontains="evict", link__contains=str(pk)).exists()
+
+
 def test_host_keys_are_parsed_and_fingerprinted_as_ssh_keygen_does():
     ed = simulated_keys("x")[0]
     parsed = host_keys.parse([ed + " root@x", ed, "garbage", "ssh-ed25519 !!!"])
