@@ -33,7 +33,7 @@ from provisioning.lifecycle.replacement import (
     reservation_restored,
     settled,
 )
-from provisioning.lifecycle.steps import NodeFault
+from provisioning.lifecycle.steps import NodeFault, instances_abandon
 from provisioning.models import Instance, Operation, Reservation
 from provisioning.networks.ports import ports_abandon
 from security.audit import audit_record, audit_record_many
@@ -143,8 +143,10 @@ def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> N
     operation_state.operation_close(operation, OperationState.FAILED, message)
     instances = list(operation_state.instances_of(operation))
     on_faulty = [i for i in instances if i.node_id == fault.node.pk and (fault.blame or fault.held)]
-    # Never cleaned (their node is held): their ports still leave the tenant's network now.
+    # Never cleaned (their node is held): their ports still leave the tenant's network now, and
+    # their VMs or pods go if the host still answers.
     ports_abandon(on_faulty)
+    instances_abandon(on_faulty)
     Instance.objects.filter(pk__in=[i.pk for i in on_faulty]).update(state=InstanceState.FAILED)
     addresses.release(i.pk for i in on_faulty)  # the others' go back when they are cleaned
     cloud_init.drives_forget(i.pk for i in on_faulty)

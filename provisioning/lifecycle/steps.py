@@ -10,6 +10,7 @@ raised as NodeFault naming the node, so the pipeline knows which node to retry o
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,6 +37,8 @@ from provisioning.networks.ports import (
 from provisioning.networks.vpcs import default_vpc
 from security.models import AttestationNonce, AttestationReport
 from security.services import attestation_challenge, attestation_outcome, attestation_submit
+
+log = logging.getLogger(__name__)
 
 
 class NodeFault(Exception):
@@ -503,6 +506,32 @@ def apply_pod(ctx: Context) -> None:
             network=network, vf_guid=vf_guid,
         )
     ctx.each(apply)
+
+
+def instances_abandon(instances) -> None:
+    """
+    Best effort for instances on a host held for repair, which will never be cleaned: their VM
+    (domain and disk volume) or pod is removed now if the host still answers, so nothing of the
+    tenant's waits on it; what cannot be removed now is logged for the repair.
+    """
+    for instance in instances:
+        if instance.kind == OfferingKind.BARE_METAL:
+            continue  # the whole server is wiped when it is cleared after repair (clear_node)
+        drivers, target = drivers_for(instance.node.region.slug), target_of(instance.node)
+        try:
+            if instance.kind == OfferingKind.VM:
+                vms, pool = drivers.vm, settings.MERIDIAN_LIBVIRT_POOL
+                if vms.domain_state(target, instance.name) != "absent":
+                    vms.undefine(target, instance.name)
+                if vms.volume(target, pool, disk_volume(instance.name)) is not None:
+                    vms.delete_volume(target, pool, disk_volume(instance.name))
+            else:
+                namespace = namespace_of(instance.reservation.tenant_id)
+                if drivers.container.pod(target, namespace, instance.name) is not None:
+                    drivers.container.delete(target, namespace, instance.name)
+        except DriverError as exc:
+            log.warning("Could not remove %s from %s, held for repair (remove it there): %s", instance.name,
+                        instance.node.hostname, exc)
 
 
 def host_share(instance, offering) -> float:

@@ -88,15 +88,22 @@ def test_virtual_functions_sit_after_their_physical_function_on_the_bus():
         vf_pci_address("0000:ff:1f.7", 0)
 
 
-def test_a_vm_whose_start_fails_for_good_gives_back_its_address_and_config_drive(world, fleet, steps, settings):
+@pytest.mark.parametrize("action", ["create_volume", "define", "start"])
+def test_a_vm_whose_host_fails_mid_provisioning_gives_back_everything(world, fleet, steps, settings, action):
+    """The host's driver refuses for good at each of its calls: the host is held, and nothing of the VM stays."""
+    from provisioning.models import VirtualFunction
+
     settings.MERIDIAN_PROVISION_FAILURES = 1
-    settings.MERIDIAN_SIMULATION = {"seed": 0, "latency_s": {}, "failure_rate": {}, "broken_rate": {"start": 1.0}}
+    settings.MERIDIAN_SIMULATION = {"seed": 0, "latency_s": {}, "failure_rate": {}, "broken_rate": {action: 1.0}}
     pk = reserve(world)
     steps.run()
     assert reservation(pk).state == "failed"
     instance = Instance.objects.get(reservation_id=pk)
+    assert instance.state == "failed"
     assert not AddressAssignment.objects.filter(instance=instance, released_at__isnull=True).exists()
     assert not ConfigDrive.objects.filter(instance=instance).exists()
+    assert not VirtualFunction.objects.filter(instance=instance).exists()
+    assert hypervisor(instance).get("volumes", {}) == {} and hypervisor(instance).get("domains", {}) == {}
 
 
 def test_a_vm_cleaned_after_a_fault_not_its_hosts_leaves_no_volume(world, fleet, steps, monkeypatch):
