@@ -12,6 +12,7 @@ urlpatterns = [
     path("reservations/<uuid:pk>/", views.reservation_detail, name="reservation-detail"),
     path("reservations/<uuid:pk>/progress/", views.reservation_progress, name="reservation-progress"),
     path("reservations/<uuid:pk>/<str:verb>/", views.reservation_act, name="reservation-act"),
+    path("instances/<uuid:pk>/console/", views.instance_console, name="instance-console"),
     *vpc_views.urlpatterns,
     path("quotas/", quota_views.quota_list, name="quota-list"),
 ]

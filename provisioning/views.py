@@ -137,9 +137,24 @@ def reservation_detail(request, pk):
         "usage": usage_report(reservation) if reservation.state in USAGE_SHOWN else None,
         "can_cancel": reservation.state in CANCELLABLE,
         "can_release": reservation.state == R.ACTIVE,
+        "can_read_console": may(request.principal, "instances", write=False, action="console"),
         "can_extend": reservation.state in (R.SCHEDULED, R.PROVISIONING, R.ACTIVE),
     })
     return render(request, "provisioning/reservation_detail.html", context)
+
+
+@console_page("instances", action="console")
+def instance_console(request, pk):
+    """An instance's boot log (its serial console's last bytes), as the API's console action gives it."""
+    instance = scoped_or_404(request, Instance.objects.select_related("node__region", "reservation"), pk=pk)
+    try:
+        output, truncated = services.instance_console(instance=instance)
+        unavailable = ""
+    except DomainError as exc:
+        output, truncated, unavailable = "", False, error_text(exc)
+    return render(request, "provisioning/instance_console.html", {
+        "instance": instance, "reservation": instance.reservation, "output": output, "truncated": truncated,
+        "unavailable": unavailable})
 
 
 @console_page("reservations")

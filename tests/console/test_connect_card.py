@@ -27,3 +27,27 @@ def test_an_active_reservation_opens_with_how_to_connect(console, world, steps):
     assert f"ssh ubuntu@{instance.public_ip}" in card
     assert instance.address in card and instance.private_ip in card
     assert "left (until" in card and "so far" in card
+
+
+def test_the_boot_log_page_shows_the_console_and_is_the_members(console, world, steps):
+    from provisioning.lifecycle.steps import console_output
+
+    Reservation.objects.all().delete()
+    small_fleet(4)
+    response = world.client("t1_member").post("/api/v1/reservations/", {
+        "name": "vm", "offering": offering("vm", 1).slug, "regions": ["us-east-1"], "duration_hours": 2,
+        "gpus": 1, "ssh_public_key": SSH_KEY}, format="json")
+    pk = response.json()["id"]
+    steps.run()
+    instance = Instance.objects.get(reservation_id=pk)
+    page = console("t1_member").get(reverse("reservation-detail", args=[pk])).content.decode()
+    card = page.split('id="connect"')[1].split("</section>")[0]
+    assert instance.host_keys and instance.host_keys[0]["fingerprint"] in card  # read from its console at hand-over
+    assert reverse("instance-console", args=[instance.pk]) in page
+    log = console("t1_member").get(reverse("instance-console", args=[instance.pk]))
+    assert log.status_code == 200
+    assert "BEGIN SSH HOST KEY KEYS" in console_output(instance) and "SSH HOST KEY" in log.content.decode()
+    assert console("t1_viewer").get(reverse("instance-console", args=[instance.pk])).status_code == 403
+    assert console("t2_member").get(reverse("instance-console", args=[instance.pk])).status_code == 404
+    viewer_page = console("t1_viewer").get(reverse("reservation-detail", args=[pk])).content.decode()
+    assert reverse("instance-console", args=[instance.pk]) not in viewer_page

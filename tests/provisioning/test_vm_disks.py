@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from provisioning.lifecycle import guest_steps
 from provisioning.lifecycle import steps as lifecycle_steps
 from provisioning.lifecycle.steps import NodeFault
 from provisioning.models import AddressAssignment, ConfigDrive, Instance, Reservation, SimulatedDevice
@@ -75,7 +76,7 @@ def test_a_vm_gets_its_ib_virtual_function_passed_through_and_joined(world, flee
     # A host whose ports' PCI addresses were never recorded cannot pass a function through: it says so.
     HCAPort.objects.filter(node=instance.node).update(pci_bus_id="")
     with pytest.raises(lifecycle_steps.DriverError, match="ib_port_pci_bus_ids"):
-        lifecycle_steps.ib_function(instance)
+        guest_steps.ib_function(instance)
 
 
 def test_virtual_functions_sit_after_their_physical_function_on_the_bus():
