@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from django.contrib import messages
 from django.core.paginator import Paginator
+from django.db.models import Prefetch
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -20,7 +21,7 @@ from provisioning import estimates, services, usage
 from provisioning.choices import ReservationState as R
 from provisioning.forms import ReservationForm
 from provisioning.lifecycle.no_shows import usage_report
-from provisioning.models import Allocation, Instance, Reservation
+from provisioning.models import Allocation, Instance, PortMembership, Reservation
 from provisioning.progress import progress_of
 from provisioning.receipts import receipts_of
 from provisioning.scheduling.queue import score_report
@@ -128,7 +129,9 @@ def reservation_detail(request, pk):
         "allocations": list(Allocation.objects.filter(reservation=reservation)
                             .select_related("gpu__node").order_by("gpu__node__hostname", "gpu__index")[:64]),
         "receipts": receipts_of(reservation),
-        "instances": list(Instance.objects.filter(reservation=reservation).select_related("node")),
+        "instances": list(Instance.objects.filter(reservation=reservation).select_related("node").prefetch_related(
+            Prefetch("memberships", queryset=PortMembership.objects.filter(left_at__isnull=True).exclude(address=None)
+                     .order_by("address"), to_attr="ipoib"))),
         # The Connect card: what one needs to log in, how long is left and what it cost so far.
         "spent": (usage.spend_within(Reservation.objects.filter(pk=reservation.pk), since=reservation.starts_at,
                                      until=timezone.now()).amount

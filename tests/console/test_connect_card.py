@@ -26,6 +26,8 @@ def test_an_active_reservation_opens_with_how_to_connect(console, world, steps):
     card = page.split('id="connect"')[1].split("</section>")[0]
     assert f"ssh ubuntu@{instance.public_ip}" in card
     assert instance.address in card and instance.private_ip in card
+    ipoib = instance.memberships.filter(left_at__isnull=True).exclude(address=None).values_list("address", flat=True)
+    assert ipoib and all(f"{address}" in card for address in ipoib)
     assert "left (until" in card and "so far" in card
 
 
