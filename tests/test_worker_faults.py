@@ -346,8 +346,8 @@ def test_a_worker_killed_while_writing_the_image_is_redelivered_and_provisions_o
     instance = Instance.objects.get(reservation_id=pk)
     assert disk.state == {"image": settings.MERIDIAN_OS_IMAGE, "ssh_key": SSH_KEY, "marker": str(instance.pk)}
     assert Simulated.calls("disk", hostname) == {"write_image": 2}
-    # The deploy image, then the config drive: each inserted once.
-    assert Simulated.calls("bmc", hostname) == {"insert_media": 2, "set_boot_device": 2, "set_power": 1,
+    # The deploy image, then the config drive: each inserted once; powered on, off and on into the OS.
+    assert Simulated.calls("bmc", hostname) == {"insert_media": 2, "set_boot_device": 2, "set_power": 3,
                                                 "eject_media": 1}
     assert Simulated.calls("host", hostname) == {"use": 1, "attest": 1}  # attested once, before the hand-over
 
