@@ -38,6 +38,7 @@ from cloud.transitions import NODE_RETURNABLE, NODE_TRANSITIONS
 from core.errors import DomainError
 from core.transitions import sources_of
 from operations import nodes
+from operations.problems import problems_now
 from operations.staff_forms import (
     FleetFilterForm,
     MaintenanceForm,
@@ -86,8 +87,9 @@ def _tile_health(row: dict) -> str:
 
 @console_page("nodes", platform=True)
 def staff_home(request):
-    """``/staff/``: the staff console opens on the fleet."""
-    return redirect("staff-fleet")
+    """``/staff/``: what is wrong now, each problem linking to where to act (operations.problems)."""
+    now = timezone.now()
+    return render(request, "staff/home.html", {"problems": problems_now(now), "cycle": _last_cycle(now), "now": now})
 
 
 @console_page("nodes", platform=True)
@@ -384,7 +386,8 @@ def _last_cycle(now) -> dict | None:
     stale_after = timedelta(seconds=max(10.0, 20 * settings.MERIDIAN_SCHEDULER_INTERVAL))
     return {**report, "finished": finished, "stale": finished is None or now - finished > stale_after,
             "stale_after": int(stale_after.total_seconds()),
-            "timings": sorted((report.get("timings_ms") or {}).items())}
+            "timings": sorted((report.get("timings_ms") or {}).items()),
+            "total_ms": sum((report.get("timings_ms") or {}).values())}
 
 
 #

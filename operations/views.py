@@ -9,8 +9,8 @@ from web.console import console_page
 
 @console_page("reservations")
 def home(request):
-    """The tenant's dashboard; staff acting platform-wide land on the fleet."""
+    """The tenant's dashboard; staff acting platform-wide land on what is wrong with the platform."""
     principal = request.principal
     if principal.tenant is None:
-        return redirect("staff-fleet" if principal.is_platform else "console-tenants")
+        return redirect("staff-home" if principal.is_platform else "console-tenants")
     return render(request, "console/dashboard.html", dashboard.summary(request, now=timezone.now()))

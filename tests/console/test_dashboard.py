@@ -34,9 +34,9 @@ def test_switch_refuses_an_offsite_next(console, world):
     assert response["Location"] == "/"
 
 
-def test_staff_without_a_tenant_land_on_the_fleet(console):
+def test_staff_without_a_tenant_land_on_the_problems_page(console):
     response = console("platform_admin").get("/")
-    assert response.status_code == 302 and response["Location"] == "/staff/fleet/"
+    assert response.status_code == 302 and response["Location"] == "/staff/"
 
 
 def test_tenant_users_see_no_staff_pages_nor_links(console, world):

@@ -71,9 +71,9 @@ def test_an_unknown_api_url_keeps_the_apis_json_error(console):
     assert response.json()["errors"][0]["code"] == "not_found"
 
 
-def test_staff_index_opens_the_fleet_and_is_a_404_for_tenants(console):
+def test_staff_index_is_the_problems_page_and_a_404_for_tenants(console):
     response = console("platform_admin").get("/staff/")
-    assert response.status_code == 302 and response["Location"] == "/staff/fleet/"
+    assert response.status_code == 200 and "What needs a person now" in response.content.decode()
     assert console("t1_owner").get("/staff/").status_code == 404
 
 
