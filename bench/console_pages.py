@@ -63,7 +63,8 @@ def pages(ids: dict) -> list[tuple[str, str, str]]:
               ("progress (htmx)", f"/reservations/{ids['reservation']}/progress/"),
               ("vpcs", "/vpcs/"), ("tokens", "/tokens/"), ("teams", "/teams/"), ("quotas", "/quotas/"),
               ("audit log", "/audit/"), ("notifications", "/notifications/"), ("high priority", "/high-priority/")]
-    staff = [("staff fleet", "/staff/fleet/"), ("staff node", f"/staff/fleet/nodes/{ids['node']}/"),
+    staff = [("staff problems", "/staff/"), ("staff fleet", "/staff/fleet/"),
+             ("staff node", f"/staff/fleet/nodes/{ids['node']}/"),
              ("staff queue", "/staff/queue/"), ("staff quotas", "/staff/quotas/"),
              ("staff high priority", "/staff/high-priority/")]
     return [("alice", name, url) for name, url in tenant] + [("admin", name, url) for name, url in staff]

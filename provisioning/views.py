@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Prefetch
@@ -140,6 +141,9 @@ def reservation_detail(request, pk):
         "usage": usage_report(reservation) if reservation.state in USAGE_SHOWN else None,
         "can_cancel": reservation.state in CANCELLABLE,
         "can_release": reservation.state == R.ACTIVE,
+        # The last stretch of an active reservation (the ending-soon notice's lead): a one-click extend.
+        "ending_soon": reservation.state == R.ACTIVE and reservation.ends_at is not None
+        and reservation.ends_at - timezone.now() <= settings.MERIDIAN_RESERVATION_ENDING_NOTICE,
         "can_read_console": may(request.principal, "instances", write=False, action="console"),
         "can_extend": reservation.state in (R.SCHEDULED, R.PROVISIONING, R.ACTIVE),
     })

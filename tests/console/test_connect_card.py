@@ -53,3 +53,34 @@ def test_the_boot_log_page_shows_the_console_and_is_the_members(console, world, 
     assert console("t2_member").get(reverse("instance-console", args=[instance.pk])).status_code == 404
     viewer_page = console("t1_viewer").get(reverse("reservation-detail", args=[pk])).content.decode()
     assert reverse("instance-console", args=[instance.pk]) not in viewer_page
+
+
+def test_an_ending_reservation_warns_and_extends_in_one_click(console, world, steps):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    Reservation.objects.all().delete()
+    small_fleet(4)
+    response = world.client("t1_member").post("/api/v1/reservations/", {
+        "name": "job", "offering": offering("vm", 1).slug, "regions": ["us-east-1"], "duration_hours": 2,
+        "gpus": 1, "ssh_public_key": SSH_KEY}, format="json")
+    pk = response.json()["id"]
+    steps.run()
+    page = console("t1_member").get(reverse("reservation-detail", args=[pk])).content.decode()
+    assert 'id="ending-soon"' not in page
+    assert "<details><summary><strong>Priority score" in page  # placed: the score folds away
+    Reservation.objects.filter(pk=pk).update(ends_at=timezone.now() + timedelta(minutes=20))
+    page = console("t1_member").get(reverse("reservation-detail", args=[pk])).content.decode()
+    banner = page.split('id="ending-soon"')[1].split("</div>")[0]
+    assert "ends in 1" in banner and "Extend by 1 hour" in banner
+    viewer = console("t1_viewer").get(reverse("reservation-detail", args=[pk])).content.decode()
+    assert 'id="ending-soon"' in viewer and "Extend by 1 hour" not in viewer.split('id="ending-soon"')[1]
+    before = Reservation.objects.get(pk=pk).ends_at
+    answer = console("t1_member").post(reverse("reservation-act", args=[pk, "extend"]), {"hours": "1"})
+    assert answer.status_code == 302
+    steps.run()
+    assert Reservation.objects.get(pk=pk).ends_at >= before + timedelta(minutes=59)
+    page = console("t1_member").get(reverse("reservation-detail", args=[pk])).content.decode()
+    assert 'id="ending-soon"' not in page
+    assert 'data-copy="the SSH command of' in page

@@ -16,6 +16,28 @@ document.addEventListener("DOMContentLoaded", () => {
   if (side && side.scrollWidth > side.clientWidth) {
     side.scrollLeft = current.offsetLeft - (side.clientWidth - current.offsetWidth) / 2;
   }
+  // Copy buttons beside what one pastes elsewhere: <code data-copy> (an SSH command, an address)
+  // or <input data-copy> (a new token). Without the script the text is there to select.
+  if (navigator.clipboard) {
+    for (const source of document.querySelectorAll("[data-copy]")) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "copy-button";
+      button.textContent = "Copy";
+      button.setAttribute("aria-label", `Copy ${source.dataset.copy || "this"}`);
+      button.addEventListener("click", async () => {
+        const text = source.value !== undefined ? source.value : source.textContent;
+        try {
+          await navigator.clipboard.writeText(text.trim());
+          button.textContent = "Copied";
+        } catch {
+          button.textContent = "Select and copy";
+        }
+        setTimeout(() => { button.textContent = "Copy"; }, 2000);
+      });
+      source.after(button);
+    }
+  }
   // Forms that ask before a destructive action: <form data-confirm="Cancel this reservation?">.
   for (const form of document.querySelectorAll("form[data-confirm]")) {
     form.addEventListener("submit", (event) => { if (!window.confirm(form.dataset.confirm)) event.preventDefault(); });
