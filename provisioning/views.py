@@ -26,6 +26,8 @@ from provisioning.models import Allocation, Instance, PortMembership, Reservatio
 from provisioning.progress import progress_of
 from provisioning.receipts import receipts_of
 from provisioning.scheduling.queue import score_report
+from provisioning.telemetry import reservation_telemetry
+from web.charts import sparkline
 from web.console import CHANGE, add_domain_error, chosen_team_id, console_page, error_text, may, scoped, scoped_or_404
 
 PAGE_SIZE = 50
@@ -122,7 +124,8 @@ def _estimate_context(request, form: ReservationForm) -> dict:
 
 @console_page("reservations")
 def reservation_detail(request, pk):
-    reservation = scoped_or_404(request, Reservation.objects.select_related("offering", "region", "team", "vpc"), pk=pk)
+    shown = Reservation.objects.select_related("offering", "gpu_model", "region", "team", "vpc")
+    reservation = scoped_or_404(request, shown, pk=pk)
     context = _progress_context(reservation)
     context.update({
         "reservation": reservation,
@@ -139,6 +142,7 @@ def reservation_detail(request, pk):
                   if reservation.state == R.ACTIVE and reservation.starts_at else None),
         # Is it used? The evidence a no-show or a reclaim would be judged on, shown before either.
         "usage": usage_report(reservation) if reservation.state in USAGE_SHOWN else None,
+        "gpu_charts": gpu_charts(reservation) if reservation.state in (R.ACTIVE, R.RELEASING) else None,
         "can_cancel": reservation.state in CANCELLABLE,
         "can_release": reservation.state == R.ACTIVE,
         # The last stretch of an active reservation (the ending-soon notice's lead): a one-click extend.
@@ -148,6 +152,23 @@ def reservation_detail(request, pk):
         "can_extend": reservation.state in (R.SCHEDULED, R.PROVISIONING, R.ACTIVE),
     })
     return render(request, "provisioning/reservation_detail.html", context)
+
+
+def gpu_charts(reservation) -> list[dict]:
+    """Each of the reservation's GPUs: its latest figures and its last hour as sparklines (three queries)."""
+    memory_mib = reservation.gpu_model.memory_gib * 1024
+    rows = []
+    for gpu in reservation_telemetry(reservation=reservation)["gpus"]:
+        points = gpu["series"]
+        power = [p["power_mean"] for p in points]
+        rows.append({
+            "uuid": gpu["uuid"], "latest": gpu["latest"],
+            "utilization": sparkline([p["utilization_mean"] for p in points], top=100, label="Utilization", unit=" %"),
+            "memory": sparkline([None if p["memory_used_max"] is None else p["memory_used_max"] / 1024
+                                 for p in points], top=memory_mib / 1024, label="Memory used", unit=" GiB"),
+            "power": sparkline(power, top=max([700.0, *[w for w in power if w is not None]]), label="Power", unit=" W"),
+        })
+    return rows
 
 
 @console_page("instances", action="console")
