@@ -7,7 +7,6 @@ error, an uncaught exception or a CSP violation (see pages.ConsoleLog).
 
 from __future__ import annotations
 
-import re
 import time
 from urllib.parse import urlsplit
 
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.slow
 DRIVER_LATENCY_S = 0.3
 TENANT_PAGES = ["/reservations/", "/vpcs/", "/teams/", "/quotas/", "/tokens/", "/ssh-keys/", "/notifications/",
                 "/audit/", "/high-priority/"]
-STAFF_PAGES = ["/staff/fleet/", "/staff/queue/", "/staff/quotas/", "/staff/high-priority/"]
+STAFF_PAGES = ["/staff/", "/staff/fleet/", "/staff/queue/", "/staff/quotas/", "/staff/high-priority/"]
 
 
 @pytest.fixture
@@ -112,7 +111,9 @@ def test_a_member_reserves_and_watches_it_become_active(tab, console_log, people
     expect(progress).not_to_contain_text("updating live")
     expect(progress).to_contain_text("Provisioning finished in")
     expect(progress.locator(".badge", has_text="Waiting")).to_have_count(0)  # no wait is left on a finished step
-    score = tab.locator("section.card", has=tab.get_by_role("heading", name=re.compile(r"^Priority score")))
+    # Placed: the score has folded away under its summary; opened, it explains itself.
+    score = tab.locator("section#score")
+    score.locator("summary", has_text="Priority score").click()
     for header in ("Factor", "Value", "Weight", "Contribution"):
         expect(score.get_by_role("columnheader", name=header)).to_be_visible()
     assert score.locator("tbody tr").count() >= 3
@@ -235,10 +236,11 @@ def test_the_tenant_pages_render(tab, people, fleet):
 
 
 def test_the_staff_pages_render(tab, people, fleet):
-    """A platform admin lands on the fleet; every staff page opens, one node's page too; a missing one fails."""
+    """A platform admin lands on what needs a person; every staff page opens, a node's page too; a missing one fails."""
     require_pages(STAFF_PAGES)
     log_in(tab, people["platform_admin"])
-    assert tab.url.endswith("/staff/fleet/")
+    assert tab.url.endswith("/staff/")
+    expect(tab.get_by_role("heading", level=1)).to_have_text("What needs a person now")
     for path in STAFF_PAGES:
         response = tab.goto(path)
         assert response.status == 200, path
