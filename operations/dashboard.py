@@ -7,8 +7,10 @@ reservations the tenant has.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.db.models import Case, CharField, Count, Q, Sum, Value, When
 
@@ -51,6 +53,7 @@ def summary(request, *, now: datetime) -> dict:
         "gpus_reserved": sum(v["reserved"] for v in by_team.values()),
         "states": [(state, label, states.get(state, 0)) for state, label in R.choices if states.get(state)],
         "spend": spend,
+        "projection": month_end_projection(spend, now),
         "chart": chart(daily),
         "incidents": list(scoped(request, Incident).filter(resolved_at__isnull=True)[:10]),
         "recent": list(reservations.select_related("offering").order_by("-submitted_at")[:8]),
@@ -63,16 +66,46 @@ def notifications(request) -> list:
     return unread_notifications(request, limit=8)
 
 
-def chart(daily: list[tuple[datetime, float]], width: int = 560, height: int = 140) -> dict:
-    """Bars of an inline SVG (no script): GPU-hours per day, the tallest bar filling the height."""
+def chart(daily: list[tuple[datetime, float]], width: int = 560, height: int = 140, left: int = 44) -> dict:
+    """
+    Bars of an inline SVG (no script): GPU-hours per day on a y-axis of round ticks (0, half and
+    the top, the top a round number at or above the busiest day), the days along the bottom.
+    """
     peak = max((hours for _, hours in daily), default=0.0)
-    top = peak or 1.0  # an empty chart still has a scale
-    slot = width / max(len(daily), 1)
+    top = _round_up(peak)
+    plot = height - 20  # the bars' height; the day labels below
+    slot = (width - left) / max(len(daily), 1)
     bars = []
     for i, (day, hours) in enumerate(daily):
-        h = round(hours / top * (height - 20), 1)
-        bars.append({"x": round(i * slot + 2, 1), "y": round(height - 16 - h, 1), "w": round(slot - 4, 1),
+        h = round(hours / top * plot, 1)
+        bars.append({"x": round(left + i * slot + 2, 1), "y": round(height - 16 - h, 1), "w": round(slot - 4, 1),
                      "h": h, "label": day.strftime("%d"), "title": f"{day:%b %d}: {hours:,.1f} GPU-hours",
-                     "tx": round(i * slot + slot / 2, 1)})
-    return {"bars": bars, "width": width, "height": height, "max": peak,
+                     "tx": round(left + i * slot + slot / 2, 1)})
+    ticks = [{"y": round(height - 16 - value / top * plot, 1), "ty": round(height - 12 - value / top * plot, 1),
+              "label": f"{value:,.0f}" if top >= 10 else f"{value:,.1f}"} for value in (0, top / 2, top)]
+    return {"bars": bars, "ticks": ticks, "width": width, "height": height, "left": left, "max": peak,
             "total": sum(hours for _, hours in daily), "days": len(daily)}
+
+
+def _round_up(value: float) -> float:
+    """The smallest 1, 2 or 5 x 10^n at or above ``value`` (1 for nothing): an axis's top a reader can read."""
+    if value <= 0:
+        return 1.0
+    scale = 10 ** math.floor(math.log10(value))
+    return next(step * scale for step in (1, 2, 5, 10) if step * scale >= value)
+
+
+def month_end_projection(spend, now: datetime) -> dict:
+    """
+    The month's spend at its end if it goes on at this month's pace so far: the amount, and per
+    team. None in the month's first hour (too little to project from).
+    """
+    start = usage.month_start(now)
+    following = (start + timedelta(days=32)).replace(day=1)
+    elapsed = (now - start).total_seconds()
+    if elapsed < 3600:
+        return {}
+    factor = Decimal(str((following - start).total_seconds() / elapsed))
+    return {"amount": (spend.amount * factor).quantize(Decimal("0.01")),
+            "by_team": {team: (amount * factor).quantize(Decimal("0.01")) for team, amount in spend.by_team.items()},
+            "month": start.strftime("%B")}

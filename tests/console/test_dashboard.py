@@ -83,3 +83,33 @@ def test_gpus_in_use_are_the_active_ones_and_those_being_prepared_are_counted_ap
     body = client.get("/").content.decode()
     assert '<p class="stat">8</p><p class="stat-label">GPUs in use</p>' in body
     assert '<p class="stat">24</p><p class="stat-label">GPUs being prepared' in body
+
+
+def test_the_gpu_hours_chart_has_a_y_axis_of_round_ticks():
+    from datetime import UTC, datetime
+
+    from operations.dashboard import _round_up, chart
+
+    assert [_round_up(v) for v in (0, 0.3, 7, 13, 180, 999)] == [1.0, 0.5, 10, 20, 200, 1000]
+    day = datetime(2026, 12, 1, tzinfo=UTC)
+    drawn = chart([(day, 12.0), (day, 130.0), (day, 0.0)])
+    assert [t["label"] for t in drawn["ticks"]] == ["0", "100", "200"]
+    bottom, top = drawn["ticks"][0]["y"], drawn["ticks"][-1]["y"]
+    tallest = max(drawn["bars"], key=lambda b: b["h"])
+    assert abs(tallest["h"] - (bottom - top) * 130 / 200) < 0.2  # bars on the axis's scale
+    assert all(b["x"] >= drawn["left"] for b in drawn["bars"])
+
+
+def test_month_end_spend_goes_on_at_this_months_pace():
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from operations.dashboard import month_end_projection
+    from provisioning.usage import Spend
+
+    spend = Spend(gpu_hours=10.0, amount=Decimal("100.00"), by_team={"ml": Decimal("60.00"), "infra": Decimal("40")})
+    projected = month_end_projection(spend, datetime(2026, 11, 11, tzinfo=UTC))  # 10 of November's 30 days
+    assert projected["amount"] == Decimal("300.00") and projected["by_team"]["ml"] == Decimal("180.00")
+    assert projected["month"] == "November"
+    assert month_end_projection(spend, datetime(2026, 11, 1, 0, 30, tzinfo=UTC)) == {}
+
