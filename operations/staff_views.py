@@ -34,6 +34,7 @@ from django.views.decorators.http import require_POST
 from cloud import services as cloud_services
 from cloud.choices import Health, NodePool, NodeState
 from cloud.models import GPU, GPUModel, HCAPort, Node, Region
+from cloud.telemetry import gpus_series
 from cloud.transitions import NODE_RETURNABLE, NODE_TRANSITIONS
 from core.errors import DomainError
 from core.transitions import sources_of
@@ -48,7 +49,16 @@ from operations.staff_forms import (
 from provisioning.choices import InstanceState, OperationState
 from provisioning.choices import ReservationState as R
 from provisioning.lifecycle.validate import node_validate
-from provisioning.models import VPC, Allocation, Instance, Operation, PortMembership, Reservation, StepRun
+from provisioning.models import (
+    VPC,
+    AgentState,
+    Allocation,
+    Instance,
+    Operation,
+    PortMembership,
+    Reservation,
+    StepRun,
+)
 from provisioning.scheduling.scheduler import last_cycle
 from provisioning.services import weights
 from provisioning.transitions import QUOTA_STATES, WAITING_STATES
@@ -56,6 +66,7 @@ from security.models import AttestationReport, Incident
 from tenants import services as tenant_services
 from tenants.choices import QuotaResource
 from tenants.models import Quota, Team, Tenant
+from web.charts import sparkline
 from web.console import CHANGE, VIEW, add_domain_error, console_page, error_text, may, scoped, words
 
 
@@ -234,8 +245,14 @@ def node_detail(request, pk):
     for allocation in (scoped(request, Allocation).holding(now).filter(node=node)
                        .select_related("reservation__tenant", "reservation__team")):
         held[allocation.gpu_id].append(allocation)
+    telemetry = gpus_series([gpu.pk for gpu in gpus], now=now)
     for gpu in gpus:
         gpu.current = held.get(gpu.pk, [])
+        gpu.latest, points = telemetry[gpu.pk]["latest"], telemetry[gpu.pk]["series"]
+        gpu.utilization_chart = sparkline([p["utilization_mean"] for p in points], top=100, label="Utilization",
+                                          unit=" %")
+        gpu.power_chart = sparkline([p["power_mean"] for p in points], top=max(
+            [700.0, *[p["power_mean"] for p in points if p["power_mean"] is not None]]), label="Power", unit=" W")
     ports = list(scoped(request, HCAPort).filter(node=node).order_by("index"))
     members = {m.guid: m for m in scoped(request, PortMembership).filter(
         guid__in=[p.guid for p in ports], left_at__isnull=True).select_related("vpc__tenant")}
@@ -247,6 +264,7 @@ def node_detail(request, pk):
         "reports": list(scoped(request, AttestationReport).filter(node_id=node.pk)[:10]),
         "incidents": _in_words(list(scoped(request, Incident).filter(node_id=node.pk)[:20])),
         "maintenance_form": MaintenanceForm(),
+        "last_seen": AgentState.objects.filter(node=node).values_list("last_seen_at", flat=True).first(),
     }
     context |= _node_actions(request, node, context["running"])
     return render(request, "staff/node.html", context)

@@ -7,7 +7,7 @@ GPU telemetry: what the node agents sample, stored cheaply and kept while it is 
   detection (``cloud.health.evaluate_gpu`` / ``evaluate_port``) needs, with no further query.
 - ``rollup`` / ``prune`` (rollups.py): raw -> 1-minute -> 1-hour buckets in SQL, idempotent;
   retention by ``MERIDIAN_TELEMETRY_RETENTION``.
-- ``gpu_series`` / ``held_telemetry`` (reads.py): the staff and tenant reads.
+- ``gpu_series`` / ``gpus_series`` / ``held_telemetry`` (reads.py): the staff and tenant reads.
 
 Times are the control plane's (the agent's clock is trusted only as far as the request signature).
 """
@@ -32,7 +32,7 @@ from cloud.telemetry.ingestion import (
     write_params,
     write_sql,
 )
-from cloud.telemetry.reads import PERIODS, gpu_series, held_telemetry, latest_dict, rollup_point
+from cloud.telemetry.reads import PERIODS, gpu_series, gpus_series, held_telemetry, latest_dict, rollup_point
 from cloud.telemetry.rollups import RAW, ROLLUP_GRACE, prune, rollup
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "PortReading",
     "changes_in_window",
     "gpu_series",
+    "gpus_series",
     "ingest",
     "ingest_check",
     "ingest_write",

@@ -96,6 +96,14 @@ def gpu_series(*, gpu: GPU, period: str, since: datetime | None = None, now: dat
     }
 
 
+def gpus_series(gpu_ids: list, *, period: str = RollupPeriod.MINUTE, now: datetime | None = None) -> dict:
+    """Several GPUs' latest samples and their series of ``period`` (a node's page; two queries for them all)."""
+    now = now or timezone.now()
+    latest = {row.gpu_id: latest_dict(row) for row in GPUTelemetry.objects.filter(gpu_id__in=gpu_ids)}
+    series = _series(list(gpu_ids), period, default_since(period, now)) if gpu_ids else {}
+    return {gpu_id: {"latest": latest.get(gpu_id), "series": series.get(gpu_id, [])} for gpu_id in gpu_ids}
+
+
 def held_telemetry(
     *, holds, shared: bool, period: str = RollupPeriod.MINUTE, since: datetime | None = None,
     now: datetime | None = None,

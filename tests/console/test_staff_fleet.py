@@ -281,3 +281,26 @@ def test_the_node_page_names_steps_and_incidents_in_words(console, fleet):
 
     assert "<td>power_on_deploy</td>" not in body and "<td>node_suspect</td>" not in body
     assert f"<td>{step_title('power_on_deploy')}</td>" in body and "<td>Node suspect</td>" in body
+
+
+def test_a_nodes_page_shows_each_gpus_last_hour_and_when_its_agent_was_heard(console, fleet):
+    from cloud.models import GPUSampleRollup, GPUTelemetry, RollupPeriod
+    from provisioning.models import AgentState
+
+    node = bare_metal(fleet)
+    gpu = node.gpus.order_by("index").first()
+    now = timezone.now()
+    AgentState.objects.update_or_create(node=node, defaults={"last_seen_at": now - timedelta(seconds=30)})
+    GPUTelemetry.objects.update_or_create(gpu=gpu, defaults={
+        "sampled_at": now, "utilization_pct": 87, "memory_used_mib": 1024, "memory_total_mib": 81920,
+        "temperature_c": 71, "power_w": 612.0, "ecc_corrected": 0, "ecc_uncorrected": 0, "processes": 1,
+        "xids": [79], "source": "agent", "node": node})
+    start = now.replace(second=0, microsecond=0) - timedelta(minutes=10)
+    GPUSampleRollup.objects.bulk_create([GPUSampleRollup(
+        gpu=gpu, period=RollupPeriod.MINUTE, bucket=start + timedelta(minutes=i), samples=6, utilization_samples=6,
+        utilization_sum=6 * 80.0, utilization_sumsq=6 * 6400.0, power_samples=6, power_sum=6 * 600.0)
+        for i in range(5)])
+    text = console("platform_admin").get(f"/staff/fleet/nodes/{node.pk}/").content.decode()
+    assert "Utilization: min 80 %, mean 80 %, max 80 %" in text and "Power: min 600 W" in text
+    assert "87 % · 71 °C · 612 W" in text and "XID 79" in text
+    assert re.search(r"Agent heard</dt><dd>\s*0\xa0minutes ago", text)
