@@ -6,6 +6,7 @@ from operations import staff_views as views
 
 urlpatterns = [
     path("", views.staff_home, name="staff-home"),
+    path("search/", views.search, name="staff-search"),
     path("fleet/", views.fleet, name="staff-fleet"),
     path("fleet/nodes/<uuid:pk>/", views.node_detail, name="staff-node"),
     path("fleet/nodes/<uuid:pk>/progress/", views.node_progress, name="staff-node-progress"),

@@ -40,6 +40,7 @@ from core.errors import DomainError
 from core.transitions import sources_of
 from operations import nodes
 from operations.problems import problems_now
+from operations.search import MIN_LENGTH, staff_search
 from operations.staff_forms import (
     FleetFilterForm,
     MaintenanceForm,
@@ -101,6 +102,14 @@ def staff_home(request):
     """``/staff/``: what is wrong now, each problem linking to where to act (operations.problems)."""
     now = timezone.now()
     return render(request, "staff/home.html", {"problems": problems_now(now), "cycle": _last_cycle(now), "now": now})
+
+
+@console_page("nodes", platform=True)
+def search(request):
+    """``/staff/search/?q=``: a node, reservation, tenant, address or GPU by what staff were told."""
+    query = request.GET.get("q", "")
+    return render(request, "staff/search.html", {"query": query, "found": staff_search(query),
+                                                 "too_short": 0 < len(query.strip()) < MIN_LENGTH})
 
 
 @console_page("nodes", platform=True)

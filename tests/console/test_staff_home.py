@@ -93,3 +93,34 @@ def test_the_page_reads_a_fixed_number_of_queries_however_many_problems(console,
     with CaptureQueriesContext(connection) as many:
         assert client.get("/staff/").status_code == 200
     assert len(many) == len(few), [q["sql"][:120] for q in many.captured_queries]
+
+
+def test_staff_search_finds_nodes_reservations_tenants_gpus_and_who_held_an_address(console, world, steps):
+    from provisioning.access_models import AddressAssignment
+    from provisioning.models import Instance
+    from tests.provisioning.factories import offering
+    from tests.provisioning.pipeline import SSH_KEY
+
+    Reservation.objects.all().delete()
+    nodes = small_fleet(4)
+    response = world.client("t1_member").post("/api/v1/reservations/", {
+        "name": "needle-job", "offering": offering("vm", 1).slug, "regions": ["us-east-1"], "duration_hours": 2,
+        "gpus": 1, "ssh_public_key": SSH_KEY}, format="json")
+    pk = response.json()["id"]
+    steps.run()
+    instance = Instance.objects.get(reservation_id=pk)
+    client = console("platform_admin")
+
+    def found(q):
+        return client.get("/staff/search/", {"q": q}).content.decode()
+
+    assert reverse("staff-node", args=[nodes[0].pk]) in found(nodes[0].hostname)
+    assert reverse("reservation-detail", args=[pk]) in found("needle") and world.t1.tenant.name in found(pk)
+    assert world.t1.tenant.slug in found(world.t1.tenant.name[:5])
+    gpu = nodes[0].gpus.first()
+    assert reverse("staff-node", args=[nodes[0].pk]) in found(gpu.uuid)
+    private = AddressAssignment.objects.get(instance=instance, kind="private").address
+    held = found(private)
+    assert "Who held" in held and reverse("reservation-detail", args=[pk]) in held and "<strong>now</strong>" in held
+    assert "Nothing matches" in found("no-such-thing-anywhere") and "at least two" in found("x")
+    assert console("t1_owner").get("/staff/search/", {"q": "needle"}).status_code == 404
