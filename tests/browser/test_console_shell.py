@@ -23,8 +23,8 @@ CONTENT_TOP_MAX_PX = 170
 TENANT_PAGES = ["/", "/reservations/", "/reservations/new/", "/vpcs/", "/teams/", "/quotas/", "/ssh-keys/", "/sla/",
                 "/high-priority/", "/tokens/", "/notifications/"]
 ADMIN_PAGES = ["/audit/", "/teams/"]
-STAFF_PAGES = ["/staff/", "/staff/fleet/", "/staff/queue/", "/staff/quotas/", "/staff/sla/", "/staff/high-priority/",
-               "/audit/"]
+STAFF_PAGES = ["/staff/", "/staff/search/", "/staff/fleet/", "/staff/queue/", "/staff/quotas/", "/staff/sla/",
+               "/staff/high-priority/", "/audit/"]
 
 
 @pytest.fixture
