@@ -21,6 +21,7 @@ from core.errors import DomainError
 from provisioning import estimates, services, usage
 from provisioning.choices import ReservationState as R
 from provisioning.forms import ReservationForm
+from provisioning.gpu_cards import gpu_cards
 from provisioning.lifecycle.no_shows import usage_report
 from provisioning.models import Allocation, Instance, PortMembership, Reservation
 from provisioning.progress import progress_of
@@ -61,7 +62,9 @@ def reservation_new(request):
     """
     if not may(request.principal, "reservations"):
         return render(request, "provisioning/reservation_new.html", {"read_only": True})
-    form = ReservationForm(request.POST or None, request=request, for_estimate=request.POST.get("action") == "estimate")
+    chosen = request.GET.get("offering", "")
+    form = ReservationForm(request.POST or None, request=request, for_estimate=request.POST.get("action") == "estimate",
+                           initial={"offering": chosen} if chosen else None)
     if request.method == "POST" and not form.for_estimate and form.is_valid():
         data = form.validated()
         if data is not None:
@@ -73,7 +76,7 @@ def reservation_new(request):
             else:
                 messages.success(request, f"{reservation.name} is {reservation.get_state_display().lower()}.")
                 return redirect("reservation-detail", pk=reservation.pk)
-    context = {"form": form}
+    context = {"form": form, "cards": gpu_cards(), "chosen": chosen}
     if form.is_bound:
         # The panel shows what the form asks even where the form is refused (the name it needs not).
         estimate_form = form if form.for_estimate else ReservationForm(request.POST, request=request, for_estimate=True)
