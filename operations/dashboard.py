@@ -19,6 +19,7 @@ from provisioning.choices import ReservationState as R
 from provisioning.models import Reservation
 from security.models import Incident
 from tenants.notification_views import unread_notifications
+from web.charts import PALETTE, line_chart
 from web.console import chosen_team_id, scoped
 
 # In use: handed over and running. Being prepared: its window is open and it is being provisioned
@@ -53,7 +54,8 @@ def summary(request, *, now: datetime) -> dict:
         "gpus_reserved": sum(v["reserved"] for v in by_team.values()),
         "states": [(state, label, states.get(state, 0)) for state, label in R.choices if states.get(state)],
         "spend": spend,
-        "projection": month_end_projection(spend, now),
+        "projection": (projection := month_end_projection(spend, now)),
+        "spend_chart": spend_chart(reservations, now, projection),
         "chart": chart(daily),
         "incidents": list(scoped(request, Incident).filter(resolved_at__isnull=True)[:10]),
         "recent": list(reservations.select_related("offering").order_by("-submitted_at")[:8]),
@@ -93,6 +95,22 @@ def _round_up(value: float) -> float:
         return 1.0
     scale = 10 ** math.floor(math.log10(value))
     return next(step * scale for step in (1, 2, 5, 10) if step * scale >= value)
+
+
+def spend_chart(reservations, now: datetime, projection: dict) -> dict | None:
+    """This month's spend per team added up day by day, dashed on to its projected end; None before any spend."""
+    days, totals = usage.cumulative_spend_by_team(reservations, now)
+    if not any(series and series[-1] for series in totals.values()):
+        return None
+    start = usage.month_start(now)
+    length = ((start + timedelta(days=32)).replace(day=1) - start).days
+    ends = {team: float(amount) for team, amount in (projection.get("by_team") or {}).items()}
+    top = _round_up(max([float(s[-1]) for s in totals.values()] + list(ends.values())))
+    labels = [str(d + 1) if d % 7 == 0 or d == length - 1 else "" for d in range(length)]
+    drawn = line_chart({team: [float(v) for v in series] for team, series in totals.items()}, x_labels=labels,
+                       x_total=length, top=top, projection=ends, label=f"Spend in {start:%B} by team",
+                       unit_prefix="$")
+    return {"svg": drawn, "legend": [(team, PALETTE[n % len(PALETTE)]) for n, team in enumerate(totals)]}
 
 
 def month_end_projection(spend, now: datetime) -> dict:

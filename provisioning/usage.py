@@ -110,6 +110,25 @@ def spend_by_tenant(reservations, *, since: datetime, until: datetime) -> dict:
     return dict(amounts)
 
 
+def cumulative_spend_by_team(reservations, now: datetime) -> tuple[list[datetime], dict[str, list[Decimal]]]:
+    """
+    This month's spend per team, added up day by day: the month's days so far (UTC, today last) and,
+    per team, its total at the end of each (today: so far). One query.
+    """
+    start = month_start(now)
+    days = [start + timedelta(days=d) for d in range((now - start).days + 1)]
+    held = holds(reservations, since=start, now=now)
+    totals: dict[str, list[Decimal]] = {}
+    for team in sorted({h.team for h in held}):
+        mine = [h for h in held if h.team == team]
+        running, series = Decimal("0"), []
+        for day in days:
+            running += sum((h.cost_within(day, min(day + timedelta(days=1), now)) for h in mine), Decimal("0"))
+            series.append(running)
+        totals[team] = series
+    return days, totals
+
+
 def daily_gpu_hours(reservations, now: datetime, days: int = 14) -> list[tuple[datetime, float]]:
     """GPU-hours held per UTC day over the last ``days`` days, oldest first (today so far last)."""
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)

@@ -37,3 +37,51 @@ def sparkline(values: list[float | None], *, top: float, label: str, unit: str =
     return format_html(
         '<svg class="sparkline" role="img" aria-label="{}" viewBox="0 0 {} {}" width="{}" height="{}">'
         '<title>{}</title>{}</svg>', summary, WIDTH, HEIGHT, WIDTH, HEIGHT, summary, lines)
+
+
+PALETTE = ["#1d4ed8", "#d97706", "#059669", "#9333ea", "#dc2626", "#0891b2", "#4b5563"]
+
+
+def line_chart(series: dict[str, list[float]], *, x_labels: list[str], x_total: int, top: float,
+               projection: dict[str, float] | None = None, label: str, unit_prefix: str = "",
+               width: int = 560, height: int = 180, left: int = 52) -> SafeString:
+    """
+    Lines of ``series`` (one per name, a point per x from the first) across ``x_total`` slots on a
+    y-axis from 0 to ``top`` (three round ticks), with an optional dashed projection of each line
+    to the last slot; its accessible name lists each line's last value (and projection).
+    """
+    plot_w, plot_h, bottom = width - left - 8, height - 34, height - 22
+    step = plot_w / max(1, x_total - 1)
+
+    def x(i):
+        return left + i * step
+
+    def y(v):
+        return bottom - (min(max(v, 0.0), top) / top) * plot_h if top else bottom
+
+    parts = []
+    for value in (0, top / 2, top):
+        parts.append(format_html('<line class="{}" x1="{}" y1="{}" x2="{}" y2="{}"/>'
+                                 '<text x="{}" y="{}" text-anchor="end">{}{}</text>',
+                                 "axis" if value == 0 else "grid", left, f"{y(value):.1f}", width - 8,
+                                 f"{y(value):.1f}", left - 6, f"{y(value) + 4:.1f}", unit_prefix, f"{value:,.0f}"))
+    for i, text in enumerate(x_labels):
+        if text:
+            parts.append(format_html('<text x="{}" y="{}" text-anchor="middle">{}</text>', f"{x(i):.1f}", height - 6,
+                                     text))
+    said = []
+    for n, (name, values) in enumerate(series.items()):
+        colour = PALETTE[n % len(PALETTE)]
+        points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
+        parts.append(format_html('<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>', points, colour))
+        words = f"{name} {unit_prefix}{values[-1]:,.2f}" if values else name
+        if projection and name in projection and values:
+            end = projection[name]
+            parts.append(format_html('<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}" '
+                                     'stroke-width="1.5" stroke-dasharray="4 3"/>', f"{x(len(values) - 1):.1f}",
+                                     f"{y(values[-1]):.1f}", f"{x(x_total - 1):.1f}", f"{y(end):.1f}", colour))
+            words += f" (about {unit_prefix}{end:,.0f} at the end)"
+        said.append(words)
+    summary = f"{label}: " + "; ".join(said)
+    return format_html('<svg class="chart" role="img" aria-label="{}" viewBox="0 0 {} {}"><title>{}</title>{}</svg>',
+                       summary, width, height, summary, SafeString("".join(parts)))

@@ -113,3 +113,29 @@ def test_month_end_spend_goes_on_at_this_months_pace():
     assert projected["month"] == "November"
     assert month_end_projection(spend, datetime(2026, 11, 1, 0, 30, tzinfo=UTC)) == {}
 
+
+
+def test_a_line_chart_says_each_lines_last_value_and_projection():
+    from web.charts import line_chart
+
+    svg = str(line_chart({"ml": [0, 10, 25.5], "infra": [5, 5, 5]}, x_labels=["1", "", "3", "", ""], x_total=5,
+                         top=50, projection={"ml": 40.0}, label="Spend", unit_prefix="$"))
+    assert "Spend: ml $25.50 (about $40 at the end); infra $5.00" in svg
+    assert svg.count("<polyline") == 2 and 'stroke-dasharray="4 3"' in svg
+    assert ">$0<" in svg and ">$25<" in svg and ">$50<" in svg  # the y-axis ticks
+
+
+def test_spend_adds_up_day_by_day_per_team(world):
+    from django.utils import timezone
+
+    from provisioning.models import Reservation
+    from provisioning.usage import cumulative_spend_by_team, month_start, month_to_date
+
+    now = timezone.now()
+    reservations = Reservation.objects.filter(tenant=world.t1.tenant)
+    days, totals = cumulative_spend_by_team(reservations, now)
+    assert days[0] == month_start(now) and len(days) == (now - month_start(now)).days + 1
+    spend = month_to_date(reservations, now)
+    assert {team: series[-1] for team, series in totals.items()} == spend.by_team  # today's end is the total
+    for series in totals.values():
+        assert all(a <= b for a, b in zip(series, series[1:], strict=False))  # never goes down
