@@ -81,15 +81,16 @@ def stop_domain(ctx: Context) -> None:
 
 def undefine_domain(ctx: Context) -> None:
     """Remove the domain and its disk volume (nothing of the tenant's stays in the host's pool)."""
-    vms, pool = ctx.drivers.vm, settings.MERIDIAN_LIBVIRT_POOL
+    ctx.each(lambda instance, target: _remove_domain(ctx.drivers.vm, instance, target))
 
-    def remove(instance, target):
-        if vms.domain_state(target, instance.name) != "absent":
-            vms.undefine(target, instance.name)
-        disk = disk_volume(instance.name)
-        if vms.volume(target, pool, disk) is not None:
-            vms.delete_volume(target, pool, disk)
-    ctx.each(remove)
+
+def _remove_domain(vms, instance, target) -> None:
+    """Undefine the instance's domain and delete its disk volume, each if it is still there."""
+    if vms.domain_state(target, instance.name) != "absent":
+        vms.undefine(target, instance.name)
+    pool, disk = settings.MERIDIAN_LIBVIRT_POOL, disk_volume(instance.name)
+    if vms.volume(target, pool, disk) is not None:
+        vms.delete_volume(target, pool, disk)
 
 
 #
@@ -160,11 +161,11 @@ def apply_pod(ctx: Context) -> None:
     ctx.each(apply)
 
 
-def instances_abandon(instances) -> None:
+def instances_abandon(instances, *, tenant_id) -> None:
     """
-    Best effort for instances on a host held for repair, which will never be cleaned: their VM
-    (domain and disk volume) or pod is removed now if the host still answers, so nothing of the
-    tenant's waits on it; what cannot be removed now is logged for the repair.
+    Best effort for instances (of one tenant) on a host held for repair, which will never be
+    cleaned: their VM (domain and disk volume) or pod is removed now if the host still answers, so
+    nothing of the tenant's waits on it; what cannot be removed now is logged for the repair.
     """
     for instance in instances:
         if instance.kind == OfferingKind.BARE_METAL:
@@ -172,15 +173,9 @@ def instances_abandon(instances) -> None:
         drivers, target = drivers_for(instance.node.region.slug), target_of(instance.node)
         try:
             if instance.kind == OfferingKind.VM:
-                vms, pool = drivers.vm, settings.MERIDIAN_LIBVIRT_POOL
-                if vms.domain_state(target, instance.name) != "absent":
-                    vms.undefine(target, instance.name)
-                if vms.volume(target, pool, disk_volume(instance.name)) is not None:
-                    vms.delete_volume(target, pool, disk_volume(instance.name))
+                _remove_domain(drivers.vm, instance, target)
             else:
-                namespace = namespace_of(instance.reservation.tenant_id)
-                if drivers.container.pod(target, namespace, instance.name) is not None:
-                    drivers.container.delete(target, namespace, instance.name)
+                _remove_pod(drivers.container, namespace_of(tenant_id), instance, target)
         except DriverError as exc:
             log.warning("Could not remove %s from %s, held for repair (remove it there): %s", instance.name,
                         instance.node.hostname, exc)
@@ -205,6 +200,13 @@ def pod_limits(instance, offering) -> Limits:
 
 
 def delete_pod(ctx: Context) -> None:
-    pods, namespace = ctx.drivers.container, namespace_of(ctx.reservation.tenant_id)
-    ctx.each(lambda instance, target: pods.delete(target, namespace, instance.name)
-             if pods.pod(target, namespace, instance.name) is not None else None)
+    namespace = namespace_of(ctx.reservation.tenant_id)
+    ctx.each(lambda instance, target: _remove_pod(ctx.drivers.container, namespace, instance, target))
+
+
+def _remove_pod(pods, namespace: str, instance, target) -> None:
+    """
+    Delete the instance's pod and its secret. Asked even when the pod is gone: a worker that died
+    between deleting the pod and its secret leaves the secret, and deleting what is gone is a no-op.
+    """
+    pods.delete(target, namespace, instance.name)

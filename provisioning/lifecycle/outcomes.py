@@ -146,7 +146,7 @@ def _provision_failed(operation: Operation, fault: NodeFault, message: str) -> N
     # Never cleaned (their node is held): their ports still leave the tenant's network now, and
     # their VMs or pods go if the host still answers.
     ports_abandon(on_faulty)
-    instances_abandon(on_faulty)
+    instances_abandon(on_faulty, tenant_id=reservation.tenant_id)
     Instance.objects.filter(pk__in=[i.pk for i in on_faulty]).update(state=InstanceState.FAILED)
     addresses.release(i.pk for i in on_faulty)  # the others' go back when they are cleaned
     cloud_init.drives_forget(i.pk for i in on_faulty)

@@ -178,6 +178,18 @@ def test_delete_takes_the_pod_and_its_secret_and_is_safe_to_repeat(cluster):
                            "/api/v1/namespaces/tenant-t1/secrets/pod-1-access"]
 
 
+def test_a_retried_removal_deletes_the_secret_a_dead_worker_left(cluster):
+    from types import SimpleNamespace
+
+    from provisioning.lifecycle.guest_steps import _remove_pod
+
+    pods = KubernetesContainers(region="us-east-1")
+    pods.apply(HOST, _spec())
+    cluster.objects.pop(("pods", "tenant-t1", "pod-1"))  # the worker died after the pod, before its secret
+    _remove_pod(pods, "tenant-t1", SimpleNamespace(name="pod-1"), HOST)
+    assert cluster.names("secrets") == [] and cluster.names("pods") == []
+
+
 def test_a_refused_token_fails_for_good_and_says_so(cluster, settings):
     settings.MERIDIAN_KUBERNETES = {"default": {**settings.MERIDIAN_KUBERNETES["default"], "token": "wrong"}}
     with pytest.raises(DriverError) as caught:
