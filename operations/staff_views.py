@@ -35,6 +35,7 @@ from cloud import services as cloud_services
 from cloud.choices import Health, NodePool, NodeState
 from cloud.models import GPU, GPUModel, HCAPort, Node, Region
 from cloud.telemetry import gpus_series
+from cloud.telemetry.charts import gpu_sparklines
 from cloud.transitions import NODE_RETURNABLE, NODE_TRANSITIONS
 from core.errors import DomainError
 from core.transitions import sources_of
@@ -67,7 +68,6 @@ from security.models import AttestationReport, Incident
 from tenants import services as tenant_services
 from tenants.choices import QuotaResource
 from tenants.models import Quota, Team, Tenant
-from web.charts import sparkline
 from web.console import CHANGE, VIEW, add_domain_error, console_page, error_text, may, scoped, words
 
 
@@ -257,11 +257,8 @@ def node_detail(request, pk):
     telemetry = gpus_series([gpu.pk for gpu in gpus], now=now)
     for gpu in gpus:
         gpu.current = held.get(gpu.pk, [])
-        gpu.latest, points = telemetry[gpu.pk]["latest"], telemetry[gpu.pk]["series"]
-        gpu.utilization_chart = sparkline([p["utilization_mean"] for p in points], top=100, label="Utilization",
-                                          unit=" %")
-        gpu.power_chart = sparkline([p["power_mean"] for p in points], top=max(
-            [700.0, *[p["power_mean"] for p in points if p["power_mean"] is not None]]), label="Power", unit=" W")
+        gpu.latest = telemetry[gpu.pk]["latest"]
+        gpu.charts = gpu_sparklines(telemetry[gpu.pk]["series"], memory_mib=gpu.memory_mib)
     ports = list(scoped(request, HCAPort).filter(node=node).order_by("index"))
     members = {m.guid: m for m in scoped(request, PortMembership).filter(
         guid__in=[p.guid for p in ports], left_at__isnull=True).select_related("vpc__tenant")}

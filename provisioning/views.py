@@ -17,6 +17,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from cloud.telemetry.charts import gpu_sparklines
 from core.errors import DomainError
 from provisioning import estimates, services, usage
 from provisioning.choices import ReservationState as R
@@ -28,7 +29,6 @@ from provisioning.progress import progress_of
 from provisioning.receipts import receipts_of
 from provisioning.scheduling.queue import score_report
 from provisioning.telemetry import reservation_telemetry
-from web.charts import sparkline
 from web.console import CHANGE, add_domain_error, chosen_team_id, console_page, error_text, may, scoped, scoped_or_404
 
 PAGE_SIZE = 50
@@ -160,18 +160,8 @@ def reservation_detail(request, pk):
 def gpu_charts(reservation) -> list[dict]:
     """Each of the reservation's GPUs: its latest figures and its last hour as sparklines (three queries)."""
     memory_mib = reservation.gpu_model.memory_gib * 1024
-    rows = []
-    for gpu in reservation_telemetry(reservation=reservation)["gpus"]:
-        points = gpu["series"]
-        power = [p["power_mean"] for p in points]
-        rows.append({
-            "uuid": gpu["uuid"], "latest": gpu["latest"],
-            "utilization": sparkline([p["utilization_mean"] for p in points], top=100, label="Utilization", unit=" %"),
-            "memory": sparkline([None if p["memory_used_max"] is None else p["memory_used_max"] / 1024
-                                 for p in points], top=memory_mib / 1024, label="Memory used", unit=" GiB"),
-            "power": sparkline(power, top=max([700.0, *[w for w in power if w is not None]]), label="Power", unit=" W"),
-        })
-    return rows
+    return [{"uuid": gpu["uuid"], "latest": gpu["latest"], **gpu_sparklines(gpu["series"], memory_mib=memory_mib)}
+            for gpu in reservation_telemetry(reservation=reservation)["gpus"]]
 
 
 @console_page("instances", action="console")
