@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count, F, Q
+from django.db.models import Case, Count, F, IntegerField, Q, Value, When
 
 from cloud.choices import Health, NodeState
 from cloud.models import Node
@@ -62,13 +62,15 @@ def _nodes(found: Problems) -> None:
         **{state: Count("pk", filter=Q(state=state)) for state in ATTENTION_STATES},
         unhealthy=Count("pk", filter=Q(health__in=[Health.DEGRADED, Health.FAILED]) & ~Q(state__in=ATTENTION_STATES)))
     found.node_counts = {key: value for key, value in counts.items() if value}
-    rank = {state: i for i, state in enumerate(ATTENTION_STATES)}
-    rows = list(Node.objects.filter(attention).order_by("state_changed_at").values(
-        "pk", "hostname", "state", "state_reason", "state_changed_at", "health", "region__slug")[:LISTED * 4])
+    # Worst first, ranked by the database: cut after ranking, a faulty node is never left out for older suspects.
+    rank = Case(*[When(state=state, then=Value(i)) for i, state in enumerate(ATTENTION_STATES)],
+                default=Value(len(ATTENTION_STATES)), output_field=IntegerField())
+    rows = list(Node.objects.filter(attention).annotate(rank=rank).order_by("rank", "state_changed_at").values(
+        "pk", "hostname", "state", "state_reason", "state_changed_at", "health", "region__slug")[:LISTED])
     labels = dict(NodeState.choices)
     for row in rows:
         row["state_label"] = labels.get(row["state"], row["state"])
-    found.nodes = sorted(rows, key=lambda r: (rank.get(r["state"], len(rank)), r["state_changed_at"]))[:LISTED]
+    found.nodes = rows
 
 
 def _operations(found: Problems, now: datetime) -> None:
