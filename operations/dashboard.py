@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 
 from django.db.models import Case, CharField, Count, Q, Sum, Value, When
@@ -45,7 +45,8 @@ def summary(request, *, now: datetime) -> dict:
                              .values_list("team__name", "stage").annotate(gpus=Sum("gpus"))):
         by_team[team or "Tenant-wide"][held] += gpus or 0
     states = dict(reservations.values_list("state").annotate(n=Count("pk")).values_list("state", "n"))
-    spend = usage.month_to_date(reservations, now)
+    month = usage.month_so_far(reservations, now)
+    spend = month.spend
     daily = usage.daily_gpu_hours(reservations, now, days=CHART_DAYS)
     return {
         "gpus_by_team": dict(sorted(by_team.items())),
@@ -55,7 +56,7 @@ def summary(request, *, now: datetime) -> dict:
         "states": [(state, label, states.get(state, 0)) for state, label in R.choices if states.get(state)],
         "spend": spend,
         "projection": (projection := month_end_projection(spend, now)),
-        "spend_chart": spend_chart(reservations, now, projection),
+        "spend_chart": spend_chart(month, now, projection),
         "chart": chart(daily),
         "incidents": list(scoped(request, Incident).filter(resolved_at__isnull=True)[:10]),
         "recent": list(reservations.select_related("offering").order_by("-submitted_at")[:8]),
@@ -97,13 +98,13 @@ def _round_up(value: float) -> float:
     return next(step * scale for step in (1, 2, 5, 10) if step * scale >= value)
 
 
-def spend_chart(reservations, now: datetime, projection: dict) -> dict | None:
+def spend_chart(month: usage.MonthSoFar, now: datetime, projection: dict) -> dict | None:
     """This month's spend per team added up day by day, dashed on to its projected end; None before any spend."""
-    days, totals = usage.cumulative_spend_by_team(reservations, now)
+    totals = month.cumulative
     if not any(series and series[-1] for series in totals.values()):
         return None
     start = usage.month_start(now)
-    length = ((start + timedelta(days=32)).replace(day=1) - start).days
+    length = (usage.month_end(now) - start).days
     ends = {team: float(amount) for team, amount in (projection.get("by_team") or {}).items()}
     top = _round_up(max([float(s[-1]) for s in totals.values()] + list(ends.values())))
     labels = [str(d + 1) if d % 7 == 0 or d == length - 1 else "" for d in range(length)]
@@ -119,7 +120,7 @@ def month_end_projection(spend, now: datetime) -> dict:
     team. None in the month's first hour (too little to project from).
     """
     start = usage.month_start(now)
-    following = (start + timedelta(days=32)).replace(day=1)
+    following = usage.month_end(now)
     elapsed = (now - start).total_seconds()
     if elapsed < 3600:
         return {}

@@ -79,6 +79,11 @@ def month_start(now: datetime) -> datetime:
     return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
+def month_end(now: datetime) -> datetime:
+    """The start of the next month: where the month of ``now`` ends."""
+    return (month_start(now) + timedelta(days=32)).replace(day=1)
+
+
 @dataclass(frozen=True)
 class Spend:
     gpu_hours: float
@@ -93,8 +98,12 @@ def month_to_date(reservations, now: datetime) -> Spend:
 
 def spend_within(reservations, *, since: datetime, until: datetime) -> Spend:
     """GPU-hours and spend of these reservations inside ``[since, until)`` (``until``: now at the latest)."""
+    return _spend_of(holds(reservations, since=since, now=until), since=since, until=until)
+
+
+def _spend_of(held_list: list[Held], *, since: datetime, until: datetime) -> Spend:
     hours, amount, by_team = 0.0, Decimal("0"), defaultdict(Decimal)
-    for held in holds(reservations, since=since, now=until):
+    for held in held_list:
         cost = held.cost_within(since, until)
         hours += held.hours_within(since, until)
         amount += cost
@@ -110,23 +119,29 @@ def spend_by_tenant(reservations, *, since: datetime, until: datetime) -> dict:
     return dict(amounts)
 
 
-def cumulative_spend_by_team(reservations, now: datetime) -> tuple[list[datetime], dict[str, list[Decimal]]]:
-    """
-    This month's spend per team, added up day by day: the month's days so far (UTC, today last) and,
-    per team, its total at the end of each (today: so far). One query.
-    """
+@dataclass(frozen=True)
+class MonthSoFar:
+    """This month's spend, and per team its total at the end of each day so far (today: so far)."""
+
+    spend: Spend
+    days: list[datetime]
+    cumulative: dict[str, list[Decimal]]
+
+
+def month_so_far(reservations, now: datetime) -> MonthSoFar:
+    """Month-to-date spend, and its day-by-day running totals per team, from one read of the holds."""
     start = month_start(now)
     days = [start + timedelta(days=d) for d in range((now - start).days + 1)]
     held = holds(reservations, since=start, now=now)
-    totals: dict[str, list[Decimal]] = {}
+    cumulative: dict[str, list[Decimal]] = {}
     for team in sorted({h.team for h in held}):
         mine = [h for h in held if h.team == team]
         running, series = Decimal("0"), []
         for day in days:
             running += sum((h.cost_within(day, min(day + timedelta(days=1), now)) for h in mine), Decimal("0"))
             series.append(running)
-        totals[team] = series
-    return days, totals
+        cumulative[team] = series
+    return MonthSoFar(spend=_spend_of(held, since=start, until=now), days=days, cumulative=cumulative)
 
 
 def daily_gpu_hours(reservations, now: datetime, days: int = 14) -> list[tuple[datetime, float]]:

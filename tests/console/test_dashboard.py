@@ -125,17 +125,34 @@ def test_a_line_chart_says_each_lines_last_value_and_projection():
     assert ">$0<" in svg and ">$25<" in svg and ">$50<" in svg  # the y-axis ticks
 
 
-def test_spend_adds_up_day_by_day_per_team(world):
+def test_spend_adds_up_day_by_day_per_team_and_is_charted(console, world, steps):
+    from datetime import timedelta
+
     from django.utils import timezone
 
-    from provisioning.models import Reservation
-    from provisioning.usage import cumulative_spend_by_team, month_start, month_to_date
+    from provisioning.models import Allocation, Reservation
+    from provisioning.usage import month_so_far, month_start, month_to_date
+    from tests.provisioning.factories import offering
+    from tests.provisioning.pipeline import SSH_KEY
+    from tests.world import small_fleet
 
+    Reservation.objects.all().delete()
+    small_fleet(4)
+    response = world.client("t1_member").post("/api/v1/reservations/", {
+        "name": "job", "offering": offering("vm", 1).slug, "regions": ["us-east-1"], "duration_hours": 4,
+        "gpus": 1, "ssh_public_key": SSH_KEY}, format="json")
+    steps.run()
     now = timezone.now()
+    held_since = max(month_start(now), now - timedelta(hours=2))
+    Allocation.objects.filter(reservation_id=response.json()["id"]).update(starts_at=held_since)
     reservations = Reservation.objects.filter(tenant=world.t1.tenant)
-    days, totals = cumulative_spend_by_team(reservations, now)
+    month = month_so_far(reservations, now)
+    days, totals = month.days, month.cumulative
     assert days[0] == month_start(now) and len(days) == (now - month_start(now)).days + 1
     spend = month_to_date(reservations, now)
+    assert month.spend == spend and spend.amount > 0
     assert {team: series[-1] for team, series in totals.items()} == spend.by_team  # today's end is the total
     for series in totals.values():
         assert all(a <= b for a, b in zip(series, series[1:], strict=False))  # never goes down
+    page = console("t1_owner").get("/").content.decode()
+    assert 'id="spend-chart"' in page and "Spend in " in page
