@@ -4,20 +4,13 @@ import pytest
 from django.urls import reverse
 
 from provisioning.models import Instance, Reservation
-from tests.provisioning.factories import offering
-from tests.provisioning.pipeline import SSH_KEY
-from tests.world import small_fleet
+from tests.provisioning.pipeline import reserve_on_small_fleet
 
 pytestmark = pytest.mark.django_db
 
 
 def test_an_active_reservation_opens_with_how_to_connect(console, world, steps):
-    Reservation.objects.all().delete()
-    small_fleet(4)
-    response = world.client("t1_member").post("/api/v1/reservations/", {
-        "name": "job", "offering": offering("bare_metal", 8).slug, "regions": ["us-east-1"], "duration_hours": 2,
-        "nodes": 1, "ssh_public_key": SSH_KEY, "public_ip": True}, format="json")
-    pk = response.json()["id"]
+    pk = reserve_on_small_fleet(world, kind="bare_metal", public_ip=True)
     page = console("t1_member").get(reverse("reservation-detail", args=[pk])).content.decode()
     assert 'id="connect"' not in page  # nothing to connect to before the hand-over
     steps.run()
@@ -34,12 +27,7 @@ def test_an_active_reservation_opens_with_how_to_connect(console, world, steps):
 def test_the_boot_log_page_shows_the_console_and_is_the_members(console, world, steps):
     from provisioning.lifecycle.steps import console_output
 
-    Reservation.objects.all().delete()
-    small_fleet(4)
-    response = world.client("t1_member").post("/api/v1/reservations/", {
-        "name": "vm", "offering": offering("vm", 1).slug, "regions": ["us-east-1"], "duration_hours": 2,
-        "gpus": 1, "ssh_public_key": SSH_KEY}, format="json")
-    pk = response.json()["id"]
+    pk = reserve_on_small_fleet(world)
     steps.run()
     instance = Instance.objects.get(reservation_id=pk)
     page = console("t1_member").get(reverse("reservation-detail", args=[pk])).content.decode()
@@ -60,12 +48,7 @@ def test_an_ending_reservation_warns_and_extends_in_one_click(console, world, st
 
     from django.utils import timezone
 
-    Reservation.objects.all().delete()
-    small_fleet(4)
-    response = world.client("t1_member").post("/api/v1/reservations/", {
-        "name": "job", "offering": offering("vm", 1).slug, "regions": ["us-east-1"], "duration_hours": 2,
-        "gpus": 1, "ssh_public_key": SSH_KEY}, format="json")
-    pk = response.json()["id"]
+    pk = reserve_on_small_fleet(world)
     steps.run()
     page = console("t1_member").get(reverse("reservation-detail", args=[pk])).content.decode()
     assert 'id="ending-soon"' not in page

@@ -2,6 +2,8 @@
 
 import pytest
 
+from tests.provisioning.pipeline import reserve_on_small_fleet
+
 pytestmark = pytest.mark.django_db
 
 
@@ -132,19 +134,12 @@ def test_spend_adds_up_day_by_day_per_team_and_is_charted(console, world, steps)
 
     from provisioning.models import Allocation, Reservation
     from provisioning.usage import month_so_far, month_start, month_to_date
-    from tests.provisioning.factories import offering
-    from tests.provisioning.pipeline import SSH_KEY
-    from tests.world import small_fleet
 
-    Reservation.objects.all().delete()
-    small_fleet(4)
-    response = world.client("t1_member").post("/api/v1/reservations/", {
-        "name": "job", "offering": offering("vm", 1).slug, "regions": ["us-east-1"], "duration_hours": 4,
-        "gpus": 1, "ssh_public_key": SSH_KEY}, format="json")
+    pk = reserve_on_small_fleet(world, hours=4)
     steps.run()
     now = timezone.now()
     held_since = max(month_start(now), now - timedelta(hours=2))
-    Allocation.objects.filter(reservation_id=response.json()["id"]).update(starts_at=held_since)
+    Allocation.objects.filter(reservation_id=pk).update(starts_at=held_since)
     reservations = Reservation.objects.filter(tenant=world.t1.tenant)
     month = month_so_far(reservations, now)
     days, totals = month.days, month.cumulative

@@ -7,10 +7,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from cloud.models import GPUSampleRollup, RollupPeriod
-from provisioning.models import Allocation, Reservation
-from tests.provisioning.factories import offering
-from tests.provisioning.pipeline import SSH_KEY
-from tests.world import small_fleet
+from provisioning.models import Allocation
+from tests.provisioning.pipeline import reserve_on_small_fleet
 from web.charts import sparkline
 
 pytestmark = pytest.mark.django_db
@@ -25,12 +23,7 @@ def test_a_sparkline_names_its_figures_and_leaves_gaps():
 
 
 def test_an_active_reservation_charts_its_gpus_last_hour(console, world, steps):
-    Reservation.objects.all().delete()
-    small_fleet(4)
-    response = world.client("t1_member").post("/api/v1/reservations/", {
-        "name": "job", "offering": offering("vm", 1).slug, "regions": ["us-east-1"], "duration_hours": 2,
-        "gpus": 1, "ssh_public_key": SSH_KEY}, format="json")
-    pk = response.json()["id"]
+    pk = reserve_on_small_fleet(world)
     steps.run()
     allocation = Allocation.objects.get(reservation_id=pk)
     Allocation.objects.filter(pk=allocation.pk).update(starts_at=timezone.now() - timedelta(minutes=30))

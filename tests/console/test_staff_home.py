@@ -17,6 +17,7 @@ from cloud.models import Node
 from operations.problems import _percentile, queue_waits
 from provisioning.models import Operation, Reservation
 from security.models import Incident
+from tests.provisioning.pipeline import reserve_on_small_fleet
 from tests.world import small_fleet
 
 pytestmark = pytest.mark.django_db
@@ -110,15 +111,9 @@ def test_the_page_reads_a_fixed_number_of_queries_however_many_problems(console,
 def test_staff_search_finds_nodes_reservations_tenants_gpus_and_who_held_an_address(console, world, steps):
     from provisioning.access_models import AddressAssignment
     from provisioning.models import Instance
-    from tests.provisioning.factories import offering
-    from tests.provisioning.pipeline import SSH_KEY
 
-    Reservation.objects.all().delete()
-    nodes = small_fleet(4)
-    response = world.client("t1_member").post("/api/v1/reservations/", {
-        "name": "needle-job", "offering": offering("vm", 1).slug, "regions": ["us-east-1"], "duration_hours": 2,
-        "gpus": 1, "ssh_public_key": SSH_KEY}, format="json")
-    pk = response.json()["id"]
+    pk = reserve_on_small_fleet(world, name="needle-job")
+    nodes = list(Node.objects.order_by("hostname"))
     steps.run()
     instance = Instance.objects.get(reservation_id=pk)
     client = console("platform_admin")

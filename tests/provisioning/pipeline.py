@@ -74,3 +74,21 @@ class Steps:
 
 def reservation(pk) -> Reservation:
     return Reservation.objects.select_related("offering").get(pk=pk)
+
+
+def reserve_on_small_fleet(world, *, kind: str = "vm", name: str = "job", hours: float = 2, **extra) -> str:
+    """
+    A fresh four-node fleet and one reservation of ``kind`` on it (a one-GPU VM, or a whole
+    8-GPU server), made through the API as t1's member; its id. ``steps.run()`` then starts it.
+    """
+    from tests.provisioning.factories import offering
+    from tests.world import small_fleet
+
+    Reservation.objects.all().delete()  # the world's own queued work would compete
+    small_fleet(4)
+    amount = {"nodes": 1} if kind == "bare_metal" else {"gpus": 1}
+    response = world.client("t1_member").post("/api/v1/reservations/", {
+        "name": name, "offering": offering(kind, 8 if kind == "bare_metal" else 1).slug, "regions": ["us-east-1"],
+        "duration_hours": hours, "ssh_public_key": SSH_KEY, **amount, **extra}, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()["id"]
