@@ -42,6 +42,11 @@ class Problems:
     queue: dict = field(default_factory=dict)
 
     @property
+    def nodes_total(self) -> int:
+        """Every node waiting for a person (the list shows the worst LISTED of them)."""
+        return sum(self.node_counts.values())
+
+    @property
     def nothing_wrong(self) -> bool:
         return not (self.nodes or self.failed_validations or self.failed_operations or self.stuck_operations
                     or self.incidents)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from cloud.choices import OfferingKind
 from cloud.models import Offering, Region
 from provisioning.capacity import availability
 
@@ -53,8 +54,8 @@ def gpu_cards() -> list[Card]:
             # Servers for bare metal; GPUs free on the shared hosts otherwise (every size draws on the same ones).
             gpus = max((o["free"].get(region.slug, {}).get("gpus", 0) for o in card.offerings), default=0)
             servers = max((o["free"].get(region.slug, {}).get("units", 0) for o in card.offerings), default=0)
-            free = servers if card.kind == "bare_metal" else gpus
-            what = "server" if card.kind == "bare_metal" else "GPU"
+            free = servers if card.kind == OfferingKind.BARE_METAL else gpus
+            what = "server" if card.kind == OfferingKind.BARE_METAL else "GPU"
             card.free.append({"slug": region.slug, "name": region.name, "free": free,
                               "words": f"{free:,} {what}{'s' if free != 1 else ''} free", "sold_out": not free})
     return list(cards.values())
@@ -63,6 +64,6 @@ def gpu_cards() -> list[Card]:
 def _size(offering) -> str:
     if offering.slots_per_gpu > 1:
         return f"1/{offering.slots_per_gpu} GPU"
-    if offering.kind == "bare_metal":
+    if offering.kind == OfferingKind.BARE_METAL:
         return f"{offering.gpus_per_unit}-GPU server"
     return f"{offering.gpus_per_unit} GPU{'s' if offering.gpus_per_unit > 1 else ''}"

@@ -73,6 +73,7 @@ def test_the_worst_nodes_are_listed_first_however_many_wait(world):
     Node.objects.filter(pk=nodes[-1].pk).update(state=NodeState.FAULTY, state_changed_at=now)
     listed = problems_now(now).nodes
     assert len(listed) == LISTED and listed[0]["hostname"] == nodes[-1].hostname
+    assert problems_now(now).nodes_total == len(nodes)  # the count is of them all, not of the list
 
 
 def test_a_quiet_platform_says_so(console, fleet):
