@@ -79,7 +79,11 @@ class KubernetesContainers(ContainerDriver):
                               transient=exc.status in (0, 429) or exc.status >= 500) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise DriverError(f"Cannot reach the Kubernetes API of region {self.region} to {what}: {exc}.") from exc
-        return json.loads(answer.data or b"{}")
+        try:
+            return json.loads(answer.data or b"{}")
+        except ValueError as exc:  # a proxy's error page in front of the API, say
+            raise DriverError(f"The Kubernetes API of region {self.region} answered {what} with something that is "
+                              "not JSON; check MERIDIAN_KUBERNETES points at the API server.") from exc
 
     def pod(self, target, namespace, name):
         core = client.CoreV1Api(self._api())

@@ -209,6 +209,32 @@ def test_server_errors_are_transient_and_a_rejected_manifest_is_not(cluster):
     assert caught.value.transient is False and "spec.containers[0].image: Required value" in str(caught.value)
 
 
+def test_an_answer_that_is_not_json_is_a_driver_error(settings):
+    import http.server
+    import threading
+
+    class NotKubernetes(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>proxy login</html>")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotKubernetes)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        settings.MERIDIAN_KUBERNETES = {"default": {"url": url, "token": "t"}}
+        with pytest.raises(DriverError, match="not JSON"):
+            KubernetesContainers(region="us-east-1").pod(HOST, "tenant-t1", "pod-1")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_an_unreachable_api_is_transient(settings):
     settings.MERIDIAN_KUBERNETES = {"default": {"url": "http://127.0.0.1:9", "token": "t"}}
     with pytest.raises(DriverError) as caught:
