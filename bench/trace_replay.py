@@ -322,7 +322,7 @@ class Sim:
         if self.order == "fifo" or len(queue) < 2:
             return [(j, 0.0) for j in queue]
         by_id = {j.idx: j for j in queue}
-        entries = [(j.idx, j.arrival, j.urgency, None, 0.0, False, 0.0) for j in queue]
+        entries = [(j.idx, j.arrival, j.urgency, None, 0.0, False, 0.0, 0.0) for j in queue]
         return [(by_id[i], s) for i, s in rank(entries, DEFAULT_WEIGHTS, self.now)]
 
     def run(self, initial: list[Job], arrivals: list[Job]) -> dict:

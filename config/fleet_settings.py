@@ -87,6 +87,8 @@ MERIDIAN_TELEMETRY_RETENTION = {
     "1m": timedelta(hours=env.int("MERIDIAN_TELEMETRY_1M_HOURS", default=48)),
     "1h": timedelta(days=env.int("MERIDIAN_TELEMETRY_1H_DAYS", default=90)),
 }
+# The console's history (provisioning.history): queue places, estimated starts and occupancy over time.
+MERIDIAN_HISTORY_RETENTION = timedelta(days=env.int("MERIDIAN_HISTORY_DAYS", default=14))
 # An HCA port's up/down changes are counted within this window (cloud.health's port_flaps).
 MERIDIAN_PORT_FLAP_WINDOW_S = env.float("MERIDIAN_PORT_FLAP_WINDOW_S", default=300.0)
 # Failure detection (cloud.health.FailurePolicy, applied by operations.detection): a JSON object over

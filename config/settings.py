@@ -395,6 +395,10 @@ CELERY_BEAT_SCHEDULE = {
     # drop what is past MERIDIAN_TELEMETRY_RETENTION every hour; read the BMCs and fabric port
     # states of bare-metal nodes a tenant holds (no agent runs there) every MERIDIAN_BMC_POLL_SECONDS.
     "cloud.telemetry_rollup": {"task": "cloud.telemetry_rollup", "schedule": 60.0},
+    # Sample each queued reservation's place and estimated start, and the fleet's occupancy, for
+    # the console's charts (provisioning.history); prune what is past MERIDIAN_HISTORY_DAYS.
+    "provisioning.history_sample": {"task": "provisioning.history_sample",
+                                    "schedule": env.float("MERIDIAN_HISTORY_SAMPLE_SECONDS", default=300.0)},
     "cloud.telemetry_prune": {"task": "cloud.telemetry_prune", "schedule": 3600.0},
     "cloud.telemetry_bmc_collect": {"task": "cloud.telemetry_bmc_collect",
                                     "schedule": env.float("MERIDIAN_BMC_POLL_SECONDS", default=60.0)},

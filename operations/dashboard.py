@@ -7,7 +7,6 @@ reservations the tenant has.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
@@ -19,7 +18,7 @@ from provisioning.choices import ReservationState as R
 from provisioning.models import Reservation
 from security.models import Incident
 from tenants.notification_views import unread_notifications
-from web.charts import PALETTE, line_chart
+from web.charts import PALETTE, line_chart, round_up
 from web.console import chosen_team_id, scoped
 
 # In use: handed over and running. Being prepared: its window is open and it is being provisioned
@@ -75,7 +74,7 @@ def chart(daily: list[tuple[datetime, float]], width: int = 560, height: int = 1
     the top, the top a round number at or above the busiest day), the days along the bottom.
     """
     peak = max((hours for _, hours in daily), default=0.0)
-    top = _round_up(peak)
+    top = round_up(peak)
     plot = height - 20  # the bars' height; the day labels below
     slot = (width - left) / max(len(daily), 1)
     bars = []
@@ -90,14 +89,6 @@ def chart(daily: list[tuple[datetime, float]], width: int = 560, height: int = 1
             "total": sum(hours for _, hours in daily), "days": len(daily)}
 
 
-def _round_up(value: float) -> float:
-    """The smallest 1, 2 or 5 x 10^n at or above ``value`` (1 for nothing): an axis's top a reader can read."""
-    if value <= 0:
-        return 1.0
-    scale = 10 ** math.floor(math.log10(value))
-    return next(step * scale for step in (1, 2, 5, 10) if step * scale >= value)
-
-
 def spend_chart(month: usage.MonthSoFar, now: datetime, projection: dict) -> dict | None:
     """This month's spend per team added up day by day, dashed on to its projected end; None before any spend."""
     totals = month.cumulative
@@ -106,7 +97,7 @@ def spend_chart(month: usage.MonthSoFar, now: datetime, projection: dict) -> dic
     start = usage.month_start(now)
     length = (usage.month_end(now) - start).days
     ends = {team: float(amount) for team, amount in (projection.get("by_team") or {}).items()}
-    top = _round_up(max([float(s[-1]) for s in totals.values()] + list(ends.values())))
+    top = round_up(max([float(s[-1]) for s in totals.values()] + list(ends.values())))
     labels = [str(d + 1) if d % 7 == 0 or d == length - 1 else "" for d in range(length)]
     drawn = line_chart({team: [float(v) for v in series] for team, series in totals.items()}, x_labels=labels,
                        x_total=length, top=top, projection=ends, label=f"Spend in {start:%B} by team",

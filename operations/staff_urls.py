@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from operations import staff_queue
 from operations import staff_views as views
 
 urlpatterns = [
@@ -11,7 +12,8 @@ urlpatterns = [
     path("fleet/nodes/<uuid:pk>/", views.node_detail, name="staff-node"),
     path("fleet/nodes/<uuid:pk>/progress/", views.node_progress, name="staff-node-progress"),
     path("fleet/nodes/<uuid:pk>/<str:verb>/", views.node_act, name="staff-node-act"),
-    path("queue/", views.queue, name="staff-queue"),
+    path("queue/", staff_queue.queue, name="staff-queue"),
+    path("queue/<uuid:pk>/<str:verb>/", staff_queue.queue_act, name="staff-queue-act"),
     path("quotas/", views.quotas, name="staff-quotas"),
     path("quotas/<uuid:pk>/", views.quota_edit, name="staff-quota-edit"),
     path("quotas/<uuid:pk>/delete/", views.quota_delete, name="staff-quota-delete"),

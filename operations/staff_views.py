@@ -13,7 +13,6 @@ number of queries however many nodes, GPUs or rows it shows.
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import timedelta
 from uuid import UUID
 
 from django.conf import settings
@@ -25,7 +24,6 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from django.utils.html import escape
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString, mark_safe
@@ -40,6 +38,7 @@ from cloud.transitions import NODE_RETURNABLE, NODE_TRANSITIONS
 from core.errors import DomainError
 from core.transitions import sources_of
 from operations import nodes
+from operations.occupancy import occupancy_chart
 from operations.problems import problems_now
 from operations.search import MIN_LENGTH, staff_search
 from operations.staff_forms import (
@@ -48,8 +47,8 @@ from operations.staff_forms import (
     QuotaLimitForm,
     QuotaSetForm,
 )
+from operations.staff_queue import last_cycle_report
 from provisioning.choices import InstanceState, OperationState
-from provisioning.choices import ReservationState as R
 from provisioning.lifecycle.validate import node_validate
 from provisioning.models import (
     VPC,
@@ -61,8 +60,6 @@ from provisioning.models import (
     Reservation,
     StepRun,
 )
-from provisioning.scheduling.scheduler import last_cycle
-from provisioning.services import weights
 from provisioning.transitions import QUOTA_STATES, WAITING_STATES
 from security.models import AttestationReport, Incident
 from tenants import services as tenant_services
@@ -101,7 +98,8 @@ def _tile_health(row: dict) -> str:
 def staff_home(request):
     """``/staff/``: what is wrong now, each problem linking to where to act (operations.problems)."""
     now = timezone.now()
-    return render(request, "staff/home.html", {"problems": problems_now(now), "cycle": _last_cycle(now), "now": now})
+    return render(request, "staff/home.html",
+                  {"problems": problems_now(now), "cycle": last_cycle_report(now), "now": now})
 
 
 @console_page("nodes", platform=True)
@@ -154,6 +152,7 @@ def fleet(request):
         "chosen_region": chosen.get("region", ""),
         "chosen_state": chosen.get("state", ""),
         "legend": [(state, label) for state, label in NodeState.choices if state not in SHARED_ONLY],
+        "occupancy": occupancy_chart(timezone.now()),
     })
 
 
@@ -351,67 +350,6 @@ def node_act(request, pk, verb: str):
     except DomainError as exc:
         _flash_error(request, exc)
     return redirect("staff-node", pk=node.pk)
-
-
-#
-# Queue and scheduler
-#
-
-# The score's factors in ScoreBreakdown's order (provisioning.scheduling.priority.score), with their labels.
-FACTORS = [("urgency", "Urgency"), ("fulfilment", "Fulfilment"), ("load", "Team load"), ("age", "Age"),
-           ("high_priority", "High priority"), ("fair_share", "Fair share")]
-PAGE_SIZES = [50, 100, 250, 500]
-
-
-@console_page("reservations", platform=True)
-def queue(request):
-    """Queued reservations ranked by score, every factor's contribution in a column; the last cycle."""
-    per_page = _int(request.GET.get("per_page"), default=100)
-    per_page = per_page if per_page in PAGE_SIZES else 100
-    queued = scoped(request, Reservation).filter(state=R.QUEUED)
-    totals = queued.aggregate(n=Count("pk"), gpus=Sum("gpus"))
-    paginator = Paginator(queued.select_related("tenant", "team", "offering")
-                          .order_by("-score", "submitted_at", "pk"), per_page)
-    paginator.count = totals["n"]  # counted already, with the GPUs
-    page = paginator.get_page(request.GET.get("page"))
-    now = timezone.now()
-    rows = []
-    for rank, reservation in enumerate(page, start=page.start_index()):
-        factors = {f.get("name"): f for f in (reservation.score_breakdown or {}).get("factors", [])}
-        rows.append({"rank": rank, "r": reservation, "factors": [factors.get(name) for name, _ in FACTORS],
-                     "waited": now - reservation.submitted_at})
-    w = weights()
-    return render(request, "staff/queue.html", {
-        "page": page,
-        "rows": rows,
-        "totals": totals,
-        "per_page": per_page,
-        "page_sizes": PAGE_SIZES,
-        # The fair-share weight is a penalty's: shown negated, as the breakdown carries it.
-        "factors": [(name, label, -w.fair_share if name == "fair_share" else getattr(w, name))
-                    for name, label in FACTORS],
-        "cycle": _last_cycle(now),
-    })
-
-
-def _int(value, *, default: int) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def _last_cycle(now) -> dict | None:
-    """The scheduler's last cycle as it stored it, with its age; None before the first cycle."""
-    report = last_cycle()
-    if not report:
-        return None
-    finished = parse_datetime(report.get("finished_at") or "")
-    stale_after = timedelta(seconds=max(10.0, 20 * settings.MERIDIAN_SCHEDULER_INTERVAL))
-    return {**report, "finished": finished, "stale": finished is None or now - finished > stale_after,
-            "stale_after": int(stale_after.total_seconds()),
-            "timings": sorted((report.get("timings_ms") or {}).items()),
-            "total_ms": sum((report.get("timings_ms") or {}).values())}
 
 
 #

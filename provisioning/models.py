@@ -73,6 +73,13 @@ class Reservation(TeamOwnedModel):
     state_changed_at = models.DateTimeField(auto_now_add=True)
     score = models.FloatField(default=0.0)
     score_breakdown = models.JSONField(default=dict, blank=True)
+    # Staff's hand on the queue (provisioning.staff_actions): a raise or cut of the score, and a hold
+    # that keeps it queued but out of the scheduler's reach; the last note staff left on it.
+    priority_adjustment = models.FloatField(default=0.0, db_default=0.0, help_text="Staff's raise (> 0) or cut (< 0) "
+                                            "of the priority score, in [-1, 1].")
+    held_at = models.DateTimeField(null=True, blank=True, help_text="When staff held it in the queue; empty: not held.")
+    staff_note = models.CharField(max_length=500, blank=True, default="", db_default="",
+                                  help_text="The last note staff left with an action on it.")
     preempted_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
     scheduled_at = models.DateTimeField(null=True, blank=True)
@@ -95,7 +102,9 @@ class Reservation(TeamOwnedModel):
             models.Index(fields=["state", "submitted_at"], name="reservation_queue_idx"),
             # The queue in its order with the ids in the index: the scheduler reads it every cycle
             # from the index alone (no row of the table's history visited).
-            models.Index(fields=["submitted_at", "id"], name="reservation_queued_idx", condition=Q(state="queued")),
+            # Held ones are out of it: staff keep them out of the scheduler's reach.
+            models.Index(fields=["submitted_at", "id"], name="reservation_queued_idx",
+                         condition=Q(state="queued", held_at__isnull=True)),
             # What counts against a tenant's quotas, on every create: its live work only, not its history.
             models.Index(fields=["tenant", "gpu_model"], name="reservation_live_owner_idx",
                          condition=Q(state__in=sorted(QUOTA_STATES | WAITING_STATES))),
@@ -104,6 +113,8 @@ class Reservation(TeamOwnedModel):
             models.CheckConstraint(condition=Q(state__in=ReservationState.values), name="reservation_state_valid"),
             models.CheckConstraint(condition=Q(units__gte=1), name="reservation_units_positive"),
             models.CheckConstraint(condition=Q(urgency__gte=0, urgency__lte=1), name="reservation_urgency_range"),
+            models.CheckConstraint(condition=Q(priority_adjustment__gte=-1, priority_adjustment__lte=1),
+                                   name="reservation_adjustment_range"),
             models.CheckConstraint(
                 condition=Q(billing_term=BillingTerm.SPOT) | Q(spot_max_price__isnull=True),
                 name="reservation_max_price_only_for_spot",
@@ -557,3 +568,4 @@ class FabricReconciliation(models.Model):
 
 # Models kept in modules of their own, loaded with these.
 from provisioning.access_models import AddressAssignment, ConfigDrive  # noqa: E402, F401
+from provisioning.history_models import OccupancySample, QueueSample  # noqa: E402, F401

@@ -85,6 +85,7 @@ def _score(reservation: Reservation, *, now: datetime, recent: bool, waited_s: f
     return score(ScoreInputs(
         urgency=reservation.urgency, fulfilment_rate=record.fulfilment_rate, current_load=record.current_load,
         waited_s=waited_s, high_priority=record.high_priority, usage_share=record.usage_share,
+        adjustment=reservation.priority_adjustment,
     ), w)
 
 
@@ -215,19 +216,20 @@ def _fast_path(reservation: Reservation, now: datetime) -> Placement | None:
 
 
 def _outranked(reservation: Reservation) -> bool:
-    """Whether queued work of a higher score wants the reservation's GPU model in one of its regions."""
+    """Whether queued work of a higher score (not held by staff) wants its GPU model in one of its regions."""
     if connection.vendor == "postgresql":
         # One short statement of the same text every time, answered by the first competitor found
         # (``?|``: the JSON array of regions holds any of these): it is on every create.
         table = connection.ops.quote_name(Reservation._meta.db_table)
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE state = %s AND gpu_model_id = %s "  # noqa: S608
-                           "AND score > %s AND regions ?| %s)",
+                           "AND score > %s AND held_at IS NULL AND regions ?| %s)",
                            [R.QUEUED, reservation.gpu_model_id, reservation.score, list(reservation.regions)])
             return cursor.fetchone()[0]
     wanted = set(reservation.regions)
     competitors = Reservation.objects.filter(state=R.QUEUED, gpu_model_id=reservation.gpu_model_id,
-                                             score__gt=reservation.score).values_list("regions", flat=True)
+                                             score__gt=reservation.score, held_at__isnull=True
+                                             ).values_list("regions", flat=True)
     return any(wanted & set(regions) for regions in competitors.iterator())
 
 
@@ -337,6 +339,10 @@ def reservation_schedule(
     scheduler passes the region and ``checked`` (GPUs verified allocatable for the whole cycle).
     """
     region = region or Region.objects.get(slug=placement.region)
+    if reservation.state == R.QUEUED and Reservation.objects.select_for_update().filter(
+            pk=reservation.pk, held_at__isnull=False).exists():
+        raise Conflict("Staff hold the reservation in the queue: it is placed once they let it go.",
+                       code="reservation_held")
     for eviction in placement.evictions:
         reservation_evict(victim_id=eviction.victim_reservation_id, by=reservation, at=eviction.at)
     allocation_bind(reservation=reservation, assignments=list(placement.assignments), starts_at=placement.start,
@@ -362,7 +368,8 @@ def reservation_schedule_many(*, items: list[tuple[Reservation, Placement, Regio
     """
     sources = sources_of(RESERVATION_TRANSITIONS, R.SCHEDULED) & {R.PENDING, R.QUEUED}
     waiting = set(Reservation.objects.select_for_update().filter(
-        pk__in=[reservation.pk for reservation, _, _ in items], state__in=sources).values_list("pk", flat=True))
+        pk__in=[reservation.pk for reservation, _, _ in items], state__in=sources, held_at__isnull=True,
+    ).values_list("pk", flat=True))
     moving = [(reservation, placement, region) for reservation, placement, region in items if reservation.pk in waiting]
     if not moving:
         return []
@@ -420,11 +427,11 @@ def reservation_evict(*, victim_id, by: Reservation, at: datetime) -> None:
 
 
 @transaction.atomic
-def reservation_cancel(*, actor, reservation: Reservation) -> Reservation:
+def reservation_cancel(*, actor, reservation: Reservation, reason: str = "Cancelled by the tenant.") -> Reservation:
     """
     Cancel a reservation that has not become active: waiting or scheduled ones end ``cancelled``
     and give their capacity back; one being provisioned is released. Active ones are released
-    instead (409 says so); ended ones are a 409 naming their state.
+    instead (409 says so); ended ones are a 409 naming their state. ``reason`` is its state's reason.
     """
     now = timezone.now()
     if reservation.state == R.ACTIVE:
@@ -432,11 +439,9 @@ def reservation_cancel(*, actor, reservation: Reservation) -> Reservation:
                        current_state=reservation.state)
     if reservation.state == R.PROVISIONING:
         allocation_end(reservation=reservation, at=now)
-        reservation_transition(reservation, R.RELEASING, only_from={R.PROVISIONING}, reason="Cancelled by the tenant.",
-                               released_at=now)
+        reservation_transition(reservation, R.RELEASING, only_from={R.PROVISIONING}, reason=reason, released_at=now)
     else:
-        reservation_transition(reservation, R.CANCELLED, only_from={R.PENDING, R.QUEUED, R.SCHEDULED},
-                               reason="Cancelled by the tenant.")
+        reservation_transition(reservation, R.CANCELLED, only_from={R.PENDING, R.QUEUED, R.SCHEDULED}, reason=reason)
         allocation_end(reservation=reservation, at=now)
     Operation.objects.filter(reservation=reservation, kind=OperationKind.PLACE, state=OperationState.PENDING).update(
         state=OperationState.CANCELLED, error="Cancelled before it was placed.")

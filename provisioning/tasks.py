@@ -56,6 +56,14 @@ def lifecycle_tick() -> dict:
     return tick()
 
 
+@shared_task(name="provisioning.history_sample")
+def history_sample() -> dict:
+    """The queue's and the fleet's sample for the console's charts (provisioning.history)."""
+    from provisioning.history import history_sample as sample
+
+    return sample()
+
+
 @shared_task(name="provisioning.no_show_scan")
 def no_show_scan() -> dict:
     """Warn idle reservations, release no-shows, reclaim GPUs held past the end (provisioning.lifecycle.no_shows)."""

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_POST
 
 from cloud.telemetry.charts import gpu_sparklines
 from core.errors import DomainError
-from provisioning import estimates, services, usage
+from provisioning import estimates, history, services, usage
 from provisioning.choices import ReservationState as R
 from provisioning.forms import ReservationForm
 from provisioning.gpu_cards import gpu_cards
@@ -29,6 +29,7 @@ from provisioning.progress import progress_of
 from provisioning.receipts import receipts_of
 from provisioning.scheduling.queue import score_report
 from provisioning.telemetry import reservation_telemetry
+from web.charts import line_chart, round_up
 from web.console import CHANGE, add_domain_error, chosen_team_id, console_page, error_text, may, scoped, scoped_or_404
 
 PAGE_SIZE = 50
@@ -146,6 +147,7 @@ def reservation_detail(request, pk):
         # Is it used? The evidence a no-show or a reclaim would be judged on, shown before either.
         "usage": usage_report(reservation) if reservation.state in USAGE_SHOWN else None,
         "gpu_charts": gpu_charts(reservation) if reservation.state in (R.ACTIVE, R.RELEASING) else None,
+        "queue_charts": queue_charts(reservation) if reservation.state == R.QUEUED else None,
         "can_cancel": reservation.state in CANCELLABLE,
         "can_release": reservation.state == R.ACTIVE,
         # The last stretch of an active reservation (the ending-soon notice's lead): a one-click extend.
@@ -162,6 +164,36 @@ def gpu_charts(reservation) -> list[dict]:
     memory_mib = reservation.gpu_model.memory_gib * 1024
     return [{"uuid": gpu["uuid"], "latest": gpu["latest"], **gpu_sparklines(gpu["series"], memory_mib=memory_mib)}
             for gpu in reservation_telemetry(reservation=reservation)["gpus"]]
+
+
+QUEUE_ROWS_SHOWN = 12
+
+
+def queue_charts(reservation) -> dict | None:
+    """
+    How a queued reservation's place and expected wait moved (a sample every
+    MERIDIAN_HISTORY_SAMPLE_SECONDS): two line charts and the latest samples as a table; None
+    before the first sample.
+    """
+    samples = history.queue_history(reservation)
+    if not samples:
+        return None
+    labels = _time_labels([s.at for s in samples])
+    positions = [float(s.position) for s in samples]
+    charts = {"position": line_chart({"Place": positions}, x_labels=labels, x_total=len(samples),
+                                     top=round_up(max(positions)), label="Place in the queue over time")}
+    waits = [(s.estimated_start - s.at).total_seconds() / 3600 if s.estimated_start else None for s in samples]
+    if None not in waits:  # a sample with no estimate (current work never frees enough) has no point to draw
+        waits = [max(0.0, w) for w in waits]
+        charts["wait"] = line_chart({"Expected wait": waits}, x_labels=labels, x_total=len(samples),
+                                    top=round_up(max(waits)), label="Expected wait in hours over time")
+    return {**charts, "rows": samples[::-1][:QUEUE_ROWS_SHOWN], "count": len(samples)}
+
+
+def _time_labels(times) -> list[str]:
+    """Four evenly spaced HH:MM labels under a chart of ``times`` (the rest blank)."""
+    marks = {round(i * (len(times) - 1) / 3) for i in range(4)}
+    return [f"{t:%H:%M}" if i in marks else "" for i, t in enumerate(times)]
 
 
 @console_page("instances", action="console")
@@ -226,6 +258,7 @@ def _score_only(reservation: Reservation) -> dict:
     """Past the queue the score is history: its factors, without position or estimate (no queries)."""
     breakdown = reservation.score_breakdown or {}
     return {"total": reservation.score, "factors": breakdown.get("factors", []), "queue_position": None,
+            "adjustment": reservation.priority_adjustment, "held": False,
             "waiting_reason": "", "estimated_start": reservation.starts_at}
 
 

@@ -37,6 +37,8 @@ POLICIES: dict[str, dict[str, str]] = {
     "audit-events": {"read": ADMIN, "write": NOBODY},
     "audit-chain": {"read": PLATFORM_ADMIN, "write": NOBODY},
     "reservations": {"read": VIEWER, "write": MEMBER},
+    # The staff queue's actions on a tenant's waiting work (priority, hold, cancel, contact).
+    "queue": {"read": PLATFORM, "write": PLATFORM_ADMIN},
     "operations": {"read": VIEWER, "write": NOBODY},
     # Console output may hold what a tenant's script printed: members and above read it.
     "instances": {"read": VIEWER, "write": NOBODY, "console": MEMBER},

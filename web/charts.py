@@ -6,6 +6,8 @@ screen reader hears what a sighted reader sees.
 
 from __future__ import annotations
 
+import math
+
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -39,16 +41,25 @@ def sparkline(values: list[float | None], *, top: float, label: str, unit: str =
         '<title>{}</title>{}</svg>', summary, WIDTH, HEIGHT, WIDTH, HEIGHT, summary, lines)
 
 
+def round_up(value: float) -> float:
+    """The smallest 1, 2 or 5 x 10^n at or above ``value`` (1 for nothing): an axis's top a reader can read."""
+    if value <= 0:
+        return 1.0
+    scale = 10 ** math.floor(math.log10(value))
+    return next(step * scale for step in (1, 2, 5, 10) if step * scale >= value)
+
+
 PALETTE = ["#1d4ed8", "#d97706", "#059669", "#9333ea", "#dc2626", "#0891b2", "#4b5563"]
 
 
-def line_chart(series: dict[str, list[float]], *, x_labels: list[str], x_total: int, top: float,
+def line_chart(series: dict[str, list[float | None]], *, x_labels: list[str], x_total: int, top: float,
                projection: dict[str, float] | None = None, label: str, unit_prefix: str = "",
                width: int = 560, height: int = 180, left: int = 52) -> SafeString:
     """
-    Lines of ``series`` (one per name, a point per x from the first) across ``x_total`` slots on a
-    y-axis from 0 to ``top`` (three round ticks), with an optional dashed projection of each line
-    to the last slot; its accessible name lists each line's last value (and projection).
+    Lines of ``series`` (one per name, a point per x from the first; None for a gap) across
+    ``x_total`` slots on a y-axis from 0 to ``top`` (three round ticks), with an optional dashed
+    projection of each line to the last slot; its accessible name lists each line's last value
+    (and projection).
     """
     plot_w, plot_h, bottom = width - left - 8, height - 34, height - 22
     step = plot_w / max(1, x_total - 1)
@@ -72,10 +83,13 @@ def line_chart(series: dict[str, list[float]], *, x_labels: list[str], x_total: 
     said = []
     for n, (name, values) in enumerate(series.items()):
         colour = PALETTE[n % len(PALETTE)]
-        points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
-        parts.append(format_html('<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>', points, colour))
-        words = f"{name} {unit_prefix}{values[-1]:,.2f}" if values else name
-        if projection and name in projection and values:
+        for run in _runs(values):
+            points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in run)
+            parts.append(format_html('<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>', points,
+                                     colour))
+        seen = [v for v in values if v is not None]
+        words = f"{name} {unit_prefix}{seen[-1]:,.2f}" if seen else f"{name} no data"
+        if projection and name in projection and values and values[-1] is not None:
             end = projection[name]
             parts.append(format_html('<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}" '
                                      'stroke-width="1.5" stroke-dasharray="4 3"/>', f"{x(len(values) - 1):.1f}",
@@ -85,3 +99,18 @@ def line_chart(series: dict[str, list[float]], *, x_labels: list[str], x_total: 
     summary = f"{label}: " + "; ".join(said)
     return format_html('<svg class="chart" role="img" aria-label="{}" viewBox="0 0 {} {}"><title>{}</title>{}</svg>',
                        summary, width, height, summary, SafeString("".join(parts)))
+
+
+def _runs(values: list[float | None]) -> list[list[tuple[int, float]]]:
+    """The stretches of ``values`` between gaps, as (index, value) pairs."""
+    runs, run = [], []
+    for i, value in enumerate(values):
+        if value is None:
+            if run:
+                runs.append(run)
+            run = []
+        else:
+            run.append((i, value))
+    if run:
+        runs.append(run)
+    return runs

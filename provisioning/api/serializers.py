@@ -248,7 +248,9 @@ class FactorSerializer(serializers.Serializer):
 class ScoreSerializer(serializers.Serializer):
     total = serializers.FloatField()
     factors = FactorSerializer(many=True)
-    queue_position = serializers.IntegerField(allow_null=True, help_text="1 = next; empty when not queued.")
+    adjustment = serializers.FloatField(help_text="Staff's raise (> 0) or cut (< 0), added to the factors' sum.")
+    held = serializers.BooleanField(help_text="Whether staff hold it in the queue (it is not placed until let go).")
+    queue_position = serializers.IntegerField(allow_null=True, help_text="1 = next; empty when not queued or held.")
     waiting_reason = serializers.CharField(allow_blank=True)
     estimated_start = serializers.DateTimeField(allow_null=True)
 

@@ -29,6 +29,11 @@ fulfilment, load, age, high_priority): 1.25 with the defaults, 1.0 for the base 
 The clamp only ever bites at 0 (the bonuses cannot exceed their weights); it keeps a shown
 score non-negative, and entries clamped to 0 fall back to first-come, first-served.
 
+**Staff adjustment.** An operator may raise or lower one reservation by an ``adjustment`` in
+[-1, 1] (with a note, audited). It is added *after* the clamp, so a raise always moves the
+reservation up and a cut always moves it down, whatever its factors; with no adjustment (0) the
+score is exactly the formula above.
+
 Two paths compute the same numbers, bit for bit: ``score`` builds a ``ScoreBreakdown`` (every
 factor, its weight and its contribution, like Slurm's ``sprio``) to show why a reservation
 waits; ``rank`` scores and orders the whole queue from plain tuples, fast enough to rank
@@ -220,7 +225,8 @@ class ScoreInputs:
     - ``waited_s``: seconds since submission, >= 0;
     - ``high_priority``: whether the team's high-priority status is approved;
     - ``usage_share``: the team's decayed recent usage / its fair share, >= 0 (0: none,
-      1: exactly its share).
+      1: exactly its share);
+    - ``adjustment``: staff's raise (> 0) or cut (< 0) of this reservation, in [-1, 1].
 
     Raises ValueError naming the field and the value when one is out of range.
     """
@@ -231,6 +237,7 @@ class ScoreInputs:
     waited_s: float
     high_priority: bool = False
     usage_share: float = 0.0
+    adjustment: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "urgency", _unit("urgency", self.urgency))
@@ -241,6 +248,10 @@ class ScoreInputs:
         if not isinstance(self.high_priority, bool):
             raise ValueError(f"high_priority must be True or False, got {self.high_priority!r}")
         object.__setattr__(self, "usage_share", _non_negative("usage_share", self.usage_share))
+        adjustment = _number("adjustment", self.adjustment)
+        if not -1.0 <= adjustment <= 1.0:
+            raise ValueError(f"adjustment must be in [-1, 1], got {self.adjustment!r}")
+        object.__setattr__(self, "adjustment", adjustment)
 
 
 @dataclass(frozen=True)
@@ -265,12 +276,14 @@ class ScoreBreakdown:
     """
     A score with every factor behind it, in a fixed order (urgency, fulfilment, load, age,
     high_priority, fair_share). ``total`` is ``raw`` (the sum of the contributions) clamped to
-    ``[0, maximum]``; ``maximum`` is ``Weights.max_total`` of the weights used.
+    ``[0, maximum]``, plus staff's ``adjustment``; ``maximum`` is ``Weights.max_total`` of the
+    weights used.
     """
 
     total: float
     factors: tuple[Factor, ...]
     maximum: float
+    adjustment: float = 0.0
 
     @property
     def raw(self) -> float:
@@ -288,12 +301,13 @@ class ScoreBreakdown:
         raise KeyError(name)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: the total, its range, and every factor with its weight and contribution."""
+        """JSON-ready: the total, the factors' range, each factor with its weight and contribution, the adjustment."""
         return {
             "total": self.total,
             "raw": self.raw,
             "range": [0.0, self.maximum],
             "factors": [factor.as_dict() for factor in self.factors],
+            "adjustment": self.adjustment,
         }
 
 
@@ -326,7 +340,8 @@ def score(inputs: ScoreInputs, weights: Weights) -> ScoreBreakdown:
     raw = (factors[0].contribution + factors[1].contribution + factors[2].contribution
            + factors[3].contribution + factors[4].contribution + factors[5].contribution)
     maximum = weights.max_total
-    return ScoreBreakdown(total=_clamp(raw, maximum), factors=factors, maximum=maximum)
+    return ScoreBreakdown(total=_clamp(raw, maximum) + inputs.adjustment, factors=factors, maximum=maximum,
+                          adjustment=inputs.adjustment)
 
 
 #
@@ -338,7 +353,7 @@ class QueueEntry(NamedTuple):
     """
     One queued reservation as plain values for ``rank``. ``submitted_at`` is in seconds on the
     same clock as ``rank``'s ``now`` (e.g. a Unix timestamp); the rest as in ScoreInputs. A
-    plain tuple in this field order works as well. ``id`` only has to be comparable with the
+    plain tuple of all eight fields in this order works as well. ``id`` only has to be comparable with the
     other ids (it breaks the last ties).
     """
 
@@ -349,12 +364,14 @@ class QueueEntry(NamedTuple):
     current_load: float
     high_priority: bool
     usage_share: float
+    adjustment: float = 0.0
 
     def inputs(self, now: float) -> ScoreInputs:
         """The validated ScoreInputs of this entry at ``now`` (a submission in the future waited 0 s)."""
         return ScoreInputs(urgency=self.urgency, fulfilment_rate=self.fulfilment_rate,
                            current_load=self.current_load, waited_s=max(0.0, now - self.submitted_at),
-                           high_priority=self.high_priority, usage_share=self.usage_share)
+                           high_priority=self.high_priority, usage_share=self.usage_share,
+                           adjustment=self.adjustment)
 
 
 def rank(entries: Iterable[Sequence[Any]], weights: Weights, now: float) -> list[tuple[Hashable, float]]:
@@ -377,18 +394,18 @@ def rank(entries: Iterable[Sequence[Any]], weights: Weights, now: float) -> list
     # compares such tuples by their first float unless two scores tie.
     keys = [
         (
-            -(0.0 if (raw := wu * u
+            -((0.0 if (raw := wu * u
                       + wf * (neutral if f is None else f)
                       + wl * (1.0 - (load if load < 1.0 else 1.0))
                       + wa * (0.0 if (waited := now - sub) <= 0.0
                               else (waited * inv_horizon if waited < horizon else 1.0))
                       + wh * (1.0 if hp else 0.0)
                       + nfs * (1.0 - 0.5 ** share)) < 0.0
-              else (maximum if raw > maximum else raw)),
+              else (maximum if raw > maximum else raw)) + adjustment),
             sub,
             ident,
         )
-        for ident, sub, u, f, load, hp, share in entries
+        for ident, sub, u, f, load, hp, share, adjustment in entries
     ]
     keys.sort()
     return [(ident, -neg) for neg, _, ident in keys]

@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from cloud.models import GPUModel, Offering, Region
 from core.db import update_rows
+from core.epochs import UNREADABLE
 from core.errors import Conflict, QuotaExceeded
 from provisioning import admission
 from provisioning.allocations import CapacityTaken, nodes_held_back
@@ -39,6 +40,7 @@ from provisioning.scheduling.kept_capacity import KeptCapacity
 from provisioning.scheduling.plan_types import Placement, Request
 from provisioning.scheduling.planner import plan
 from provisioning.scheduling.priority import Weights, rank
+from provisioning.scheduling.queue import QUEUE_RANKING
 from provisioning.scheduling.snapshot import request_for
 from provisioning.scheduling.team_record import decayed_usage_many, team_inputs_many
 from provisioning.services import reservation_schedule, reservation_schedule_many, weights
@@ -47,7 +49,7 @@ log = logging.getLogger(__name__)
 MAX_QUEUE = 20_000
 # What ranking reads of every queued reservation (in this order), and what planning and applying
 # read of those ranked high enough to be planned this cycle.
-RANKING_COLUMNS = ["id", "tenant_id", "team_id", "gpu_model_id", "submitted_at", "urgency"]
+RANKING_COLUMNS = ["id", "tenant_id", "team_id", "gpu_model_id", "submitted_at", "urgency", "priority_adjustment"]
 # The offering is set from the cycle's own read of the offerings (QueueMirror.whole), not joined.
 QUEUE_COLUMNS = ["id", "tenant_id", "team_id", "name", "gpu_model_id", "offering_id", "submitted_at", "urgency",
                  "units", "gpus", "regions", "requested_start", "duration", "billing_term", "eviction_policy", "score",
@@ -110,38 +112,44 @@ class QueueMirror:
     """
     The queue as the loop last read it. Every cycle reads which reservations are queued now (ids
     only: the truth whatever the commit order of what changed, not a change feed that could miss
-    one) and loads only the rows it lacks: the ranking columns never change once a reservation is
-    submitted, and the whole rows of the best-ranked are kept while they stay queued and near the
-    top. Rows the cycle hands to services (placed, or tried and lost) are forgotten, because
-    services change them.
+    one; held ones are left out) and loads only the rows it lacks: the ranking columns never
+    change once a reservation is submitted but by staff's priority adjustment, which replaces
+    the queue's epoch (``QUEUE_RANKING``) so that the next cycle reads them all again. The whole
+    rows of the best-ranked are kept while they stay queued and near the top. Rows the cycle
+    hands to services (placed, or tried and lost) are forgotten, because services change them.
     """
 
     def __init__(self):
-        # str(id) -> (id, owner number, submitted_at as a timestamp, urgency): strings, not UUIDs,
-        # as keys (a UUID hashes in Python code; 10,000 of them several times a cycle added up).
+        # str(id) -> (id, owner number, submitted_at as a timestamp, urgency, adjustment): strings,
+        # not UUIDs, as keys (a UUID hashes in Python code; 10,000 of them several times a cycle added up).
         self.ranking: dict[str, tuple] = {}
+        self.epoch = UNREADABLE
         self.owners: list[tuple] = []  # owner number -> (tenant_id, team_id, gpu_model_id)
         self._numbers: dict[tuple, int] = {}
         self.rows: dict = {}  # id -> Reservation (QUEUE_COLUMNS), for the last cycle's top
 
     def queued(self) -> list[tuple]:
         """
-        ``(id, owner number, submitted_at timestamp, urgency)`` of every queued reservation (the
-        oldest MAX_QUEUE at most, in no particular order: ranking orders them); ``owners`` names
-        the owner numbers.
+        ``(id, owner number, submitted_at timestamp, urgency, adjustment)`` of every queued
+        reservation not held (the oldest MAX_QUEUE at most, in no particular order: ranking orders
+        them); ``owners`` names the owner numbers.
         """
+        epoch = QUEUE_RANKING.read()  # before the read: a change after it shows next cycle
+        if epoch is UNREADABLE or epoch != self.epoch:
+            self.ranking, self.epoch = {}, epoch
         ids = _queued_ids()
         present = set(ids)
         if len(self.ranking) != len(present) or not present.issuperset(self.ranking):
             self.ranking = {pk: row for pk, row in self.ranking.items() if pk in present}
         missing = [pk for pk in ids if pk not in self.ranking]
         if len(missing) > MIRROR_BY_IDS:  # cold (a new leader) or a burst: one scan beats a long id list
-            rows = Reservation.objects.filter(state=R.QUEUED).values_list(*RANKING_COLUMNS)
+            rows = _oldest_queued().values_list(*RANKING_COLUMNS)
         else:
             rows = Reservation.objects.filter(pk__in=missing).values_list(*RANKING_COLUMNS) if missing else ()
-        for pk, tenant, team, model, submitted_at, urgency in rows:
+        for pk, tenant, team, model, submitted_at, urgency, adjustment in rows:
             if (key := str(pk)) in present:
-                self.ranking[key] = (pk, self._number((tenant, team, model)), submitted_at.timestamp(), urgency)
+                self.ranking[key] = (pk, self._number((tenant, team, model)), submitted_at.timestamp(), urgency,
+                                     adjustment)
         ranking = self.ranking
         return [ranking[pk] for pk in ids if pk in ranking]
 
@@ -334,7 +342,7 @@ def _queued_ids() -> list[str]:
 
 
 def _oldest_queued():
-    return Reservation.objects.filter(state=R.QUEUED).order_by("submitted_at")[:MAX_QUEUE]
+    return Reservation.objects.filter(state=R.QUEUED, held_at__isnull=True).order_by("submitted_at")[:MAX_QUEUE]
 
 
 @functools.cache
@@ -356,14 +364,14 @@ def rank_queue(queued: list[tuple], owners: list[tuple], now: datetime, w: Weigh
     ``owners`` -- from its owner's record (read for all owners at once, or kept by ``records``)
     and order them best first: ``[(reservation_id, score), ...]``.
     """
-    numbers = {number for _, number, _, _ in queued}
+    numbers = {row[1] for row in queued}
     kept = (records or TeamRecords(refresh_s=0)).get({owners[n] for n in numbers}, now, w)
     inputs = {}
     for n in numbers:
         t = kept[owners[n]]
         inputs[n] = (t.fulfilment_rate, t.current_load, t.high_priority, t.usage_share)
-    entries = [(reservation_id, submitted, urgency, *inputs[number])
-               for reservation_id, number, submitted, urgency in queued]
+    entries = [(reservation_id, submitted, urgency, *inputs[number], adjustment)
+               for reservation_id, number, submitted, urgency, adjustment in queued]
     return rank(entries, w, now.timestamp())
 
 

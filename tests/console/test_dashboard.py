@@ -90,9 +90,10 @@ def test_gpus_in_use_are_the_active_ones_and_those_being_prepared_are_counted_ap
 def test_the_gpu_hours_chart_has_a_y_axis_of_round_ticks():
     from datetime import UTC, datetime
 
-    from operations.dashboard import _round_up, chart
+    from operations.dashboard import chart
+    from web.charts import round_up
 
-    assert [_round_up(v) for v in (0, 0.3, 7, 13, 180, 999)] == [1.0, 0.5, 10, 20, 200, 1000]
+    assert [round_up(v) for v in (0, 0.3, 7, 13, 180, 999)] == [1.0, 0.5, 10, 20, 200, 1000]
     day = datetime(2026, 12, 1, tzinfo=UTC)
     drawn = chart([(day, 12.0), (day, 130.0), (day, 0.0)])
     assert [t["label"] for t in drawn["ticks"]] == ["0", "100", "200"]

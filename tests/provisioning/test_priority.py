@@ -212,9 +212,32 @@ def test_rank_orders_by_score_then_submission_then_id():
 
 def test_rank_takes_plain_tuples_and_an_empty_queue():
     assert rank([], DEFAULT_WEIGHTS, NOW) == []
-    ranked = rank([(1, NOW - 60, 0.2, None, 0.0, False, 0.0), (2, NOW, 0.8, 1.0, 0.0, True, 0.0)], DEFAULT_WEIGHTS,
-                  NOW)
+    ranked = rank([(1, NOW - 60, 0.2, None, 0.0, False, 0.0, 0.0), (2, NOW, 0.8, 1.0, 0.0, True, 0.0, 0.0)],
+                  DEFAULT_WEIGHTS, NOW)
     assert [i for i, _ in ranked] == [2, 1]
+
+
+def test_a_staff_adjustment_moves_a_reservation_past_its_clamp_both_ways():
+    weights = DEFAULT_WEIGHTS
+    top = (1.0, 1.0, 0.0, True, 0.0)  # at the top of the factors' range
+    bottom = (0.0, 0.0, 1.0, False, 50.0)  # clamped at 0
+    entries = [QueueEntry("top", NOW - 10, *top), QueueEntry("top-raised", NOW, *top, 0.25),
+               QueueEntry("bottom", NOW - 10, *bottom), QueueEntry("bottom-cut", NOW - 20, *bottom, -0.5)]
+    ranked = rank(entries, weights, NOW)
+    assert [i for i, _ in ranked] == ["top-raised", "top", "bottom", "bottom-cut"]
+    for entry, (_, total) in zip(sorted(entries, key=lambda e: [i for i, _ in ranked].index(e.id)), ranked,
+                                 strict=True):
+        breakdown = score(entry.inputs(NOW), weights)
+        assert breakdown.total == total  # bit for bit, as without an adjustment
+        assert breakdown.as_dict()["adjustment"] == entry.adjustment
+    assert ranked[0][1] > weights.max_total  # past the factors' range
+    assert ranked[-1][1] == -0.5
+
+
+@pytest.mark.parametrize("adjustment", [-1.01, 1.5, float("nan"), "high"])
+def test_an_adjustment_outside_minus_one_to_one_is_refused(adjustment):
+    with pytest.raises(ValueError, match="adjustment"):
+        ScoreInputs(urgency=0.5, fulfilment_rate=None, current_load=0.0, waited_s=0.0, adjustment=adjustment)
 
 
 def test_rank_a_large_queue_matches_score():
