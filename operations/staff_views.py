@@ -32,7 +32,7 @@ from django.views.decorators.http import require_POST
 from cloud import services as cloud_services
 from cloud.choices import Health, NodePool, NodeState
 from cloud.models import GPU, GPUModel, HCAPort, Node, Region
-from cloud.telemetry import gpus_series
+from cloud.telemetry import gpu_error_history, gpus_series
 from cloud.telemetry.charts import gpu_sparklines
 from cloud.transitions import NODE_RETURNABLE, NODE_TRANSITIONS
 from core.errors import DomainError
@@ -254,15 +254,18 @@ def node_detail(request, pk):
                        .select_related("reservation__tenant", "reservation__team")):
         held[allocation.gpu_id].append(allocation)
     telemetry = gpus_series([gpu.pk for gpu in gpus], now=now)
+    errors = gpu_error_history([gpu.pk for gpu in gpus], now=now)
     for gpu in gpus:
         gpu.current = held.get(gpu.pk, [])
         gpu.latest = telemetry[gpu.pk]["latest"]
+        gpu.errors = errors[gpu.pk]
         gpu.charts = gpu_sparklines(telemetry[gpu.pk]["series"], memory_mib=gpu.memory_mib)
-    ports = list(scoped(request, HCAPort).filter(node=node).order_by("index"))
+    ports = list(scoped(request, HCAPort).filter(node=node).select_related("status").order_by("index"))
     members = {m.guid: m for m in scoped(request, PortMembership).filter(
         guid__in=[p.guid for p in ports], left_at__isnull=True).select_related("vpc__tenant")}
     for port in ports:
         port.membership = members.get(port.guid)
+        port.link_status = getattr(port, "status", None)  # none until its first report
     context = _progress(request, node) | {
         "gpus": gpus,
         "ports": ports,

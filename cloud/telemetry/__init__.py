@@ -32,7 +32,15 @@ from cloud.telemetry.ingestion import (
     write_params,
     write_sql,
 )
-from cloud.telemetry.reads import PERIODS, gpu_series, gpus_series, held_telemetry, latest_dict, rollup_point
+from cloud.telemetry.reads import (
+    PERIODS,
+    gpu_error_history,
+    gpu_series,
+    gpus_series,
+    held_telemetry,
+    latest_dict,
+    rollup_point,
+)
 from cloud.telemetry.rollups import RAW, ROLLUP_GRACE, prune, rollup
 
 __all__ = [
@@ -50,6 +58,7 @@ __all__ = [
     "Known",
     "PortReading",
     "changes_in_window",
+    "gpu_error_history",
     "gpu_series",
     "gpus_series",
     "ingest",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
+from django.db import connection
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from cloud.models import GPU, GPUSample, GPUSampleRollup, GPUTelemetry, RollupPeriod
@@ -142,3 +144,32 @@ def held_telemetry(
 def _inside(at: datetime, span: timedelta, spans: list) -> bool:
     """Whether ``[at, at + span)`` lies within one of the reservation's times on the GPU (all of it)."""
     return any(start <= at and at + span <= end and at < end for start, end in spans)
+
+
+ERROR_HISTORY_DAYS = 7
+
+
+def gpu_error_history(gpu_ids: list, *, now: datetime | None = None) -> dict:
+    """
+    Per GPU, XID errors over the last ERROR_HISTORY_DAYS days (closed hours from the hourly
+    rollups, the current hour from the minute ones) and the last XID codes seen with their time
+    (from the raw samples, kept an hour): ``{gpu_id: {"xids": n, "last_xids": [...], "last_xid_at": t}}``.
+    Two queries for all the GPUs.
+    """
+    now = now or timezone.now()
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    window = (Q(period=RollupPeriod.HOUR, bucket__gte=now - timedelta(days=ERROR_HISTORY_DAYS), bucket__lt=hour)
+              | Q(period=RollupPeriod.MINUTE, bucket__gte=hour))
+    counted = dict(GPUSampleRollup.objects.filter(window, gpu_id__in=gpu_ids).order_by()
+                   .values_list("gpu_id").annotate(n=Sum("xid_count")))
+    history = {gpu_id: {"xids": counted.get(gpu_id) or 0, "last_xids": [], "last_xid_at": None} for gpu_id in gpu_ids}
+    # The newest sample with an XID per GPU (DISTINCT ON where the database has it).
+    recent = GPUSample.objects.filter(gpu_id__in=gpu_ids, xid_count__gt=0).values_list("gpu_id", "sampled_at", "xids")
+    if connection.vendor == "postgresql":
+        recent = recent.order_by("gpu_id", "-sampled_at").distinct("gpu_id")
+    else:
+        recent = recent.order_by("-sampled_at")
+    for gpu_id, sampled_at, xids in recent:
+        if history[gpu_id]["last_xid_at"] is None:
+            history[gpu_id].update(last_xids=xids, last_xid_at=sampled_at)
+    return history

@@ -6,9 +6,9 @@ approver and tenant users cannot; a refusal is a message, not a 500; the tenant'
 
 import pytest
 
+from provisioning.history import history_sample
 from provisioning.models import Reservation
 from provisioning.views import queue_charts
-from provisioning.history import history_sample
 from tenants.models import Notification
 from tests.console.test_staff_queue import queue_up
 
@@ -34,13 +34,15 @@ def test_the_queue_offers_platform_admins_the_actions_and_approvers_none(console
 
 def test_an_admin_raises_holds_lets_go_cancels_and_contacts(console, world, waiting):
     client = console("platform_admin")
-    response = act(client, waiting, "priority", adjustment="0.3", note="Deadline on Friday", next="/staff/queue/?page=1")
+    response = act(client, waiting, "priority", adjustment="0.3", note="Deadline on Friday",
+                   next="/staff/queue/?page=1")
     assert response.redirect_chain[-1][0] == "/staff/queue/?page=1"
     assert "priority adjustment +0.30 saved" in response.content.decode()
     waiting.refresh_from_db()
     assert waiting.priority_adjustment == 0.3 and waiting.staff_note == "Deadline on Friday"
     body = act(client, waiting, "hold", note="Checking quota").content.decode()
-    assert "is held" in body and "Held by staff (listed last)" in body and '<span class="badge state-maintenance">Held' in body
+    assert "is held" in body and "Held by staff (listed last)" in body
+    assert '<span class="badge state-maintenance">Held' in body
     assert f'action="/staff/queue/{waiting.pk}/let-go/"' in body  # the hold form turned into "let it go"
     assert "back in the queue" in act(client, waiting, "let-go", note="OK").content.decode()
     assert "message about" in act(client, waiting, "contact", message="Could 1 GPU do?").content.decode()

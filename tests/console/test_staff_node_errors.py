@@ -1,0 +1,66 @@
+"""
+The staff node page's error history and links, from telemetry as agents send it: XIDs over the
+last week (hourly rollups, the minute ones for the current hour), the last XID codes with their
+time, ECC counters, and each InfiniBand port's link with its recent changes.
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from cloud import telemetry
+from cloud.models import GPUSampleRollup, RollupPeriod
+from cloud.telemetry import gpu_error_history
+from tests.cloud.test_telemetry import ports_of, samples_of
+from tests.world import small_fleet
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def node(world):
+    return next(n for n in small_fleet(4) if n.pool == "bare_metal" and not n.is_spare)
+
+
+def test_xids_of_the_week_and_the_last_codes_are_counted_per_gpu(node):
+    now = timezone.now()
+    gpus = list(node.gpus.order_by("index"))
+    first, second = gpus[0], gpus[1]
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    GPUSampleRollup.objects.bulk_create([
+        GPUSampleRollup(gpu=first, period=RollupPeriod.HOUR, bucket=hour - timedelta(days=2), samples=360,
+                        xid_count=3),
+        GPUSampleRollup(gpu=first, period=RollupPeriod.HOUR, bucket=hour - timedelta(days=9), samples=360,
+                        xid_count=50),
+        # A closed hour still in minutes is counted once: from its hourly rollup, not twice.
+        GPUSampleRollup(gpu=first, period=RollupPeriod.MINUTE, bucket=hour - timedelta(days=2), samples=6, xid_count=3),
+    ])
+    samples = samples_of(node)
+    samples[0]["xids"] = [79]
+    samples[0]["ecc_uncorrected"] = 2
+    telemetry.ingest(node=node, samples=samples, ports=ports_of(node), now=now - timedelta(minutes=2))
+    telemetry.rollup(now=now)
+    history = gpu_error_history([g.pk for g in gpus], now=now)
+    assert history[first.pk]["xids"] == 3 + (1 if now - timedelta(minutes=2) >= hour else 0)
+    assert history[first.pk]["last_xids"] == [79]
+    assert history[second.pk] == {"xids": 0, "last_xids": [], "last_xid_at": None}
+
+
+def test_the_node_page_shows_xids_ecc_and_port_links(console, node):
+    now = timezone.now()
+    samples = samples_of(node)
+    samples[0]["xids"] = [48, 79]
+    samples[0]["ecc_corrected"], samples[0]["ecc_uncorrected"] = 12, 1
+    telemetry.ingest(node=node, samples=samples, ports=ports_of(node, link="up"), now=now - timedelta(seconds=20))
+    telemetry.ingest(node=node, samples=samples_of(node), ports=ports_of(node, link="down"), now=now)
+    body = console("platform_admin").get(f"/staff/fleet/nodes/{node.pk}/").content.decode()
+    assert "XIDs, 7 days" in body and "XID 48, 79" in body
+    assert "12 / <strong>1</strong>" not in body  # the newest sample's counters, not the first one's
+    assert body.count("none in the last hour") == node.gpus.count() - 1
+    assert "Down</span>" in body and "1 change lately" in body and "by the agent" in body
+
+
+def test_a_port_never_reported_says_so(console, node):
+    body = console("platform_approver").get(f"/staff/fleet/nodes/{node.pk}/").content.decode()
+    assert body.count("not reported yet") == node.ib_ports.count() > 0
