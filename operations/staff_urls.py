@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from operations import staff_queue
+from operations import staff_queue, staff_tenants
 from operations import staff_views as views
 
 urlpatterns = [
@@ -14,6 +14,7 @@ urlpatterns = [
     path("fleet/nodes/<uuid:pk>/<str:verb>/", views.node_act, name="staff-node-act"),
     path("queue/", staff_queue.queue, name="staff-queue"),
     path("queue/<uuid:pk>/<str:verb>/", staff_queue.queue_act, name="staff-queue-act"),
+    path("tenants/", staff_tenants.tenants, name="staff-tenants"),
     path("quotas/", views.quotas, name="staff-quotas"),
     path("quotas/<uuid:pk>/", views.quota_edit, name="staff-quota-edit"),
     path("quotas/<uuid:pk>/delete/", views.quota_delete, name="staff-quota-delete"),
