@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 DRIVER_LATENCY_S = 0.3
 TENANT_PAGES = ["/reservations/", "/vpcs/", "/teams/", "/quotas/", "/tokens/", "/ssh-keys/", "/notifications/",
                 "/audit/", "/high-priority/"]
-STAFF_PAGES = ["/staff/", "/staff/fleet/", "/staff/queue/", "/staff/tenants/", "/staff/quotas/", "/staff/high-priority/"]
+STAFF_PAGES = ["/staff/", "/staff/fleet/", "/staff/queue/", "/staff/tenants/", "/staff/quotas/",
+               "/staff/high-priority/"]
 
 
 @pytest.fixture
