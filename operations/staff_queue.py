@@ -12,7 +12,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, F, Q, Sum
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -43,7 +43,7 @@ def queue(request):
     queued = scoped(request, Reservation).filter(state=R.QUEUED)
     totals = queued.aggregate(n=Count("pk"), gpus=Sum("gpus"), held=Count("pk", filter=Q(held_at__isnull=False)))
     paginator = Paginator(queued.select_related("tenant", "team", "offering")
-                          .order_by("held_at", "-score", "submitted_at", "pk"), per_page)
+                          .order_by(F("held_at").asc(nulls_first=True), "-score", "submitted_at", "pk"), per_page)
     paginator.count = totals["n"]  # counted already, with the GPUs
     page = paginator.get_page(request.GET.get("page"))
     now = timezone.now()

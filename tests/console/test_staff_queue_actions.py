@@ -20,6 +20,11 @@ def waiting(world):
     return queue_up(world.t1.tenant, 1, team=world.t1.team)[0]
 
 
+@pytest.fixture
+def other(world):
+    return queue_up(world.t2.tenant, 1, urgency=0.1)[0]  # ranked below ``waiting`` until that is held
+
+
 def act(client, reservation, verb, **data):
     return client.post(f"/staff/queue/{reservation.pk}/{verb}/", data, follow=True)
 
@@ -32,7 +37,7 @@ def test_the_queue_offers_platform_admins_the_actions_and_approvers_none(console
     assert f"/staff/queue/{waiting.pk}/" not in console("platform_approver").get("/staff/queue/").content.decode()
 
 
-def test_an_admin_raises_holds_lets_go_cancels_and_contacts(console, world, waiting):
+def test_an_admin_raises_holds_lets_go_cancels_and_contacts(console, world, waiting, other):
     client = console("platform_admin")
     response = act(client, waiting, "priority", adjustment="0.3", note="Deadline on Friday",
                    next="/staff/queue/?page=1")
@@ -42,6 +47,7 @@ def test_an_admin_raises_holds_lets_go_cancels_and_contacts(console, world, wait
     assert waiting.priority_adjustment == 0.3 and waiting.staff_note == "Deadline on Friday"
     body = act(client, waiting, "hold", note="Checking quota").content.decode()
     assert "is held" in body and "Held by staff (listed last)" in body
+    assert body.index(f"Act on {waiting.name}") > body.index(f"Act on {other.name}")  # held: listed last
     assert '<span class="badge state-maintenance">Held' in body
     assert f'action="/staff/queue/{waiting.pk}/let-go/"' in body  # the hold form turned into "let it go"
     assert "back in the queue" in act(client, waiting, "let-go", note="OK").content.decode()
