@@ -311,6 +311,9 @@ class GPUTelemetry(models.Model):
     ecc_corrected = models.BigIntegerField(null=True)
     ecc_uncorrected = models.BigIntegerField(null=True)
     processes = models.PositiveSmallIntegerField(null=True)
+    # NVLink links active and present (None: no NVLink, or not offered by the driver).
+    nvlink_up = models.PositiveSmallIntegerField(null=True)
+    nvlink_total = models.PositiveSmallIntegerField(null=True)
     xids = models.JSONField(default=list)
     source = models.CharField(max_length=8, choices=TelemetrySource.choices, default=TelemetrySource.AGENT)
 

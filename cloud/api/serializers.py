@@ -210,6 +210,8 @@ class TelemetryLatestSerializer(serializers.Serializer):
     ecc_corrected = serializers.IntegerField(allow_null=True, help_text="Cumulative since the driver loaded.")
     ecc_uncorrected = serializers.IntegerField(allow_null=True, help_text="Cumulative since the driver loaded.")
     processes = serializers.IntegerField(allow_null=True)
+    nvlink_up = serializers.IntegerField(allow_null=True, help_text="NVLink links active (null: no NVLink).")
+    nvlink_total = serializers.IntegerField(allow_null=True, help_text="NVLink links present (null: no NVLink).")
     xids = serializers.ListField(child=serializers.IntegerField(), help_text="XIDs since the sample before.")
     source = serializers.CharField(help_text="agent (NVML on the host) or bmc (out of band, a tenant holds the node).")
 

@@ -39,6 +39,7 @@ MAX_GPUS_PER_NODE = 64  # refused before any query: a body cannot make the serve
 MAX_PORTS_PER_NODE = 64
 MAX_XIDS_PER_SAMPLE = 64
 MAX_TEMPERATURE_C = 200
+MAX_NVLINKS = 64  # more links than any GPU has (NVML asks up to 36)
 # A port's status is written when its link changes, and otherwise at most this often (``seen_at``
 # says when it was last confirmed): rewriting eight unchanged rows every heartbeat buys nothing.
 PORT_REFRESH = timedelta(seconds=60)
@@ -54,6 +55,8 @@ READINGS = {
     "ecc_corrected": (int, 2**63 - 1),
     "ecc_uncorrected": (int, 2**63 - 1),
     "processes": (int, 32_767),
+    "nvlink_up": (int, MAX_NVLINKS),
+    "nvlink_total": (int, MAX_NVLINKS),
 }
 SAMPLE_FIELDS = (
     "utilization_pct",
@@ -74,6 +77,8 @@ LATEST_FIELDS = (
     "ecc_corrected",
     "ecc_uncorrected",
     "processes",
+    "nvlink_up",
+    "nvlink_total",
     "xids",
     "source",
 )
@@ -231,6 +236,10 @@ def _check_sample(position: int, sample) -> dict:
             problem = "negative" if value < 0 else f"over {upper}" if value > upper else "not a number"
             raise BadTelemetry(f"Sample {position} ({uuid}): {name} {value} is {problem}.", code="out_of_range")
         checked[name] = kind(value)
+    up, links = checked["nvlink_up"], checked["nvlink_total"]
+    if up is not None and links is not None and up > links:
+        raise BadTelemetry(f"Sample {position} ({uuid}): nvlink_up {up} is more than nvlink_total {links}.",
+                           code="out_of_range")
     used, total = checked["memory_used_mib"], checked["memory_total_mib"]
     if used is not None and total is not None and used > total:
         raise BadTelemetry(
@@ -449,6 +458,8 @@ _SAMPLE_COLUMNS = {
     "ecc_corrected": "int8",
     "ecc_uncorrected": "int8",
     "processes": "int2",
+    "nvlink_up": "int2",
+    "nvlink_total": "int2",
 }
 _SAMPLE_SELECT = ", ".join(f"(e->>{i})::{kind} AS {name}" for i, (name, kind) in enumerate(_SAMPLE_COLUMNS.items(), 1))
 # One statement for a heartbeat, its rows passed as two JSON arrays (one parameter each, cheap to
@@ -471,7 +482,7 @@ def write_sql(*, before: str = "", guard: str = "", result: str = "", commit_asy
 WITH {before} s AS (
     SELECT (e->>0)::uuid AS gpu_id,
            {_SAMPLE_SELECT},
-           (e->9)::jsonb AS xids
+           (e->{len(_SAMPLE_COLUMNS) + 1})::jsonb AS xids
     FROM json_array_elements(%(samples)s::json) AS e{where}
 ), raw AS (
     INSERT INTO {GPUSample._meta.db_table} (gpu_id, sampled_at, {", ".join(SAMPLE_FIELDS)}, xid_count, xids)

@@ -199,6 +199,7 @@ class Agent:
             index = gpu["index"]
             try:
                 memory, ecc, processes = nvml.memory(index) or {}, nvml.ecc(index) or {}, nvml.processes(index)
+                links = nvml.nvlinks(index) or {}
                 sample = {
                     "uuid": gpu["uuid"],
                     "utilization_pct": nvml.utilization(index),
@@ -209,6 +210,8 @@ class Agent:
                     "ecc_corrected": ecc.get("corrected"),
                     "ecc_uncorrected": ecc.get("uncorrected"),
                     "processes": None if processes is None else len(processes),
+                    "nvlink_up": links.get("up"),
+                    "nvlink_total": links.get("total"),
                 }
                 # Last: a reading failing above loses no XID.
                 sample["xids"] = (self.unsent_xids.pop(gpu["uuid"], []) + (nvml.xids(index) or []))[:MAX_XIDS]

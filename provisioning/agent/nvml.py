@@ -45,6 +45,7 @@ class NVMLBackend(Protocol):
     - ``utilization(index)`` (percent of time a kernel ran), ``temperature(index)`` (°C of the
       GPU die), ``power(index)`` (watts drawn).
     - ``xids(index)``: the XID codes the GPU raised since the last call (each is reported once).
+    - ``nvlinks(index)``: NVLink links active (up) and present (total); None without NVLink.
     - ``versions()``: driver, nvml, cuda_driver.
     - ``vbios(index)``, ``mig_mode(index)`` -> (current, pending) as booleans.
     - ``scrub(index, mem_lo, mem_hi)``: True when the range holds nothing of a tenant's afterwards.
@@ -67,6 +68,8 @@ class NVMLBackend(Protocol):
     def power(self, index: int) -> float | None: ...
 
     def xids(self, index: int) -> list[int] | None: ...
+
+    def nvlinks(self, index: int) -> dict | None: ...
 
     def versions(self) -> dict: ...
 
@@ -129,6 +132,8 @@ class SimulatedGPU:
     power_w: float | None = None  # None: follows the utilization
     tdp_w: float = 700.0
     pending_xids: list[int] = field(default_factory=list)  # raised, not yet read by ``xids``
+    nvlinks: int | None = 18  # links present (an SXM H100 has 18); None: a GPU without NVLink
+    nvlinks_down: set = field(default_factory=set)  # link numbers down
 
 
 IDLE_C, FULL_LOAD_C, IDLE_W = 32, 68, 70.0
@@ -198,7 +203,18 @@ class SimulatedNVML:
         raised, gpu.pending_xids = gpu.pending_xids, []
         return raised
 
+    def nvlinks(self, index: int) -> dict | None:
+        gpu = self.gpus[index]
+        if gpu.nvlinks is None:
+            return None
+        return {"up": gpu.nvlinks - len({link for link in gpu.nvlinks_down if link < gpu.nvlinks}),
+                "total": gpu.nvlinks}
+
     # Knobs for tests and the demo
+
+    def nvlink_down(self, index: int, link: int, down: bool = True) -> None:
+        """Take NVLink ``link`` of the GPU down (or back up)."""
+        (self.gpus[index].nvlinks_down.add if down else self.gpus[index].nvlinks_down.discard)(int(link))
 
     def set_utilization(self, index: int, percent: int) -> None:
         self.gpus[index].utilization_pct = max(0, min(100, int(percent)))
@@ -384,6 +400,26 @@ class RealNVML:
         if info is None:
             return None
         return {"total_mib": info.total // MIB, "used_mib": info.used // MIB, "free_mib": info.free // MIB}
+
+    def nvlinks(self, index: int) -> dict | None:
+        """
+        NVLink links active and present, by asking each possible link its state: a link a GPU does
+        not have answers "invalid argument" (or "not supported", as a GPU without NVLink does for
+        all of them); None when it has none.
+        """
+        nvml, handle = self._nvml, self._handle(index)
+        absent = self._unsupported | {nvml.NVML_ERROR_INVALID_ARGUMENT}
+        up = total = 0
+        for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except nvml.NVMLError as exc:
+                if getattr(exc, "value", None) in absent:
+                    continue
+                raise NVMLReadError(f"NVML NVLink {link} state of GPU {index}: {exc}") from exc
+            total += 1
+            up += state == nvml.NVML_FEATURE_ENABLED
+        return {"up": up, "total": total} if total else None
 
     def ecc(self, index: int) -> dict | None:
         """Volatile totals (since the driver loaded); None where ECC is off or not offered."""

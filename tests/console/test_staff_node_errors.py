@@ -61,6 +61,29 @@ def test_the_node_page_shows_xids_ecc_and_port_links(console, node):
     assert "Down</span>" in body and "1 change lately" in body and "by the agent" in body
 
 
+def test_the_node_page_shows_nvlinks_up_of_those_present(console, node):
+    samples = samples_of(node)
+    samples[0].update(nvlink_up=17, nvlink_total=18)
+    samples[1].update(nvlink_up=18, nvlink_total=18)
+    telemetry.ingest(node=node, samples=samples, ports=[], now=timezone.now())
+    body = console("platform_admin").get(f"/staff/fleet/nodes/{node.pk}/").content.decode()
+    assert '<span class="badge state-failed">17/18 up</span>' in body
+    assert '<span class="badge state-passed">18/18 up</span>' in body
+
+
+@pytest.mark.parametrize(("up", "total"), [(19, 18), (-1, 18), (2, 65), (True, 18), (1.5, 18)])
+def test_nvlink_readings_out_of_range_are_refused_and_nothing_is_stored(node, up, total):
+    from cloud.models import GPUTelemetry
+    from core.errors import DomainError
+
+    samples = samples_of(node)
+    samples[0].update(nvlink_up=up, nvlink_total=total)
+    with pytest.raises(DomainError) as refused:
+        telemetry.ingest(node=node, samples=samples, ports=[], now=timezone.now())
+    assert "nvlink" in str(refused.value.detail)
+    assert not GPUTelemetry.objects.filter(node=node).exists()
+
+
 def test_a_port_never_reported_says_so(console, node):
     body = console("platform_approver").get(f"/staff/fleet/nodes/{node.pk}/").content.decode()
     assert body.count("not reported yet") == node.ib_ports.count() > 0

@@ -66,7 +66,8 @@ def summary(nvml) -> dict:
     gpus = nvml.inventory()
     readings = {gpu["index"]: {"memory": nvml.memory(gpu["index"]), "processes": nvml.processes(gpu["index"]),
                                "ecc": nvml.ecc(gpu["index"]), "xid": nvml.xid_errors(gpu["index"]),
-                               "vbios": nvml.vbios(gpu["index"]), "mig_mode": nvml.mig_mode(gpu["index"])}
+                               "vbios": nvml.vbios(gpu["index"]), "mig_mode": nvml.mig_mode(gpu["index"]),
+                               "nvlinks": nvml.nvlinks(gpu["index"])}
                 for gpu in gpus}
     return {"versions": nvml.versions(), "gpus": [{**gpu, **readings[gpu["index"]]} for gpu in gpus]}
 
@@ -97,6 +98,13 @@ def test_error_counters_are_counts_or_absent(summary):
         assert gpu["ecc"] is None or all(isinstance(n, int) and n >= 0 for n in gpu["ecc"].values()), gpu["ecc"]
         assert gpu["xid"] is None or set(gpu["xid"]) == XID_KEYS, gpu["xid"]
         assert gpu["mig_mode"] is None or all(isinstance(mode, bool) for mode in gpu["mig_mode"])
+
+
+def test_nvlinks_are_counted_or_absent(summary):
+    """An SXM GPU has its links (18 on an H100 or H200), each up or down; a PCIe card has none (None)."""
+    for gpu in summary["gpus"]:
+        links = gpu["nvlinks"]
+        assert links is None or 0 <= links["up"] <= links["total"] <= 36, links
 
 
 def test_versions_are_read(summary):

@@ -52,11 +52,13 @@ def table() -> list[dict]:
          "graphics": [SimpleNamespace(pid=4242, usedGpuMemory=1024 * MIB)],
          "fields": {pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0, pynvml.NVML_FI_DEV_RETIRED_PENDING: 0,
                     pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0, pynvml.NVML_FI_DEV_REMAPPED_FAILURE: 0},
-         "utilization": 37, "temperature": 54, "power": 412_345, "xid_events": None},
+         "utilization": 37, "temperature": 54, "power": 412_345, "xid_events": None,
+         "nvlink": [pynvml.NVML_FEATURE_ENABLED] * 17 + [pynvml.NVML_FEATURE_DISABLED]},  # 18 links, one down
         {"uuid": b"GPU-11111111-aaaa-bbbb-cccc-111111111111", "name": b"NVIDIA A10", "serial": not_supported(),
          "vbios": b"94.02.5C.00.01", "memory": (22731 * MIB, 0), "ecc": not_supported(), "mig": not_supported(),
          "compute": [], "graphics": not_supported(), "fields": {pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0},
-         "utilization": not_supported(), "temperature": 61, "power": not_supported(), "xid_events": not_supported()},
+         "utilization": not_supported(), "temperature": 61, "power": not_supported(), "xid_events": not_supported(),
+         "nvlink": not_supported()},  # a PCIe card: no NVLink
     ]
 
 
@@ -96,6 +98,7 @@ class FakeNVML:
                 gpu=gpu, memory=0)),
             "nvmlDeviceGetTemperature": device("temperature", lambda celsius, sensor: celsius),
             "nvmlDeviceGetPowerUsage": device("power"),
+            "nvmlDeviceGetNvLinkState": self.nvlink_state,
             "nvmlEventSetCreate": lambda: self.calls.append("event_set") or "the-event-set",
             "nvmlDeviceRegisterEvents": self.register,
             "nvmlEventSetWait_v2": self.wait,
@@ -106,6 +109,13 @@ class FakeNVML:
         }
         for name, function in functions.items():
             monkeypatch.setattr(pynvml, name, function)
+
+    def nvlink_state(self, handle, link):
+        """A link's state; past the GPU's last link NVML answers "invalid argument", as it does."""
+        states = self.answer(self.gpus[handle]["nvlink"])
+        if link >= len(states):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return states[link]
 
     def register(self, handle, types, event_set):
         assert (types, event_set) == (pynvml.nvmlEventTypeXidCriticalError, "the-event-set")
@@ -207,11 +217,19 @@ def test_the_agent_samples_every_gpu_through_the_real_backend(fake, real):
     assert samples == [
         {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "utilization_pct": 37, "memory_used_mib": 2048,
          "memory_total_mib": 81559, "temperature_c": 54, "power_w": 412.3, "ecc_corrected": 3, "ecc_uncorrected": 0,
-         "processes": 2, "xids": [79]},
+         "processes": 2, "nvlink_up": 17, "nvlink_total": 18, "xids": [79]},
         {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "utilization_pct": None, "memory_used_mib": 0,
          "memory_total_mib": 22731, "temperature_c": 61, "power_w": None, "ecc_corrected": None,
-         "ecc_uncorrected": None, "processes": 0, "xids": []},
+         "ecc_uncorrected": None, "processes": 0, "nvlink_up": None, "nvlink_total": None, "xids": []},
     ]
+
+
+def test_nvlinks_count_the_links_a_gpu_has_and_those_up(fake, real):
+    assert real.nvlinks(0) == {"up": 17, "total": 18}
+    assert real.nvlinks(1) is None  # no NVLink: every link "not supported"
+    fake.gpus[0]["nvlink"] = pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+    with pytest.raises(NVMLReadError, match="NVLink 0 state of GPU 0"):
+        real.nvlinks(0)
 
 
 def test_a_gpu_whose_readings_fail_is_left_out_of_the_samples(fake, real):
@@ -351,6 +369,11 @@ def test_simulated_samples_follow_their_knobs_deterministically():
     assert nvml.xids(1) == [79, 13] and nvml.xids(1) == []
     nvml.raise_ecc(0, uncorrected=1, corrected=4)
     assert nvml.ecc(0) == {"corrected": 4, "uncorrected": 1} and nvml.inventory()[0]["healthy"] is False
+    assert nvml.nvlinks(0) == {"up": 18, "total": 18}
+    nvml.nvlink_down(0, 3)
+    assert nvml.nvlinks(0) == {"up": 17, "total": 18}
+    nvml.nvlink_down(0, 3, down=False)
+    assert nvml.nvlinks(0)["up"] == 18
 
 
 def test_sysfs_ports_read_infiniband_ports_and_skip_others(tmp_path):
