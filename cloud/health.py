@@ -70,6 +70,8 @@ class FailurePolicy:
     over_temperature_action: Action = Action.DRAIN_NODE
     uncorrectable_ecc_action: Action = Action.RESET_GPU
     port_down_action: Action = Action.DRAIN_NODE
+    # An NVLink link down: multi-GPU work on the host slows or fails, single-GPU work runs on.
+    nvlink_down_action: Action = Action.DRAIN_NODE
     port_flaps: int = 4
     port_flap_window_s: float = 300.0
     # A GPU whose reset failed, or that fails again after a reset that seemed to work.
@@ -115,7 +117,7 @@ class FailurePolicy:
             xids[int(xid)] = Action.parse(action)
         for name in ("unknown_xid_action", "repeated_xid_action", "over_temperature_action",
                      "uncorrectable_ecc_action", "port_down_action", "reset_failed_action", "bmc_critical_action",
-                     "power_lost_action"):
+                     "power_lost_action", "nvlink_down_action"):
             if name in values:
                 values[name] = Action.parse(values[name])
         return cls(xid_actions=xids, **values)
@@ -124,7 +126,7 @@ class FailurePolicy:
 @dataclass(frozen=True)
 class Finding:
     action: Action
-    cause: str  # a stable code: xid_79, uncorrectable_ecc, over_temperature, port_down, ...
+    cause: str  # a stable code: xid_79, uncorrectable_ecc, over_temperature, nvlink_down, port_down, ...
     summary: str
     evidence: dict
 
@@ -184,6 +186,10 @@ def evaluate_gpu(*, sample: Mapping, previous: Mapping | None, recent_xids: int,
         findings.append(Finding(policy.over_temperature_action, "over_temperature",
                                 f"{temperature} °C over the {policy.max_temperature_c} °C limit",
                                 {"temperature_c": temperature, "limit_c": policy.max_temperature_c}))
+    up, links = sample.get("nvlink_up"), sample.get("nvlink_total")
+    if up is not None and links and up < links:
+        findings.append(Finding(policy.nvlink_down_action, "nvlink_down", f"{links - up} of {links} NVLink links down",
+                                {"nvlink_up": up, "nvlink_total": links}))
     return findings
 
 

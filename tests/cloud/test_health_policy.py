@@ -46,6 +46,18 @@ def test_new_uncorrectable_ecc_errors_and_heat_are_findings():
                         recent_xids=0, policy=POLICY) == []
 
 
+def test_nvlink_links_down_are_a_finding_and_a_gpu_without_nvlink_is_not():
+    [finding] = evaluate_gpu(sample={"nvlink_up": 16, "nvlink_total": 18}, previous=None, recent_xids=0,
+                             policy=POLICY)
+    assert (finding.cause, finding.action, finding.summary) == ("nvlink_down", Action.DRAIN_NODE,
+                                                                "2 of 18 NVLink links down")
+    for links in ({"nvlink_up": 18, "nvlink_total": 18}, {"nvlink_up": None, "nvlink_total": None}, {}):
+        assert evaluate_gpu(sample=links, previous=None, recent_xids=0, policy=POLICY) == []
+    policy = FailurePolicy.from_mapping({"nvlink_down_action": "faulty"})
+    assert evaluate_gpu(sample={"nvlink_up": 0, "nvlink_total": 18}, previous=None, recent_xids=0,
+                        policy=policy)[0].action == Action.FAULTY
+
+
 def test_ports_down_or_flapping():
     assert evaluate_port(link="up", changes_in_window=0, policy=POLICY) is None
     assert evaluate_port(link="down", changes_in_window=1, policy=POLICY).cause == "port_down"

@@ -299,6 +299,16 @@ def test_an_overheating_gpu_drains_its_host_and_the_work_runs_on(world, fleet, s
     assert reservation(pk).state == "active"
 
 
+def test_an_nvlink_down_drains_its_host_and_the_work_runs_on(world, fleet, steps):
+    pk, host, gpu = vm_on_host(world, steps)
+    beat(host, timezone.now(), samples=[sample(gpu, nvlink_up=17, nvlink_total=18)])
+    host.refresh_from_db()
+    assert host.health == "failed" and host.state == "in_service"  # not sold again; the VM runs on
+    incident = Incident.objects.get(kind=DRAIN, tenant_id__isnull=True)
+    assert "1 of 18 NVLink links down" in incident.summary
+    assert reservation(pk).state == "active"
+
+
 def test_a_drained_host_goes_to_the_operators_hold_once_its_work_has_ended(world, fleet, steps):
     pk, host, gpu = vm_on_host(world, steps)
     beat(host, timezone.now(), samples=[sample(gpu, temperature_c=97)])
