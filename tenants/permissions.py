@@ -36,8 +36,10 @@ POLICIES: dict[str, dict[str, str]] = {
     "notifications": {"read": VIEWER, "write": VIEWER},  # one's own and the tenant's (queryset)
     "audit-events": {"read": ADMIN, "write": NOBODY},
     "audit-chain": {"read": PLATFORM_ADMIN, "write": NOBODY},
-    "reservations": {"read": VIEWER, "write": MEMBER},
-    # The staff queue's actions on a tenant's waiting work (priority, hold, cancel, contact).
+    # Staff's hand on waiting work (priority, hold, let go, cancel with a reason, contact): platform admins.
+    "reservations": {"read": VIEWER, "write": MEMBER, "priority": PLATFORM_ADMIN, "hold": PLATFORM_ADMIN,
+                     "let_go": PLATFORM_ADMIN, "operator_cancel": PLATFORM_ADMIN, "contact": PLATFORM_ADMIN},
+    # The staff queue page and its actions in the console.
     "queue": {"read": PLATFORM, "write": PLATFORM_ADMIN},
     "operations": {"read": VIEWER, "write": NOBODY},
     # Console output may hold what a tenant's script printed: members and above read it.

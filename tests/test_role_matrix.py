@@ -23,6 +23,7 @@ from provisioning.admission import Ask
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from provisioning.models import VPC, Instance, Operation, Reservation
 from provisioning.services import reservation_create
+from provisioning.staff_actions import reservation_hold
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
 from tenants import services
 from tenants.choices import TenantRole
@@ -90,6 +91,11 @@ def reservation_body(w: World) -> dict:
     small_fleet(4)
     return {"name": "train", "offering": vm_offering().slug, "gpus": 1, "regions": ["us-east-1"],
             "duration_hours": 1}
+
+
+def held_reservation(w: World):
+    """The world's queued t1 reservation, held by a platform admin."""
+    return reservation_hold(actor=w.principal("platform_admin"), reservation=w.t1.objects[Reservation], note="Wait")
 
 
 def scheduled_reservation(w: World):
@@ -279,6 +285,23 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("POST", "reservations-extend"): Case(
         "401 403 200 200 200 404 403 403", lambda w: f"{V1}/reservations/{scheduled_reservation(w).pk}/extend/",
         lambda w: {"hours": 1}),
+    # Staff's hand on the queue: platform admins only (the world's t1 reservation is queued).
+    ("POST", "reservations-priority"): Case(
+        "401 403 403 403 403 403 403 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/priority/",
+        lambda w: {"adjustment": 0.25, "note": "Deadline"}),
+    ("POST", "reservations-hold"): Case(
+        "401 403 403 403 403 403 403 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/hold/",
+        lambda w: {"note": "Checking with the team"}),
+    ("POST", "reservations-let-go"): Case(
+        "401 403 403 403 403 403 403 200", lambda w: f"{V1}/reservations/{held_reservation(w).pk}/let-go/",
+        lambda w: {"note": "Go ahead"}),
+    ("POST", "reservations-operator-cancel"): Case(
+        "401 403 403 403 403 403 403 200",
+        lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/operator-cancel/",
+        lambda w: {"reason": "Duplicate"}),
+    ("POST", "reservations-contact"): Case(
+        "401 403 403 403 403 403 403 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/contact/",
+        lambda w: {"message": "Could one GPU do?"}),
     ("GET", "reservations-receipts"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/receipts/"),
     ("GET", "reservations-score"): Case(

@@ -173,6 +173,28 @@ class ExtendSerializer(StrictSerializer):
     hours = StrictFloatField(min_value=0.01, max_value=24 * 366)
 
 
+# Platform admins' hand on the queue (provisioning.staff_actions): each with what the team is told.
+STAFF_NOTE_MAX = 500
+
+
+class PriorityAdjustSerializer(StrictSerializer):
+    adjustment = StrictFloatField(min_value=-1, max_value=1, help_text="Added to the score after the factors' "
+                                  "range: > 0 raises, < 0 lowers, 0 takes an adjustment back.")
+    note = serializers.CharField(max_length=STAFF_NOTE_MAX, help_text="Why, for the reservation's team.")
+
+
+class StaffNoteSerializer(StrictSerializer):
+    note = serializers.CharField(max_length=STAFF_NOTE_MAX, help_text="Why, for the reservation's team.")
+
+
+class StaffCancelSerializer(StrictSerializer):
+    reason = serializers.CharField(max_length=STAFF_NOTE_MAX, help_text="Why, for the reservation's team.")
+
+
+class ContactSerializer(StrictSerializer):
+    message = serializers.CharField(max_length=STAFF_NOTE_MAX, help_text="The message the team is sent.")
+
+
 class ReservationSerializer(serializers.ModelSerializer):
     offering = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     gpu_model = serializers.SlugRelatedField(slug_field="slug", read_only=True)

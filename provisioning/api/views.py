@@ -9,7 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from cloud.api.serializers import TelemetryQuerySerializer
-from provisioning import services
+from provisioning import services, staff_actions
 from provisioning.api import serializers as s
 from provisioning.api.idempotency import HEADER, IdempotentCreateMixin
 from provisioning.filtersets import InstanceFilterSet, OperationFilterSet, ReservationFilterSet
@@ -70,6 +70,48 @@ class ReservationViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
         data.is_valid(raise_exception=True)
         reservation = services.reservation_extend(actor=self.principal, reservation=reservation,
                                                   by=timedelta(hours=data.validated_data["hours"]))
+        return Response(s.ReservationSerializer(reservation).data)
+
+    # Platform admins act on waiting work (tenants.permissions: these actions need platform_admin).
+
+    def _staff_act(self, serializer_class, act):
+        data = serializer_class(data=self.request.data)
+        data.is_valid(raise_exception=True)
+        outcome = act(actor=self.principal, reservation=self.get_object(), **data.validated_data)
+        return Response(s.ReservationSerializer(outcome).data)
+
+    @extend_schema(request=s.PriorityAdjustSerializer, responses=s.ReservationSerializer)
+    @action(detail=True, methods=["post"])
+    def priority(self, request, pk=None):
+        """Platform admins: raise or lower a waiting reservation's score (audited; its team is told)."""
+        return self._staff_act(s.PriorityAdjustSerializer, staff_actions.reservation_adjust_priority)
+
+    @extend_schema(request=s.StaffNoteSerializer, responses=s.ReservationSerializer)
+    @action(detail=True, methods=["post"])
+    def hold(self, request, pk=None):
+        """Platform admins: keep a waiting reservation out of every placement until it is let go."""
+        return self._staff_act(s.StaffNoteSerializer, staff_actions.reservation_hold)
+
+    @extend_schema(request=s.StaffNoteSerializer, responses=s.ReservationSerializer)
+    @action(detail=True, methods=["post"], url_path="let-go")
+    def let_go(self, request, pk=None):
+        """Platform admins: put a held reservation back in the race for capacity."""
+        return self._staff_act(s.StaffNoteSerializer, staff_actions.reservation_let_go)
+
+    @extend_schema(request=s.StaffCancelSerializer, responses=s.ReservationSerializer)
+    @action(detail=True, methods=["post"], url_path="operator-cancel")
+    def operator_cancel(self, request, pk=None):
+        """Platform admins: cancel a reservation that has not become active, with the reason its team reads."""
+        return self._staff_act(s.StaffCancelSerializer, staff_actions.reservation_staff_cancel)
+
+    @extend_schema(request=s.ContactSerializer, responses=s.ReservationSerializer)
+    @action(detail=True, methods=["post"])
+    def contact(self, request, pk=None):
+        """Platform admins: send the reservation's team a message (the reservation is unchanged)."""
+        data = s.ContactSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        reservation = self.get_object()
+        staff_actions.reservation_contact(actor=self.principal, reservation=reservation, **data.validated_data)
         return Response(s.ReservationSerializer(reservation).data)
 
     @extend_schema(responses=s.ReceiptSerializer(many=True))

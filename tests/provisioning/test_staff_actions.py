@@ -173,3 +173,26 @@ def test_adjusting_a_placed_reservation_is_a_conflict(world, full):
     with pytest.raises(Conflict):
         reservation_adjust_priority(actor=world.principal("platform_admin"), reservation=full, adjustment=0.2,
                                     note="n")
+
+
+def test_the_api_takes_the_same_actions_and_refuses_bad_bodies_with_the_field_named(world, full):
+    client = world.client("platform_admin")
+    queued = reserve(world)
+    url = f"{URL}{queued.pk}"
+    answer = client.post(f"{url}/priority/", {"adjustment": 0.5, "note": "Deadline"}, format="json")
+    assert answer.status_code == 200 and answer.json()["id"] == str(queued.pk)
+    assert client.get(f"{url}/score/").json()["adjustment"] == 0.5
+    for body, attr in (({"adjustment": "0.5", "note": "x"}, "adjustment"), ({"adjustment": 2, "note": "x"},
+                       "adjustment"), ({"adjustment": 0.1}, "note"), ({"adjustment": 0.1, "note": "x" * 501}, "note"),
+                       ({"adjustment": 0.1, "note": "x", "colour": "red"}, "colour")):
+        refused = client.post(f"{url}/priority/", body, format="json")
+        assert refused.status_code == 400 and refused.json()["errors"][0]["attr"] == attr, refused.content
+    assert client.post(f"{url}/hold/", {"note": "Wait"}, format="json").json()["state_reason"].startswith("Held")
+    assert client.get(f"{url}/score/").json()["held"] is True
+    assert client.post(f"{url}/hold/", {"note": "Again"}, format="json").json()["errors"][0]["code"] == "already_held"
+    assert client.post(f"{url}/let-go/", {"note": "Go"}, format="json").status_code == 200
+    assert client.post(f"{url}/contact/", {"message": "Hello"}, format="json").status_code == 200
+    cancelled = client.post(f"{url}/operator-cancel/", {"reason": "Duplicate"}, format="json").json()
+    assert cancelled["state"] == "cancelled" and cancelled["state_reason"] == "Cancelled by the operator: Duplicate"
+    assert client.post(f"{url}/hold/", {"note": "x"}, format="json").status_code == 409
+    assert world.client("t1_owner").post(f"{url}/hold/", {"note": "x"}, format="json").status_code == 403
