@@ -1,10 +1,14 @@
-"""The fleet page's occupancy over time: the share of sellable GPUs held, hour by hour, per GPU model and region."""
+"""
+The fleet page's occupancy over time: the share of sellable GPUs held per GPU model and region,
+hour by hour over the last DAYS days, or minute by minute while the history is under a day old
+(a fleet just started, the demo).
+"""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from provisioning.history import occupancy_history
+from provisioning.history import first_occupancy_sample, occupancy_history
 from web.charts import PALETTE, line_chart
 
 DAYS = 7
@@ -12,23 +16,35 @@ DAYS = 7
 
 def occupancy_chart(now: datetime) -> dict | None:
     """
-    A line per GPU model and region over the last DAYS days (a gap where nothing was sampled),
-    its legend, and per line the latest, mean and peak share held; None before the first sample.
+    A line per GPU model and region (a gap where nothing was sampled), its legend, and per line the
+    latest, mean and peak share held; None before the first sample.
     """
-    last = now.replace(minute=0, second=0, microsecond=0)
-    hours = [last - timedelta(hours=h) for h in range(DAYS * 24 - 1, -1, -1)]
-    history = occupancy_history(since=hours[0])
+    first = first_occupancy_sample(since=now - timedelta(days=DAYS))
+    if first is None:
+        return None
+    hourly = now - first > timedelta(days=1)
+    step = timedelta(hours=1) if hourly else timedelta(minutes=1)
+    last = now.replace(minute=0, second=0, microsecond=0) if hourly else now.replace(second=0, microsecond=0)
+    start = (last - timedelta(days=DAYS) + step) if hourly else first.replace(second=0, microsecond=0)
+    buckets = [start + i * step for i in range(int((last - start) / step) + 1)]
+    history = occupancy_history(since=buckets[0], hourly=hourly)
     if not history:
         return None
     series, rows = {}, []
-    for (model, region), by_hour in sorted(history.items()):
+    for (model, region), by_bucket in sorted(history.items()):
         name = f"{model} · {region}"
-        series[name] = [by_hour.get(hour) for hour in hours]
-        shares = list(by_hour.values())
-        latest = by_hour[max(by_hour)]
-        rows.append({"name": name, "latest": latest, "mean": sum(shares) / len(shares), "peak": max(shares)})
-    labels = [f"{hour:%a %d}" if hour.hour == 0 else "" for hour in hours]
-    svg = line_chart(series, x_labels=labels, x_total=len(hours), top=100.0,
-                     label=f"Share of sellable GPUs held (%), last {DAYS} days")
+        series[name] = [by_bucket.get(bucket) for bucket in buckets]
+        shares = list(by_bucket.values())
+        rows.append({"name": name, "latest": by_bucket[max(by_bucket)], "mean": sum(shares) / len(shares),
+                     "peak": max(shares)})
+    if hourly:
+        labels = [f"{b:%a %d}" if b.hour == 0 else "" for b in buckets]
+        period = f"last {DAYS} days, hourly"
+    else:
+        marks = {round(i * (len(buckets) - 1) / 3) for i in range(4)}
+        labels = [f"{b:%H:%M}" if i in marks else "" for i, b in enumerate(buckets)]
+        period = f"since {first:%H:%M} UTC, by the minute"
+    svg = line_chart(series, x_labels=labels, x_total=len(buckets), top=100.0,
+                     label=f"Share of sellable GPUs held (%), {period}")
     legend = [(name, PALETTE[n % len(PALETTE)]) for n, name in enumerate(series)]
-    return {"svg": svg, "legend": legend, "rows": rows, "days": DAYS}
+    return {"svg": svg, "legend": legend, "rows": rows, "period": period}

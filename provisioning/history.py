@@ -17,7 +17,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q, Sum
-from django.db.models.functions import TruncHour
+from django.db.models.functions import TruncHour, TruncMinute
 from django.utils import timezone
 
 from cloud.choices import pool_of
@@ -92,17 +92,23 @@ def queue_history(reservation: Reservation, *, most: int = 288) -> list[QueueSam
     return samples
 
 
-def occupancy_history(*, since: datetime) -> dict[tuple[str, str], dict[datetime, float]]:
+def first_occupancy_sample(*, since: datetime) -> datetime | None:
+    """When the fleet was first sampled after ``since`` (None: not yet)."""
+    return OccupancySample.objects.filter(at__gte=since).order_by("at").values_list("at", flat=True).first()
+
+
+def occupancy_history(*, since: datetime, hourly: bool = True) -> dict[tuple[str, str], dict[datetime, float]]:
     """
-    The share of sellable GPUs held, hour by hour, per (GPU model, region) name, both pools
-    together: ``{(model, region): {hour: percent}}`` (the samples of an hour weighed by their
-    GPUs). One grouped read of at most a row per series and hour.
+    The share of sellable GPUs held per (GPU model, region) name, both pools together, hour by
+    hour (or minute by minute): ``{(model, region): {bucket: percent}}``, the samples of a bucket
+    weighed by their GPUs. One grouped read of at most a row per series and bucket.
     """
+    bucket = (TruncHour if hourly else TruncMinute)("at")
     rows = (OccupancySample.objects.filter(at__gte=since)
-            .annotate(hour=TruncHour("at")).values("gpu_model__name", "region__name", "hour")
-            .annotate(held=Sum("held"), gpus=Sum("gpus")).order_by("gpu_model__name", "region__name", "hour"))
+            .annotate(bucket=bucket).values("gpu_model__name", "region__name", "bucket")
+            .annotate(held=Sum("held"), gpus=Sum("gpus")).order_by("gpu_model__name", "region__name", "bucket"))
     series: dict = defaultdict(dict)
     for row in rows:
-        series[(row["gpu_model__name"], row["region__name"])][row["hour"]] = (
+        series[(row["gpu_model__name"], row["region__name"])][row["bucket"]] = (
             100.0 * row["held"] / row["gpus"] if row["gpus"] else 0.0)
     return dict(series)

@@ -84,6 +84,11 @@ def line_chart(series: dict[str, list[float | None]], *, x_labels: list[str], x_
     for n, (name, values) in enumerate(series.items()):
         colour = PALETTE[n % len(PALETTE)]
         for run in _runs(values):
+            if len(run) == 1:  # a lone sample is a dot: a line needs two
+                (i, v), = run
+                parts.append(format_html('<circle cx="{}" cy="{}" r="2.5" fill="{}"/>', f"{x(i):.1f}",
+                                         f"{y(v):.1f}", colour))
+                continue
             points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in run)
             parts.append(format_html('<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>', points,
                                      colour))

@@ -97,3 +97,16 @@ def test_the_occupancy_chart_names_each_line_with_its_share(world, queued):
     [row] = chart["rows"]  # one GPU model in one region
     assert row["latest"] == row["peak"] == pytest.approx(share) and 0 < share < 100
     assert f"{row['name']} {share:,.2f}" in str(chart["svg"])
+
+
+def test_the_occupancy_chart_goes_by_the_minute_for_a_young_history_and_by_the_hour_after_a_day(world, queued):
+    now = timezone.now()
+    history_sample(now - timedelta(minutes=30))
+    history_sample(now)
+    young = occupancy_chart(now)
+    assert "by the minute" in young["period"] and "<polyline" not in str(young["svg"])  # two dots, 30 min apart
+    assert str(young["svg"]).count("<circle") == 2
+    history_sample(now - timedelta(days=3))
+    old = occupancy_chart(now)
+    assert old["period"] == "last 7 days, hourly"
+    assert str(old["svg"]).count("<circle") >= 1  # the lone hour three days ago; the last half hour is one or two

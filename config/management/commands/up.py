@@ -22,6 +22,7 @@ from django.db import connection
 
 from config.demo import DEMO_PASSWORD, DEMO_USERS
 from config.supervisor import Child, Supervisor
+from provisioning.history import history_sample
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -50,6 +51,7 @@ class Command(BaseCommand):
         self.stdout.write(f"Data folder: {settings.DATA_DIR}")
         call_command("migrate", interactive=False, verbosity=0)
         call_command("seed_demo", verbosity=1)
+        history_sample()  # the console's charts start from now, not from the first beat
         call_command("collectstatic", interactive=False, verbosity=0)
         connection.close()
 
@@ -104,6 +106,8 @@ class Command(BaseCommand):
         if host not in LOOPBACK and "DJANGO_ALLOWED_HOSTS" not in os.environ:
             env["DJANGO_ALLOWED_HOSTS"] = ",".join(["127.0.0.1", "localhost", host])
         env["PYTHONUNBUFFERED"] = "1"
+        # A sample of the queue and the fleet a minute (not five): the charts fill while one looks.
+        env.setdefault("MERIDIAN_HISTORY_SAMPLE_SECONDS", "60")
         if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
             # /metrics shows the web's and the worker's requests and tasks as one (prometheus_client
             # multiprocess mode): one folder for all the children, emptied at each start.
