@@ -265,6 +265,20 @@ def test_the_estimate_sums_up_beside_the_reserve_button(console, fleet):
     assert "$14.94" in button_row and "hx-swap-oob" not in button_row
 
 
+def test_when_capacity_is_short_the_summary_says_how_short_and_when_it_starts(console, world, fleet):
+    """ "6 of 8 GPUs free now in us-east-1: queued, expected start ..." beside the Reserve button."""
+    from provisioning.models import Reservation
+
+    Reservation.objects.filter(state="queued").delete()  # the world's: nothing waits ahead of this ask
+    taken = world.client("t1_owner").post("/api/v1/reservations/", {
+        "name": "first", "offering": vm_offering().slug, "gpus": 2, "regions": ["us-east-1"], "duration_hours": 3,
+    }, format="json")
+    assert taken.json()["state"] == "scheduled"
+    body = console("t1_member").post("/reservations/estimate/", form(count=8)).content.decode()
+    summary = body.split('id="estimate-summary"')[1].split("</p>")[0]
+    assert "6 of 8 GPUs free now in us-east-1: queued, expected start" in summary
+
+
 def test_the_estimate_needs_no_name(console, fleet):
     body = console("t1_member").post("/reservations/estimate/", form(name="")).content.decode()
     assert "Price estimate" in body and "errorlist" not in body
