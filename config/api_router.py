@@ -12,6 +12,7 @@ from provisioning.api import high_priority, images, networks, offerings, sla
 from provisioning.api import views as provisioning
 from security.api import views as security
 from security.api.views import AuditEventViewSet
+from storage.api import views as storage_api
 from tenants.api import views as tenants
 from web.api.base import PrincipalMixin
 
@@ -55,6 +56,8 @@ router.register("reservations", provisioning.ReservationViewSet, basename="reser
 router.register("operations", provisioning.OperationViewSet, basename="operations")
 router.register("instances", provisioning.InstanceViewSet, basename="instances")
 router.register("vpcs", networks.VPCViewSet, basename="vpcs")
+router.register("storage-classes", storage_api.StorageClassViewSet, basename="storage-classes")
+router.register("volumes", storage_api.VolumeViewSet, basename="volumes")
 router.register("regions", cloud.RegionViewSet, basename="regions")
 router.register("gpu-models", cloud.GPUModelViewSet, basename="gpu-models")
 router.register("offerings", offerings.OfferingViewSet, basename="offerings")

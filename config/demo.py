@@ -11,6 +11,7 @@ from cloud.choices import IsolationMode, OfferingKind
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Image, Offering, Region
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
+from storage.catalogue import default_storage_classes
 from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole
 from tenants.models import Membership, Quota, Team, TeamMembership, Tenant, User
 
@@ -97,6 +98,8 @@ def seed_demo(*, regions: int = 2, nodes: int = 64, progress=None) -> bool:
         for row in offerings_for(model):
             Offering.objects.get_or_create(slug=row.pop("slug"), defaults=row)
     seed_images()
+    for region in Region.objects.all():
+        default_storage_classes(region)
     teams = {}
     for slug, (name, team_rows) in DEMO_TENANTS.items():
         tenant = Tenant.objects.create(slug=slug, name=name)

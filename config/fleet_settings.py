@@ -87,6 +87,10 @@ MERIDIAN_TELEMETRY_RETENTION = {
     "1m": timedelta(hours=env.int("MERIDIAN_TELEMETRY_1M_HOURS", default=48)),
     "1h": timedelta(days=env.int("MERIDIAN_TELEMETRY_1H_DAYS", default=90)),
 }
+# Storage (storage.steps): how often a volume's step meets a transient backend error before the
+# volume fails, and how long a step may stay in flight before the reconcile sends it again.
+MERIDIAN_STORAGE_ATTEMPTS = env.int("MERIDIAN_STORAGE_ATTEMPTS", default=5)
+MERIDIAN_STORAGE_STALE_SECONDS = env.int("MERIDIAN_STORAGE_STALE_SECONDS", default=120)
 # The console's history (provisioning.history): queue places, estimated starts and occupancy over time.
 MERIDIAN_HISTORY_RETENTION = timedelta(days=env.int("MERIDIAN_HISTORY_DAYS", default=14))
 # An HCA port's up/down changes are counted within this window (cloud.health's port_flaps).

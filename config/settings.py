@@ -79,6 +79,7 @@ INSTALLED_APPS = [
     "web",
     "cloud",
     "provisioning",
+    "storage",
     "operations",
     "config",
 ]
@@ -397,6 +398,8 @@ CELERY_BEAT_SCHEDULE = {
     "cloud.telemetry_rollup": {"task": "cloud.telemetry_rollup", "schedule": 60.0},
     # Sample each queued reservation's place and estimated start, and the fleet's occupancy, for
     # the console's charts (provisioning.history); prune what is past MERIDIAN_HISTORY_DAYS.
+    # Storage: lost volume steps sent again, ended reservations' attachments detached, orphans removed.
+    "storage.reconcile": {"task": "storage.reconcile", "schedule": 60.0},
     "provisioning.history_sample": {"task": "provisioning.history_sample",
                                     "schedule": env.float("MERIDIAN_HISTORY_SAMPLE_SECONDS", default=300.0)},
     "cloud.telemetry_prune": {"task": "cloud.telemetry_prune", "schedule": 3600.0},
@@ -449,6 +452,7 @@ MERIDIAN_DEFAULT_QUOTAS = {
     "gpus": env.int("MERIDIAN_DEFAULT_GPU_QUOTA", default=64),
     "vpcs": env.int("MERIDIAN_DEFAULT_VPC_QUOTA", default=10),
     "instances": env.int("MERIDIAN_DEFAULT_INSTANCE_QUOTA", default=32),
+    "storage_gib": env.int("MERIDIAN_DEFAULT_STORAGE_QUOTA_GIB", default=102_400),
 }
 MERIDIAN_PUBLIC_URL = env("MERIDIAN_PUBLIC_URL", default="http://127.0.0.1:8000")
 

@@ -50,6 +50,7 @@ class QuotaResource(models.TextChoices):
     GPUS = "gpus", "GPUs"
     VPCS = "vpcs", "VPCs"
     INSTANCES = "instances", "Concurrent instances"
+    STORAGE_GIB = "storage_gib", "Storage (GiB)"
 
 
 # What a person reads for a kind where its words alone would mislead ("reservation.evicted" reads

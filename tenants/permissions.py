@@ -45,6 +45,8 @@ POLICIES: dict[str, dict[str, str]] = {
     # Console output may hold what a tenant's script printed: members and above read it.
     "instances": {"read": VIEWER, "write": NOBODY, "console": MEMBER},
     "vpcs": {"read": VIEWER, "write": MEMBER},
+    "volumes": {"read": VIEWER, "write": MEMBER},
+    "storage-classes": {"read": ANY, "write": PLATFORM_ADMIN},
     "regions": {"read": ANY, "write": PLATFORM_ADMIN},
     "gpu-models": {"read": ANY, "write": PLATFORM_ADMIN},
     "offerings": {"read": ANY, "write": PLATFORM_ADMIN},

@@ -25,6 +25,9 @@ from provisioning.models import VPC, Instance, Operation, Reservation
 from provisioning.services import reservation_create
 from provisioning.staff_actions import reservation_hold
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
+from storage.catalogue import default_storage_classes
+from storage.models import Volume
+from storage.services import volume_attach
 from tenants import services
 from tenants.choices import TenantRole
 from tenants.models import (
@@ -91,6 +94,18 @@ def reservation_body(w: World) -> dict:
     small_fleet(4)
     return {"name": "train", "offering": vm_offering().slug, "gpus": 1, "regions": ["us-east-1"],
             "duration_hours": 1}
+
+
+def storage_classes():
+    """us-east-1's storage classes (the region made if the world has no fleet)."""
+    return default_storage_classes(Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})[0])
+
+
+def attached_volume(w: World):
+    """The world's t1 file system, attached to its queued reservation by the owner."""
+    volume = w.t1.objects[Volume]
+    volume_attach(actor=w.principal("t1_owner"), volume=volume, reservation=w.t1.objects[Reservation])
+    return volume
 
 
 def held_reservation(w: World):
@@ -302,6 +317,27 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("POST", "reservations-contact"): Case(
         "401 403 403 403 403 403 403 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/contact/",
         lambda w: {"message": "Could one GPU do?"}),
+    # Storage: the classes on sale (everyone signed in reads them), the tenant's volumes.
+    ("GET", "storage-classes-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/storage-classes/"),
+    ("GET", "storage-classes-detail"): Case(
+        "401 200 200 200 200 200 200 200", lambda w: f"{V1}/storage-classes/{w.t1.objects[Volume].storage_class_id}/"),
+    ("GET", "volumes-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/volumes/"),
+    ("POST", "volumes-list"): Case(
+        "401 403 201 201 201 201 403 403", lambda w: f"{V1}/volumes/" if storage_classes() else "",
+        lambda w: {"name": unique("vol"), "storage_class": "us-east-1-shared-fs", "size_gib": 100}),
+    ("GET", "volumes-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/volumes/{w.t1.objects[Volume].pk}/"),
+    ("DELETE", "volumes-detail"): Case(
+        "401 403 202 202 202 404 403 403", lambda w: f"{V1}/volumes/{w.t1.objects[Volume].pk}/"),
+    ("POST", "volumes-resize"): Case(
+        "401 403 202 202 202 404 403 403", lambda w: f"{V1}/volumes/{w.t1.objects[Volume].pk}/resize/",
+        lambda w: {"size_gib": 200}),
+    ("POST", "volumes-attach"): Case(
+        "401 403 200 200 200 404 403 403", lambda w: f"{V1}/volumes/{w.t1.objects[Volume].pk}/attach/",
+        lambda w: {"reservation": str(w.t1.objects[Reservation].pk)}),
+    ("POST", "volumes-detach"): Case(
+        "401 403 200 200 200 404 403 403", lambda w: f"{V1}/volumes/{attached_volume(w).pk}/detach/",
+        lambda w: {"reservation": str(w.t1.objects[Reservation].pk)}),
     ("GET", "reservations-receipts"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/receipts/"),
     ("GET", "reservations-score"): Case(

@@ -19,11 +19,15 @@ from rest_framework.test import APIClient
 
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
-from cloud.models import GPUModel, Image, Node, Offering
+from cloud.models import GPUModel, Image, Node, Offering, Region
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from provisioning.models import VPC, Instance, Operation, Reservation
 from security.audit import audit_record
+from security.crypto import encrypt
 from security.models import AuditEvent
+from storage.catalogue import default_storage_classes
+from storage.drivers.simulated import SimulatedStorage
+from storage.models import Volume
 from tenants import services
 from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
 from tenants.models import (
@@ -147,6 +151,7 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
         tenant=tenant, reservation=reservation, node=fleet_node(), index=0, kind="vm", state="active",
         name=unique("vm"), address="vm.world.gpu", ssh_user="ubuntu")
     side.objects[VPC] = lambda: world_vpc(tenant)
+    side.objects[Volume] = lambda: world_volume(tenant)
     side.objects[HighPriorityApplication] = HighPriorityApplication.objects.create(
         tenant=tenant, team=team, applied_by=member, note="Deadline-bound training runs.",
         snapshot=hp_snapshot(eligible=True))
@@ -195,6 +200,16 @@ def world_vpc(tenant: Tenant) -> VPC:
     fabric = fleet_node().fabric
     return VPC.objects.create(tenant=tenant, fabric=fabric, name=unique("vpc"), cidr="10.20.0.0/24", state="active",
                               pkey=0x100 + VPC.objects.filter(fabric=fabric).count())
+
+
+def world_volume(tenant: Tenant) -> Volume:
+    """An available shared file system of ``tenant`` in us-east-1 (its backend made, as a finished create leaves it)."""
+    region, _ = Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})
+    shared = next(c for c in default_storage_classes(region) if c.kind == "shared_fs")
+    volume = Volume.objects.create(tenant=tenant, name=unique("data"), storage_class=shared, size_gib=100,
+                                   target_gib=100, state="available", wrapped_key=encrypt("00" * 32))
+    SimulatedStorage().create(ref=volume.backend_ref, kind=shared.kind, size_gib=100)
+    return volume
 
 
 def fleet_node() -> Node:

@@ -1,0 +1,76 @@
+"""The storage API's shapes."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from provisioning.models import Reservation
+from storage.models import StorageClass, Volume, VolumeAttachment
+from tenants.models import Team
+from web.api.base import ScopedRelatedField, StrictIntegerField, StrictSerializer
+
+NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+MOUNT_PATH = r"^/[A-Za-z0-9._/-]{1,199}$"
+
+
+class StorageClassSerializer(serializers.ModelSerializer):
+    region = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = StorageClass
+        fields = ["id", "slug", "name", "kind", "region", "price_per_gib_month", "min_gib", "max_gib", "is_active"]
+        read_only_fields = fields
+
+
+class AttachmentSerializer(serializers.ModelSerializer):
+    reservation_name = serializers.CharField(source="reservation.name", read_only=True)
+
+    class Meta:
+        model = VolumeAttachment
+        fields = ["id", "reservation", "reservation_name", "read_only", "mount_path", "attached_at", "detached_at"]
+        read_only_fields = fields
+
+
+class VolumeSerializer(serializers.ModelSerializer):
+    storage_class = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    kind = serializers.CharField(source="storage_class.kind", read_only=True)
+    region = serializers.SlugRelatedField(source="storage_class.region", slug_field="slug", read_only=True)
+    team = serializers.UUIDField(source="team_id", read_only=True, allow_null=True)
+    encrypted = serializers.SerializerMethodField(help_text="Its data key exists (false once deleted: crypto-erased).")
+    attached_to = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Volume
+        fields = ["id", "name", "storage_class", "kind", "region", "size_gib", "target_gib", "state", "state_reason",
+                  "team", "encrypted", "key_destroyed_at", "attached_to", "created_at", "updated_at"]
+        read_only_fields = fields
+
+    def get_encrypted(self, volume) -> bool:
+        return bool(volume.wrapped_key)
+
+    def get_attached_to(self, volume) -> list[dict]:
+        live = [a for a in volume.attachments.all() if a.detached_at is None]
+        return AttachmentSerializer(live, many=True).data
+
+
+class VolumeCreateSerializer(StrictSerializer):
+    name = serializers.RegexField(NAME, max_length=63, help_text="Lower-case letters, digits and dashes.")
+    storage_class = serializers.SlugRelatedField(slug_field="slug", queryset=StorageClass.objects.all(),
+                                                 help_text="A storage class's slug (GET /storage-classes/).")
+    size_gib = StrictIntegerField(min_value=1, max_value=2**31 - 1)
+    team = ScopedRelatedField(queryset=Team.objects.all(), required=False, allow_null=True)
+
+
+class ResizeSerializer(StrictSerializer):
+    size_gib = StrictIntegerField(min_value=1, max_value=2**31 - 1, help_text="The new size; larger than now.")
+
+
+class AttachSerializer(StrictSerializer):
+    reservation = ScopedRelatedField(queryset=Reservation.objects.all(), help_text="A reservation of your tenant.")
+    read_only = serializers.BooleanField(default=False)
+    mount_path = serializers.RegexField(MOUNT_PATH, required=False,
+                                        help_text="Where bare metal and containers mount it; /mnt/<name> if left out.")
+
+
+class DetachSerializer(StrictSerializer):
+    reservation = ScopedRelatedField(queryset=Reservation.objects.all())

@@ -1,0 +1,102 @@
+"""Storage API: the classes on sale, and the tenant's volumes with create, grow, attach, detach and delete."""
+
+from __future__ import annotations
+
+from django.db.models import Prefetch
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from provisioning.api.idempotency import IdempotentCreateMixin
+from provisioning.api.views import IDEMPOTENCY_PARAMETER
+from storage import services
+from storage.api import serializers as s
+from storage.choices import VolumeState
+from storage.models import StorageClass, Volume, VolumeAttachment
+from web.api.base import PlatformViewSet, ReadMixin, TenantScopedViewSet
+
+
+class StorageClassViewSet(ReadMixin, PlatformViewSet):
+    """Storage on sale per region, priced per GiB-month."""
+
+    policy = "storage-classes"
+    queryset = StorageClass.objects.select_related("region")
+    serializer_class = s.StorageClassSerializer
+    filterset_fields = ["kind", "region__slug"]
+    ordering = ["region__slug", "kind", "slug"]
+
+
+class VolumeViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
+    """The tenant's volumes and file systems (members see their teams' and the tenant-wide ones)."""
+
+    policy = "volumes"
+    queryset = Volume.objects.select_related("storage_class__region").prefetch_related(
+        Prefetch("attachments", queryset=VolumeAttachment.objects.filter(detached_at__isnull=True)
+                 .select_related("reservation")))
+    serializer_class = s.VolumeSerializer
+    create_serializer_class = s.VolumeCreateSerializer
+    filterset_fields = ["state"]
+    ordering_fields = ["name", "created_at", "size_gib"]
+    ordering = ["name"]
+
+    def get_queryset(self):
+        queryset = super().get_queryset()
+        if self.action == "list" and "state" not in self.request.query_params:
+            queryset = queryset.exclude(state=VolumeState.DELETED)  # history on request (?state=deleted)
+        return queryset
+
+    @extend_schema(request=s.VolumeCreateSerializer, responses={201: s.VolumeSerializer},
+                   parameters=[IDEMPOTENCY_PARAMETER])
+    def create(self, request, *args, **kwargs):
+        """Create a volume: ``creating`` until its backend has it, then ``available``."""
+        return super().create(request, *args, **kwargs)
+
+    def create_once(self, request):
+        data = s.VolumeCreateSerializer(data=request.data, context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        attrs = data.validated_data
+        volume = services.volume_create(actor=self.principal, storage_class=attrs["storage_class"], name=attrs["name"],
+                                        size_gib=attrs["size_gib"], team=attrs.get("team"))
+        return Response(self._shown(volume), status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={202: s.VolumeSerializer})
+    def destroy(self, request, pk=None):
+        """Delete a volume nothing has attached (409 otherwise): its key is destroyed once its backend removed it."""
+        volume = services.volume_delete(actor=self.principal, volume=self.get_object())
+        return Response(self._shown(volume), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=s.ResizeSerializer, responses={202: s.VolumeSerializer})
+    @action(detail=True, methods=["post"])
+    def resize(self, request, pk=None):
+        """Grow the volume (never shrink): ``resizing`` until its backend has grown it."""
+        volume = self.get_object()  # another tenant's: 404 before anything about the body
+        data = s.ResizeSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        volume = services.volume_resize(actor=self.principal, volume=volume, size_gib=data.validated_data["size_gib"])
+        return Response(self._shown(volume), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=s.AttachSerializer, responses=s.VolumeSerializer)
+    @action(detail=True, methods=["post"])
+    def attach(self, request, pk=None):
+        """Attach to a reservation of the same region: a block volume to one, a file system to many."""
+        volume = self.get_object()
+        data = s.AttachSerializer(data=request.data, context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        services.volume_attach(actor=self.principal, volume=volume, **data.validated_data)
+        return Response(self._shown(volume))
+
+    @extend_schema(request=s.DetachSerializer, responses=s.VolumeSerializer)
+    @action(detail=True, methods=["post"])
+    def detach(self, request, pk=None):
+        """Detach from a reservation."""
+        volume = self.get_object()
+        data = s.DetachSerializer(data=request.data, context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        services.volume_detach(actor=self.principal, volume=volume, reservation=data.validated_data["reservation"])
+        return Response(self._shown(volume))
+
+    def _shown(self, volume: Volume) -> dict:
+        return s.VolumeSerializer(self.get_queryset().model.objects.prefetch_related(
+            Prefetch("attachments", queryset=VolumeAttachment.objects.filter(detached_at__isnull=True)
+                     .select_related("reservation"))).select_related("storage_class__region").get(pk=volume.pk)).data

@@ -1,0 +1,34 @@
+"""Storage's fixed vocabularies."""
+
+from django.db import models
+
+
+class StorageKind(models.TextChoices):
+    """What a storage class sells (docs/storage.md)."""
+
+    SCRATCH = "scratch", "Local NVMe scratch (lives with the instance)"
+    BLOCK = "block", "Network block volume (one reservation at a time)"
+    SHARED_FS = "shared_fs", "Shared file system (many reservations of the tenant)"
+    OBJECT = "object", "Object and archive storage"
+
+
+class VolumeState(models.TextChoices):
+    """
+    Where a volume's backend is. ``creating``, ``resizing`` and ``deleting`` are in flight: the
+    volume's step (``storage.steps``) brings the backend there and moves it on; ``failed`` says why
+    in ``state_reason``. Attachments are apart: an ``available`` volume may be attached.
+    """
+
+    CREATING = "creating", "Creating"
+    AVAILABLE = "available", "Available"
+    RESIZING = "resizing", "Resizing"
+    DELETING = "deleting", "Deleting"
+    DELETED = "deleted", "Deleted"
+    FAILED = "failed", "Failed"
+
+
+IN_FLIGHT = frozenset({VolumeState.CREATING, VolumeState.RESIZING, VolumeState.DELETING})
+# Sizes that count against storage quotas: everything not gone.
+COUNTED = frozenset({VolumeState.CREATING, VolumeState.AVAILABLE, VolumeState.RESIZING, VolumeState.FAILED})
+# Kinds a reservation attaches (scratch lives with an instance; object storage is reached by URL and key).
+ATTACHABLE = frozenset({StorageKind.BLOCK, StorageKind.SHARED_FS})

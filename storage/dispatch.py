@@ -1,0 +1,16 @@
+"""Sending a volume's step to a worker once the change that needs it commits (before, the worker could not see it)."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from storage.task_names import VOLUME_CONVERGE, send
+
+
+def converge_on_commit(volume) -> None:
+    volume_id = str(volume.pk)
+    transaction.on_commit(lambda: send(VOLUME_CONVERGE, (volume_id,)))
+
+
+def send_now(volume_id) -> None:
+    send(VOLUME_CONVERGE, (str(volume_id),))

@@ -1,0 +1,24 @@
+"""
+Storage drivers: what a backend does for a volume, by its backend reference (``vol-<id>``) so every
+call is idempotent -- a retried step asks for what exists already and is told it is done. Drivers
+know no tenant and call no service. ``driver_for`` picks one by a storage class's ``backend``.
+"""
+
+from __future__ import annotations
+
+from storage.drivers.base import Export, StorageDriver, StorageDriverError
+from storage.drivers.simulated import SimulatedStorage
+
+DRIVERS: dict[str, type] = {"simulated": SimulatedStorage}
+
+
+def driver_for(backend: str) -> StorageDriver:
+    """The driver of a storage class's ``backend``; a backend not installed is an error for good."""
+    try:
+        return DRIVERS[backend]()
+    except KeyError:
+        raise StorageDriverError(f"No storage driver '{backend}' is installed (known: {', '.join(DRIVERS)}).",
+                                 transient=False) from None
+
+
+__all__ = ["DRIVERS", "Export", "StorageDriver", "StorageDriverError", "driver_for"]

@@ -1,0 +1,37 @@
+"""The storage driver interface (``storage.drivers``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from provisioning.drivers.base import DriverError
+
+
+class StorageDriverError(DriverError):
+    """A backend call failed; ``transient``: worth retrying (timeout, busy, 5xx), otherwise for good."""
+
+
+@dataclass(frozen=True)
+class Export:
+    """How instances reach a volume: a block device path, or a file system's export and who may mount it."""
+
+    target: str  # "/dev/disk/by-id/virtio-<serial>" for a block volume, "fs01:/gpfs/vol-..." for a file system
+    clients: tuple[str, ...] = ()  # the addresses (CIDRs) allowed to mount it; empty for a block device
+
+
+class StorageDriver(Protocol):
+    def create(self, *, ref: str, kind: str, size_gib: int) -> None:
+        """Make the volume (a volume, fileset or bucket) of ``size_gib``; one that exists already is done."""
+
+    def resize(self, *, ref: str, size_gib: int) -> None:
+        """Grow it to ``size_gib``; one that size or larger is done. Shrinking is refused before a driver is asked."""
+
+    def delete(self, *, ref: str) -> None:
+        """Remove it and what it holds; one that is gone is done."""
+
+    def export(self, *, ref: str, clients: tuple[str, ...]) -> Export:
+        """Let ``clients`` (CIDRs) reach it, and only them; returns where it is reached."""
+
+    def refs(self) -> set[str]:
+        """Every volume the backend holds (to find what a lost step left behind)."""

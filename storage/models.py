@@ -1,0 +1,124 @@
+"""
+Storage as a product of its own: the classes the platform sells per region (priced per GiB-month),
+the tenant's volumes and file systems, and their attachments to reservations. Every volume has its
+own data key, wrapped by the project's key ring; deleting the volume destroys the key (crypto-erase).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import F, Q
+
+from cloud.models import CatalogueQuerySet
+from storage.choices import StorageKind, VolumeState
+from tenants.scoping import TeamOwnedModel, TenantOwnedModel
+
+
+class StorageClass(models.Model):
+    """One kind of storage in one region at a price: what a volume is made of."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=StorageKind.choices)
+    region = models.ForeignKey("cloud.Region", on_delete=models.PROTECT, related_name="storage_classes")
+    price_per_gib_month = models.DecimalField(max_digits=8, decimal_places=4, validators=[MinValueValidator(0)])
+    min_gib = models.PositiveIntegerField(default=1)
+    max_gib = models.PositiveIntegerField(default=1024 * 1024)
+    backend = models.CharField(max_length=32, default="simulated", help_text="The driver that serves it.")
+    is_active = models.BooleanField(default=True, help_text="Off: no new volumes (existing ones stay).")
+
+    objects = CatalogueQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["region__slug", "kind", "slug"]
+        verbose_name_plural = "storage classes"
+        constraints = [
+            models.CheckConstraint(condition=Q(kind__in=StorageKind.values), name="storage_class_kind_valid"),
+            models.CheckConstraint(condition=Q(min_gib__gte=1, max_gib__gte=F("min_gib")),
+                                   name="storage_class_sizes_ordered"),
+        ]
+
+    def __str__(self):
+        return self.slug
+
+
+class Volume(TeamOwnedModel):
+    """A tenant's block volume, shared file system or bucket: outlives the reservations it serves."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=63)
+    storage_class = models.ForeignKey(StorageClass, on_delete=models.PROTECT, related_name="volumes")
+    size_gib = models.PositiveIntegerField(help_text="Its size now (a resize in flight: see target_gib).")
+    target_gib = models.PositiveIntegerField(help_text="The size asked for; equal to size_gib when settled.")
+    state = models.CharField(max_length=16, choices=VolumeState.choices, default=VolumeState.CREATING)
+    state_reason = models.CharField(max_length=500, blank=True)
+    # The volume's data key (32 random bytes, hex), encrypted by the project's key ring; emptied
+    # when the volume is deleted, which leaves what the backend still holds unreadable.
+    wrapped_key = models.TextField(blank=True)
+    key_destroyed_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    # Times its step failed for a while (a transient driver error) before it succeeded or gave up.
+    attempts = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state", "updated_at"], name="volume_in_flight_idx")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], condition=~Q(state=VolumeState.DELETED),
+                                    name="volume_name_unique_live",
+                                    violation_error_message="This tenant already has a volume with this name."),
+            models.CheckConstraint(condition=Q(state__in=VolumeState.values), name="volume_state_valid"),
+            models.CheckConstraint(condition=Q(size_gib__gte=1, target_gib__gte=F("size_gib")),
+                                   name="volume_sizes_only_grow"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.state})"
+
+    @property
+    def kind(self) -> str:
+        return self.storage_class.kind
+
+    @property
+    def backend_ref(self) -> str:
+        """What the backend calls it: its id, so every driver call is idempotent by it."""
+        return f"vol-{self.pk}"
+
+
+class VolumeAttachment(TenantOwnedModel):
+    """
+    A volume attached to a reservation, read-only or read-write, until detached (by the tenant, or
+    when the reservation ends). The database holds the rules: a volume is attached to a reservation
+    at most once at a time, and an exclusive one (block) to one reservation at a time.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    volume = models.ForeignKey(Volume, on_delete=models.CASCADE, related_name="attachments")
+    reservation = models.ForeignKey("provisioning.Reservation", on_delete=models.CASCADE,
+                                    related_name="volume_attachments")
+    read_only = models.BooleanField(default=False)
+    exclusive = models.BooleanField(help_text="A block volume: one reservation at a time.")
+    mount_path = models.CharField(max_length=200)
+    attached_at = models.DateTimeField(auto_now_add=True)
+    detached_at = models.DateTimeField(null=True, blank=True)
+
+    team_path = "volume__team"
+
+    class Meta:
+        ordering = ["-attached_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["volume", "reservation"], condition=Q(detached_at__isnull=True),
+                                    name="attachment_once_per_reservation"),
+            models.UniqueConstraint(fields=["volume"], condition=Q(detached_at__isnull=True, exclusive=True),
+                                    name="attachment_exclusive_once"),
+        ]
+
+    def __str__(self):
+        return f"{self.volume_id} -> {self.reservation_id}"

@@ -1,0 +1,23 @@
+"""Storage's Celery tasks: thin wrappers around storage.steps."""
+
+from celery import shared_task
+
+
+@shared_task(name="storage.volume_converge", bind=True, max_retries=None)
+def volume_converge(self, volume_id: str) -> str:
+    """A volume's step; a transient backend error tries again with a growing delay."""
+    from storage.steps import TryAgain
+    from storage.steps import volume_converge as converge
+
+    try:
+        return converge(volume_id)
+    except TryAgain as exc:
+        raise self.retry(exc=exc, countdown=min(60, 2 ** min(self.request.retries, 6))) from exc
+
+
+@shared_task(name="storage.reconcile")
+def storage_reconcile() -> dict:
+    """Lost steps sent again, ended reservations' attachments detached, orphans removed (storage.steps)."""
+    from storage.steps import storage_reconcile as reconcile
+
+    return reconcile()
