@@ -27,6 +27,7 @@ from django.urls import reverse
 from core.errors import invalid
 from provisioning.addresses import pool
 from provisioning.models import ConfigDrive, Instance
+from provisioning.mounts import Mount, mounts_for
 
 LABEL = "cidata"  # the NoCloud datasource looks for a volume of this label
 # ISO 9660 names (8.3, upper case) beside the names Linux reads through Rock Ridge and Joliet.
@@ -76,14 +77,21 @@ def meta_data(instance: Instance, keys: list[str]) -> dict:
             "hostname": instance.address or instance.name, "public-keys": keys}
 
 
-def vendor_data(report_url: str) -> str:
+def vendor_data(report_url: str, mounts: list[Mount] = ()) -> str:
     """
     Meridian's own cloud-config: report in once booted, with the host's public keys (cloud-init's
-    ``phone_home``), so the tenant sees the fingerprints before the first login. The tenant's
-    user-data is merged over it and may turn it off.
+    ``phone_home``), so the tenant sees the fingerprints before the first login; and the
+    reservation's volumes mounted (a block volume formatted first if it has no file system yet:
+    ``fs_setup`` never overwrites one). The tenant's user-data is merged over it and may turn it off.
     """
-    config = {"phone_home": {"url": report_url, "post": ["pub_key_rsa", "pub_key_ecdsa", "pub_key_ed25519",
-                                                         "instance_id", "hostname", "fqdn"], "tries": 10}}
+    config: dict = {"phone_home": {"url": report_url, "post": ["pub_key_rsa", "pub_key_ecdsa", "pub_key_ed25519",
+                                                               "instance_id", "hostname", "fqdn"], "tries": 10}}
+    if mounts:
+        blocks = [m for m in mounts if m.kind == "block"]
+        if blocks:
+            config["fs_setup"] = [{"label": m.volume[:16], "filesystem": "ext4", "device": m.source,
+                                   "partition": "none", "overwrite": False} for m in blocks]
+        config["mounts"] = [m.fstab() for m in mounts]
     return "#cloud-config\n" + yaml.safe_dump(config, sort_keys=False)
 
 
@@ -147,7 +155,7 @@ def drive_for(instance: Instance, *, keys: list[str], mac: str | None = None) ->
     token = secrets.token_urlsafe(32)
     files = {"meta-data": yaml.safe_dump(meta_data(instance, keys), sort_keys=False),
              "user-data": reservation.user_data or "#cloud-config\n{}\n",
-             "vendor-data": vendor_data(report_url(instance, token)),
+             "vendor-data": vendor_data(report_url(instance, token), mounts_for(reservation)),
              "network-config": yaml.safe_dump(network_config(instance, mac), sort_keys=False)}
     image = iso(files)
     try:

@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from cloud.choices import OfferingKind
 from core.errors import Conflict, Forbidden, invalid
 from provisioning.models import Reservation
 from provisioning.services import team_for
@@ -126,6 +127,10 @@ def volume_attach(*, actor, volume: Volume, reservation: Reservation, read_only:
                                      f"{', '.join(_regions_of(reservation))}. Attach a volume of its region.",
                       code="region_mismatch")
     exclusive = volume.storage_class.kind == StorageKind.BLOCK
+    if exclusive and reservation.offering.kind == OfferingKind.CONTAINER:
+        raise invalid("reservation", "Containers mount file systems, not block devices: attach a shared file "
+                                     "system, or this volume to a VM or bare-metal reservation.",
+                      code="not_attachable")
     holder = VolumeAttachment.objects.filter(volume=volume, detached_at__isnull=True).select_related("reservation")
     if exclusive and (current := holder.first()) is not None:
         raise Conflict(f"A block volume is attached to one reservation at a time: it is attached to "

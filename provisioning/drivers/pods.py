@@ -57,7 +57,7 @@ def namespace_of(tenant_id) -> str:
 
 def pod_spec(*, name: str, tenant_id, node_name: str, image: str, devices: list[dict], limits: Limits,
              authorized_keys: str, environment: dict[str, str], labels: dict[str, str],
-             network: str = "", vf_guid: str = "") -> PodSpec:
+             network: str = "", vf_guid: str = "", mounts=()) -> PodSpec:
     namespace = namespace_of(tenant_id)
     labels = {**labels, TENANT_LABEL: str(tenant_id)}
     return PodSpec(
@@ -72,7 +72,7 @@ def pod_spec(*, name: str, tenant_id, node_name: str, image: str, devices: list[
                                authorized_keys=authorized_keys, environment=environment),
         pod=pod_manifest(name=name, namespace=namespace, node_name=node_name, image=image, devices=devices,
                          limits=limits, secret=f"{name}-access", environment=sorted(environment), labels=labels,
-                         network=network, vf_guid=vf_guid),
+                         network=network, vf_guid=vf_guid, mounts=mounts),
     )
 
 
@@ -105,15 +105,17 @@ def secret_manifest(*, name: str, namespace: str, labels: dict, authorized_keys:
 
 def pod_manifest(*, name: str, namespace: str, node_name: str, image: str, devices: list[dict], limits: Limits,
                  secret: str, environment: list[str], labels: dict[str, str], network: str = "",
-                 vf_guid: str = "") -> dict:
+                 vf_guid: str = "", mounts=()) -> dict:
     """
     A pod pinned to the shared host, asking for its whole GPUs (``nvidia.com/gpu``); a slot of a
     fractional offering asks for one GPU share (``nvidia.com/gpu.shared``) and carries its memory
     cap in an annotation, which the node's isolation enforces (DESIGN.md, GPU memory isolation).
     Requests equal limits: the pod is in the Guaranteed QoS class and is never squeezed by a neighbour.
+    The reservation's shared file systems (``mounts``) are NFS volumes at their paths.
     """
     if limits.gpus < 1 and not limits.gpu_memory_cap_mib:
         raise ValueError("A pod asks for at least one whole GPU or for a slot with its memory cap.")
+    shared = [m for m in mounts if m.kind == "shared_fs"]  # a container mounts file systems, not block devices
     resources = {"cpu": f"{limits.cpu_millicores}m", "memory": f"{limits.memory_mib}Mi"}
     annotations = {"meridian.cloud/gpus": ",".join(d["gpu_id"] for d in devices)}
     if limits.gpu_memory_cap_mib:
@@ -134,7 +136,9 @@ def pod_manifest(*, name: str, namespace: str, node_name: str, image: str, devic
         env=[client.V1EnvVar(name="SSH_PUBLIC_KEY", value_from=client.V1EnvVarSource(
             secret_key_ref=client.V1SecretKeySelector(name=secret, key="authorized_keys"))), *from_secret],
         ports=[client.V1ContainerPort(container_port=22, name="ssh")],
-        volume_mounts=[client.V1VolumeMount(name="access", mount_path=KEYS_PATH, read_only=True)],
+        volume_mounts=[client.V1VolumeMount(name="access", mount_path=KEYS_PATH, read_only=True),
+                       *(client.V1VolumeMount(name=f"vol-{n}", mount_path=m.path, read_only=m.read_only)
+                         for n, m in enumerate(shared))],
         security_context=client.V1SecurityContext(allow_privilege_escalation=False, privileged=False),
     )
     pod = client.V1Pod(
@@ -145,7 +149,9 @@ def pod_manifest(*, name: str, namespace: str, node_name: str, image: str, devic
             automount_service_account_token=False, enable_service_links=False,
             volumes=[client.V1Volume(name="access", secret=client.V1SecretVolumeSource(
                 secret_name=secret, default_mode=0o400,
-                items=[client.V1KeyToPath(key="authorized_keys", path="authorized_keys")]))]),
+                items=[client.V1KeyToPath(key="authorized_keys", path="authorized_keys")])),
+                *(client.V1Volume(name=f"vol-{n}", nfs=client.V1NFSVolumeSource(
+                    server=m.server, path=m.export_path, read_only=m.read_only)) for n, m in enumerate(shared))]),
     )
     return _serialise(pod)
 

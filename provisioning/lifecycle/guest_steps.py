@@ -18,6 +18,7 @@ from provisioning.drivers.pods import Limits, namespace_of, pod_phase, pod_spec
 from provisioning.images import boot_of
 from provisioning.lifecycle.step_context import Context, NodeFault, authorized_keys, keys_of, target_of
 from provisioning.models import Instance
+from provisioning.mounts import mounts_for
 from provisioning.networks.ports import instance_ports, instance_virtual_function
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def apply_pod(ctx: Context) -> None:
             devices=instance.devices, limits=pod_limits(instance, reservation.offering),
             authorized_keys=authorized_keys(reservation), environment=dict(reservation.environment or {}),
             labels={"meridian.cloud/reservation": str(reservation.pk), "meridian.cloud/instance": instance.name},
-            network=network, vf_guid=vf_guid,
+            network=network, vf_guid=vf_guid, mounts=mounts_for(reservation),
         )
     ctx.each(apply)
 
