@@ -91,6 +91,9 @@ MERIDIAN_TELEMETRY_RETENTION = {
 # volume fails, and how long a step may stay in flight before the reconcile sends it again.
 MERIDIAN_STORAGE_ATTEMPTS = env.int("MERIDIAN_STORAGE_ATTEMPTS", default=5)
 MERIDIAN_STORAGE_STALE_SECONDS = env.int("MERIDIAN_STORAGE_STALE_SECONDS", default=120)
+# Block volumes of classes whose backend is "libvirt": the storage host's libvirt and its pool.
+MERIDIAN_STORAGE_LIBVIRT_URI = env("MERIDIAN_STORAGE_LIBVIRT_URI", default="qemu:///system")
+MERIDIAN_STORAGE_LIBVIRT_POOL = env("MERIDIAN_STORAGE_LIBVIRT_POOL", default="meridian-volumes")
 # The console's history (provisioning.history): queue places, estimated starts and occupancy over time.
 MERIDIAN_HISTORY_RETENTION = timedelta(days=env.int("MERIDIAN_HISTORY_DAYS", default=14))
 # An HCA port's up/down changes are counted within this window (cloud.health's port_flaps).

@@ -7,9 +7,10 @@ know no tenant and call no service. ``driver_for`` picks one by a storage class'
 from __future__ import annotations
 
 from storage.drivers.base import Export, StorageDriver, StorageDriverError
+from storage.drivers.libvirt_pool import LibvirtPoolStorage
 from storage.drivers.simulated import SimulatedStorage
 
-DRIVERS: dict[str, type] = {"simulated": SimulatedStorage}
+DRIVERS: dict[str, type] = {"simulated": SimulatedStorage, "libvirt": LibvirtPoolStorage}
 
 
 def driver_for(backend: str) -> StorageDriver:
