@@ -19,6 +19,7 @@ class Mount:
     source: str  # a device path ("/dev/disk/by-id/...") or an export ("server:/path")
     path: str  # where it is mounted
     read_only: bool
+    ref: str = ""  # the backend's name for it (a block volume's volume in the hosts' storage pool)
 
     def fstab(self) -> list[str]:
         """cloud-init's ``mounts`` entry: spec, path, type, options, dump, pass (nofail: a boot never hangs on it)."""

@@ -28,5 +28,5 @@ def reservation_mounts(reservation) -> list[Mount]:
         export = driver_for(volume.storage_class.backend).export(
             ref=volume.backend_ref, clients=clients if kind == StorageKind.SHARED_FS else ())
         mounts.append(Mount(volume=volume.name, kind=kind, source=export.target, path=attachment.mount_path,
-                            read_only=attachment.read_only))
+                            read_only=attachment.read_only, ref=volume.backend_ref))
     return mounts

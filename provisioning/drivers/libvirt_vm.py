@@ -49,13 +49,16 @@ def mac_address(seed: str) -> str:
 
 def domain_xml(*, name: str, vcpus: int, memory_mib: int, devices: list[dict], image: str,
                domain_type: str = "kvm", network: str | None = None, mac: str | None = None,
-               config_drive: str | None = None, ib_functions: tuple[str, ...] = ()) -> str:
+               config_drive: str | None = None, ib_functions: tuple[str, ...] = (),
+               volumes: tuple[tuple[str, str, bool], ...] = ()) -> str:
     """
     A VM with the given GPUs and InfiniBand virtual functions (``ib_functions``, PCI addresses)
     passed through (one hostdev each), its disk from ``image``, a virtio
     NIC on the libvirt ``network`` (with ``mac``), and its cloud-init config drive as a read-only
     CD-ROM that QEMU reads from the drive's HTTPS or HTTP URL (a network disk: nothing to copy
-    onto the host first).
+    onto the host first). Each of ``volumes`` -- (storage pool, volume, read-only) -- is a further
+    virtio disk (vdb, vdc...) from the hosts' shared storage pool, with the volume's name's first 20
+    characters as its serial: the guest finds it at /dev/disk/by-id/virtio-<serial>.
     """
     domain = ET.Element("domain", type=domain_type)
     ET.SubElement(domain, "name").text = name
@@ -71,6 +74,14 @@ def domain_xml(*, name: str, vcpus: int, memory_mib: int, devices: list[dict], i
     ET.SubElement(disk, "driver", name="qemu", type="qcow2")
     ET.SubElement(disk, "source", file=image)
     ET.SubElement(disk, "target", dev="vda", bus="virtio")
+    for n, (pool, volume, read_only) in enumerate(volumes):
+        extra = ET.SubElement(parts, "disk", type="volume", device="disk")
+        ET.SubElement(extra, "driver", name="qemu", type="raw", cache="none")
+        ET.SubElement(extra, "source", pool=pool, volume=volume)
+        ET.SubElement(extra, "target", dev=f"vd{chr(ord('b') + n)}", bus="virtio")
+        ET.SubElement(extra, "serial").text = volume[:20]
+        if read_only:
+            ET.SubElement(extra, "readonly")
     if config_drive:
         url = urlsplit(config_drive)
         cdrom = ET.SubElement(parts, "disk", type="network", device="cdrom")

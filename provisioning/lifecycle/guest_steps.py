@@ -40,6 +40,10 @@ def define_domain(ctx: Context) -> None:
     offering = ctx.reservation.offering
     source = boot_of(ctx.reservation).source
     pool = settings.MERIDIAN_LIBVIRT_POOL
+    # Block volumes are disks of the domain from the hosts' shared storage pool (file systems are
+    # mounted by cloud-init over the network).
+    block_volumes = tuple((settings.MERIDIAN_STORAGE_LIBVIRT_POOL, m.ref, m.read_only)
+                          for m in mounts_for(ctx.reservation) if m.kind == "block" and m.ref)
 
     def define(instance, target):
         if vms.domain_state(target, instance.name) != "absent":
@@ -53,7 +57,8 @@ def define_domain(ctx: Context) -> None:
         xml = domain_xml(name=instance.name, vcpus=max(2, int(node.cpu_cores * share)),
                          memory_mib=max(8192, int(node.ram_gib * 1024 * share * 0.9)), devices=instance.devices,
                          image=path, network=settings.MERIDIAN_LIBVIRT_NETWORK, mac=mac,
-                         config_drive=cloud_init.drive_url(drive), ib_functions=(ib_function(instance),))
+                         config_drive=cloud_init.drive_url(drive), ib_functions=(ib_function(instance),),
+                         volumes=block_volumes)
         vms.define(target, instance.name, xml)
     ctx.each(define)
 

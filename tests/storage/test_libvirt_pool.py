@@ -69,3 +69,23 @@ def test_a_missing_pool_says_which_setting_names_it(pool, settings):
 def test_an_unknown_backend_is_named():
     with pytest.raises(StorageDriverError, match="No storage driver 'ceph' is installed"):
         driver_for("ceph")
+
+
+def test_a_domain_with_a_pool_volume_disk_is_accepted_by_libvirt(pool):
+    import xml.etree.ElementTree as ET
+
+    from provisioning.drivers.libvirt_vm import domain_xml
+
+    driver, name = driver_for("libvirt"), ref()
+    driver.create(ref=name, kind="block", size_gib=10)
+    conn = pool.connect()
+    vm = f"vm-{uuid.uuid4().hex[:12]}"
+    domain = conn.defineXML(domain_xml(name=vm, vcpus=2, memory_mib=2048, devices=[], image="/default-pool/base.qcow2",
+                                       volumes=(("default-pool", name, True),)))
+    try:
+        disk = ET.fromstring(domain.XMLDesc()).find("devices/disk[@type='volume']")  # noqa: S314 -- the test host's
+        assert disk.find("source").attrib == {"pool": "default-pool", "volume": name}
+        assert disk.find("serial").text == name[:20] and disk.find("readonly") is not None
+    finally:
+        domain.undefine()
+        driver.delete(ref=name)

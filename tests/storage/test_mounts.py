@@ -93,3 +93,23 @@ def test_a_block_volume_is_refused_for_a_container_reservation(world):
     disk = made(world, name="scratch", storage_class="us-east-1-block", size_gib=100)
     answer = world.client("t1_member").post(f"{URL}{disk.pk}/attach/", {"reservation": pk}, format="json")
     assert answer.status_code == 400 and answer.json()["errors"][0]["code"] == "not_attachable"
+
+
+def test_a_vm_gets_its_block_volume_as_a_disk_with_the_serial_cloud_init_mounts(world, steps, settings):
+    import xml.etree.ElementTree as ET
+
+    from provisioning.models import SimulatedDevice
+
+    pk = reserve_on_small_fleet(world, kind="vm")
+    disk = made(world, name="scratch", storage_class="us-east-1-block", size_gib=100)
+    attach(world, disk, pk, mount_path="/data")
+    steps.run()
+    assert reservation(pk).state == "active"
+    instance = Instance.objects.get(reservation_id=pk)
+    xml = SimulatedDevice.objects.get(key=f"hypervisor:{instance.node.hostname}").state["domains"][instance.name]["xml"]
+    [extra] = ET.fromstring(xml).findall("devices/disk[@type='volume']")  # noqa: S314 -- our own XML
+    assert extra.find("source").attrib == {"pool": settings.MERIDIAN_STORAGE_LIBVIRT_POOL, "volume": disk.backend_ref}
+    assert extra.find("target").attrib == {"dev": "vdb", "bus": "virtio"}
+    serial = extra.find("serial").text
+    vendor = yaml.safe_load(cloud_init.read_iso(bytes(ConfigDrive.objects.get(instance=instance).iso))["vendor-data"])
+    assert vendor["mounts"][0][:2] == [f"/dev/disk/by-id/virtio-{serial}", "/data"]
