@@ -22,6 +22,7 @@ from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, S
 from config.api_router import router
 from provisioning.models import VPC, Instance, Operation, PortMembership, Reservation
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
+from storage.models import StorageClass, Volume, VolumeAttachment
 from tenants.choices import QuotaResource, TeamRole, TenantRole
 from tenants.models import (
     APIToken,
@@ -36,7 +37,7 @@ from tenants.models import (
     Tenant,
     secret_digest,
 )
-from tests.world import World, fleet_node, h100, hp_snapshot, image, make_user, unique, vm_offering
+from tests.world import World, fleet_node, h100, hp_snapshot, image, make_user, unique, vm_offering, world_volume
 from web.api.base import PlatformViewSet
 
 SMALL, LARGE = 2, 20
@@ -239,6 +240,23 @@ def make_instances(world, n):
                                 state="active", name=f"vm-{i}-{secrets.token_hex(3)}")
 
 
+def make_storage_classes(world, n):
+    region, _ = Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})
+    base = StorageClass.objects.count()
+    StorageClass.objects.bulk_create(StorageClass(
+        slug=f"bench-class-{base + i}", name=f"Class {base + i}", kind="block", region=region,
+        price_per_gib_month="0.1000") for i in range(n))
+
+
+def make_volumes(world, n):
+    """File systems of t1, each attached to the world's reservation (the list shows live attachments)."""
+    reservation = world.t1.objects[Reservation]
+    for _ in range(n):
+        volume = world_volume(world.t1.tenant)
+        VolumeAttachment.objects.create(tenant=world.t1.tenant, volume=volume, reservation=reservation,
+                                        exclusive=False, mount_path=f"/mnt/{volume.name}")
+
+
 def make_vpcs(world, n):
     """VPCs of t1, each with an instance in it (the list counts live members)."""
     make_instances(world, n)
@@ -281,6 +299,8 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     ReferenceMeasurement: make_references,
     AttestationReport: make_attestation_reports,
     VPC: make_vpcs,
+    StorageClass: make_storage_classes,
+    Volume: make_volumes,
     Reservation: make_reservations,
     Operation: make_operations,
     Instance: make_instances,
