@@ -20,9 +20,11 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
+from cloud.models import Region
 from config.demo import DEMO_PASSWORD, DEMO_USERS
 from config.supervisor import Child, Supervisor
 from provisioning.history import history_sample
+from storage.catalogue import default_storage_classes
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -51,6 +53,8 @@ class Command(BaseCommand):
         self.stdout.write(f"Data folder: {settings.DATA_DIR}")
         call_command("migrate", interactive=False, verbosity=0)
         call_command("seed_demo", verbosity=1)
+        for region in Region.objects.all():  # a data folder from before storage gets its classes too
+            default_storage_classes(region)
         history_sample()  # the console's charts start from now, not from the first beat
         call_command("collectstatic", interactive=False, verbosity=0)
         connection.close()
