@@ -13,8 +13,13 @@ from web.console import chosen_team_id, scoped
 
 class ClassChoiceField(forms.ModelChoiceField):
     def label_from_instance(self, storage_class: StorageClass) -> str:
-        return (f"{storage_class.region.name} · {storage_class.name} — ${storage_class.price_per_gib_month}/GiB-month, "
-                f"{storage_class.min_gib:,}–{storage_class.max_gib:,} GiB")
+        return (f"{storage_class.region.name} · {storage_class.name} — {dollars(storage_class.price_per_gib_month)}"
+                f"/GiB-month, {storage_class.min_gib:,}–{storage_class.max_gib:,} GiB")
+
+
+def dollars(price) -> str:
+    """$0.10, $0.02, $0.0125: cents where they say it all, more places where they do not."""
+    return f"${price:.2f}" if price == round(price, 2) else f"${price.normalize()}"
 
 
 class VolumeForm(forms.Form):
