@@ -400,6 +400,9 @@ CELERY_BEAT_SCHEDULE = {
     # the console's charts (provisioning.history); prune what is past MERIDIAN_HISTORY_DAYS.
     # Storage: lost volume steps sent again, ended reservations' attachments detached, orphans removed.
     "storage.reconcile": {"task": "storage.reconcile", "schedule": 60.0},
+    # Storage's billed GiB per tenant, team and class (storage.usage).
+    "storage.usage_sample": {"task": "storage.usage_sample",
+                             "schedule": env.float("MERIDIAN_STORAGE_USAGE_SECONDS", default=300.0)},
     "provisioning.history_sample": {"task": "provisioning.history_sample",
                                     "schedule": env.float("MERIDIAN_HISTORY_SAMPLE_SECONDS", default=300.0)},
     "cloud.telemetry_prune": {"task": "cloud.telemetry_prune", "schedule": 3600.0},

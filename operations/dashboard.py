@@ -17,6 +17,7 @@ from provisioning import usage
 from provisioning.choices import ReservationState as R
 from provisioning.models import Reservation
 from security.models import Incident
+from storage.usage import storage_spend
 from tenants.notification_views import unread_notifications
 from web.charts import PALETTE, line_chart, round_up
 from web.console import chosen_team_id, scoped
@@ -54,6 +55,7 @@ def summary(request, *, now: datetime) -> dict:
         "gpus_reserved": sum(v["reserved"] for v in by_team.values()),
         "states": [(state, label, states.get(state, 0)) for state, label in R.choices if states.get(state)],
         "spend": spend,
+        "storage": _storage(request, now, team_id),
         "projection": (projection := month_end_projection(spend, now)),
         "spend_chart": spend_chart(month, now, projection),
         "chart": chart(daily),
@@ -61,6 +63,14 @@ def summary(request, *, now: datetime) -> dict:
         "recent": list(reservations.select_related("offering").order_by("-submitted_at")[:8]),
         "notifications": notifications(request),
     }
+
+
+def _storage(request, now: datetime, team_id):
+    """The tenant's (or the chosen team's) storage this month: GiB now, GiB-hours, spend; None for staff."""
+    tenant = request.principal.tenant
+    if tenant is None:
+        return None
+    return storage_spend([tenant.pk], since=usage.month_start(now), until=now, team_id=team_id).get(tenant.pk)
 
 
 def notifications(request) -> list:

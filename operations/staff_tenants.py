@@ -17,6 +17,7 @@ from django.utils import timezone
 from provisioning import usage
 from provisioning.models import Reservation
 from provisioning.transitions import WAITING_STATES
+from storage.usage import StorageSpend, storage_spend
 from tenants.models import Tenant
 from web.console import console_page, scoped
 
@@ -31,6 +32,7 @@ class TenantUsage:
     waiting: int = 0
     waiting_gpus: int = 0
     teams: dict = field(default_factory=lambda: defaultdict(Decimal))
+    storage: StorageSpend | None = None
 
 
 def tenants_usage(request, now) -> list[TenantUsage]:
@@ -52,6 +54,8 @@ def tenants_usage(request, now) -> list[TenantUsage]:
     for tenant_id, n, gpus in waiting:
         if tenant_id in rows:
             rows[tenant_id].waiting, rows[tenant_id].waiting_gpus = n, gpus or 0
+    for tenant_id, used in storage_spend(list(rows), since=start, until=now).items():
+        rows[tenant_id].storage = used
     elapsed = (now - start).total_seconds()
     factor = Decimal(str((usage.month_end(now) - start).total_seconds() / elapsed)) if elapsed >= 3600 else None
     for row in rows.values():

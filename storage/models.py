@@ -122,3 +122,23 @@ class VolumeAttachment(TenantOwnedModel):
 
     def __str__(self):
         return f"{self.volume_id} -> {self.reservation_id}"
+
+
+class StorageUsageSample(TenantOwnedModel):
+    """
+    GiB a tenant (and team) held in one storage class over ``seconds`` before ``at``: what storage
+    is billed by (GiB-hours), sampled every MERIDIAN_STORAGE_USAGE_SECONDS (``storage.usage``).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField()
+    team = models.ForeignKey("tenants.Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    storage_class = models.ForeignKey(StorageClass, on_delete=models.PROTECT, related_name="+")
+    gib = models.PositiveBigIntegerField()
+    seconds = models.PositiveIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "at"], name="storage_usage_tenant_at_idx")]
+
+    def __str__(self):
+        return f"{self.tenant_id} {self.gib} GiB at {self.at:%Y-%m-%d %H:%M}"

@@ -15,6 +15,14 @@ def volume_converge(self, volume_id: str) -> str:
         raise self.retry(exc=exc, countdown=min(60, 2 ** min(self.request.retries, 6))) from exc
 
 
+@shared_task(name="storage.usage_sample")
+def usage_sample() -> int:
+    """Every tenant's billed storage, per team and class (storage.usage)."""
+    from storage.usage import usage_sample as sample
+
+    return sample()
+
+
 @shared_task(name="storage.reconcile")
 def storage_reconcile() -> dict:
     """Lost steps sent again, ended reservations' attachments detached, orphans removed (storage.steps)."""

@@ -1,13 +1,17 @@
 """The console's storage page: volumes, their attachments and the quota used; create, grow, attach, detach, delete."""
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from cloud.models import Region
 from provisioning.models import Reservation
 from storage.catalogue import default_storage_classes
 from storage.models import Volume, VolumeAttachment
 from storage.steps import volume_converge
-from tests.world import small_fleet
+from storage.usage import usage_sample
+from tests.world import small_fleet, world_volume
 
 pytestmark = pytest.mark.django_db
 
@@ -86,3 +90,13 @@ def test_a_viewer_reads_but_changes_nothing_and_another_tenant_gets_404(console,
     assert volume.name not in console("t2_member").get("/volumes/").content.decode()
     assert console("t2_member").post(f"/volumes/{volume.pk}/delete/").status_code == 404
     assert Volume.objects.get(pk=volume.pk).state == "available"
+
+
+def test_the_dashboard_and_the_staff_tenants_page_show_storage(console, world, settings):
+    settings.MERIDIAN_STORAGE_USAGE_SECONDS = 3600
+    world_volume(world.t1.tenant)
+    usage_sample(timezone.now() - timedelta(minutes=5))
+    body = console("t1_owner").get("/").content.decode()
+    assert "Storage this month (100 GiB now, 100 GiB-hours" in body
+    staff = console("platform_admin").get("/staff/tenants/").content.decode()
+    assert "100 GiB now" in staff
