@@ -27,7 +27,7 @@ from django.urls import reverse
 from core.errors import invalid
 from provisioning.addresses import pool
 from provisioning.models import ConfigDrive, Instance
-from provisioning.mounts import Mount, mounts_for
+from provisioning.mounts import Mount
 
 LABEL = "cidata"  # the NoCloud datasource looks for a volume of this label
 # ISO 9660 names (8.3, upper case) beside the names Linux reads through Rock Ridge and Joliet.
@@ -143,9 +143,10 @@ def read_iso(data: bytes) -> dict[str, str]:
         volume.close()
 
 
-def drive_for(instance: Instance, *, keys: list[str], mac: str | None = None) -> ConfigDrive:
+def drive_for(instance: Instance, *, keys: list[str], mounts: list[Mount], mac: str | None = None) -> ConfigDrive:
     """
-    The instance's config drive: made on first call with ``keys`` (authorized_keys lines), then
+    The instance's config drive: made on first call with ``keys`` (authorized_keys lines) and the
+    reservation's ``mounts`` (``mounts_for``, read once by the step for all its instances), then
     the same one -- a retried step, or a second worker racing the first, gets the stored ISO.
     """
     drive = ConfigDrive.objects.filter(instance=instance).first()
@@ -155,7 +156,7 @@ def drive_for(instance: Instance, *, keys: list[str], mac: str | None = None) ->
     token = secrets.token_urlsafe(32)
     files = {"meta-data": yaml.safe_dump(meta_data(instance, keys), sort_keys=False),
              "user-data": reservation.user_data or "#cloud-config\n{}\n",
-             "vendor-data": vendor_data(report_url(instance, token), mounts_for(reservation)),
+             "vendor-data": vendor_data(report_url(instance, token), mounts),
              "network-config": yaml.safe_dump(network_config(instance, mac), sort_keys=False)}
     image = iso(files)
     try:

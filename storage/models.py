@@ -83,10 +83,6 @@ class Volume(TeamOwnedModel):
         return f"{self.name} ({self.state})"
 
     @property
-    def kind(self) -> str:
-        return self.storage_class.kind
-
-    @property
     def backend_ref(self) -> str:
         """What the backend calls it: its id, so every driver call is idempotent by it."""
         return f"vol-{self.pk}"

@@ -42,8 +42,9 @@ def define_domain(ctx: Context) -> None:
     pool = settings.MERIDIAN_LIBVIRT_POOL
     # Block volumes are disks of the domain from the hosts' shared storage pool (file systems are
     # mounted by cloud-init over the network).
+    mounts = mounts_for(ctx.reservation)  # once for all its instances: each asks the storage backend
     block_volumes = tuple((settings.MERIDIAN_STORAGE_LIBVIRT_POOL, m.ref, m.read_only)
-                          for m in mounts_for(ctx.reservation) if m.kind == "block" and m.ref)
+                          for m in mounts if m.kind == "block" and m.ref)
 
     def define(instance, target):
         if vms.domain_state(target, instance.name) != "absent":
@@ -52,7 +53,7 @@ def define_domain(ctx: Context) -> None:
         path = vms.volume(target, pool, disk) or vms.create_volume(target, pool, disk, base=base,
                                                                   size_gib=settings.MERIDIAN_VM_DISK_GIB)
         mac = mac_address(str(instance.pk))
-        drive = cloud_init.drive_for(instance, keys=keys, mac=mac)
+        drive = cloud_init.drive_for(instance, keys=keys, mounts=mounts, mac=mac)
         node, share = instance.node, host_share(instance, offering)
         xml = domain_xml(name=instance.name, vcpus=max(2, int(node.cpu_cores * share)),
                          memory_mib=max(8192, int(node.ram_gib * 1024 * share * 0.9)), devices=instance.devices,
@@ -135,6 +136,7 @@ def apply_pod(ctx: Context) -> None:
     """
     pods, reservation = ctx.drivers.container, ctx.reservation
     image = boot_of(reservation).source
+    mounts = mounts_for(reservation)  # once for all its instances: each asks the storage backend
 
     def apply(instance, target):
         namespace = namespace_of(reservation.tenant_id)
@@ -162,7 +164,7 @@ def apply_pod(ctx: Context) -> None:
             devices=instance.devices, limits=pod_limits(instance, reservation.offering),
             authorized_keys=authorized_keys(reservation), environment=dict(reservation.environment or {}),
             labels={"meridian.cloud/reservation": str(reservation.pk), "meridian.cloud/instance": instance.name},
-            network=network, vf_guid=vf_guid, mounts=mounts_for(reservation),
+            network=network, vf_guid=vf_guid, mounts=mounts,
         )
     ctx.each(apply)
 

@@ -32,6 +32,7 @@ from provisioning.lifecycle.guest_steps import (
 )
 from provisioning.lifecycle.step_context import Context, NodeFault, Step, authorized_keys, keys_of, target_of
 from provisioning.models import Allocation
+from provisioning.mounts import mounts_for
 from provisioning.networks.ports import VPCRefused, ports_join, ports_join_many, ports_leave
 from provisioning.networks.vpcs import default_vpc
 from security.models import AttestationNonce, AttestationReport
@@ -82,10 +83,10 @@ def boot_from_disk(ctx: Context) -> None:
     reboot without it cloud-init would take the host for a new instance and make new host keys.
     """
     power = ctx.drivers.power
-    keys = keys_of(ctx.reservation)
+    keys, mounts = keys_of(ctx.reservation), mounts_for(ctx.reservation)
 
     def switch(instance, target):
-        url = cloud_init.drive_url(cloud_init.drive_for(instance, keys=keys))
+        url = cloud_init.drive_url(cloud_init.drive_for(instance, keys=keys, mounts=mounts))
         # Boot device last: a retry that finds it on the disk knows the power cycle is under way.
         if power.boot_device(target) != "hdd" and power.power_state(target) == "on":
             power.set_power(target, False)

@@ -113,3 +113,12 @@ def test_a_vm_gets_its_block_volume_as_a_disk_with_the_serial_cloud_init_mounts(
     serial = extra.find("serial").text
     vendor = yaml.safe_load(cloud_init.read_iso(bytes(ConfigDrive.objects.get(instance=instance).iso))["vendor-data"])
     assert vendor["mounts"][0][:2] == [f"/dev/disk/by-id/virtio-{serial}", "/data"]
+
+
+def test_a_step_asks_the_backend_for_the_mounts_once_for_all_its_instances(world, steps):
+    pk = reserve_on_small_fleet(world, kind="bare_metal", nodes=2)
+    shared = made(world, name="datasets", storage_class="us-east-1-shared-fs")
+    attach(world, shared, pk)
+    steps.run()
+    assert reservation(pk).state == "active" and Instance.objects.filter(reservation_id=pk).count() == 2
+    assert SimulatedStorage.calls(shared.backend_ref)["storage_export"] == 1  # one step made both drives
