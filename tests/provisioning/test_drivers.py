@@ -184,6 +184,7 @@ def test_bare_metal_steps_deploy_boot_the_os_and_release_through_the_emulator(bm
     monkeypatch.setattr(lifecycle_steps.cloud_init, "drive_for", lambda instance, **kw: "drive")
     monkeypatch.setattr(lifecycle_steps.cloud_init, "drive_url", lambda _drive: drive)
     monkeypatch.setattr(lifecycle_steps, "keys_of", lambda reservation: [])
+    monkeypatch.setattr(lifecycle_steps, "mounts_for", lambda reservation: [])
     settings.MERIDIAN_DEPLOY_IMAGE_URL = image_url
     target = _node(bmc)
     server = SimpleNamespace(pk=target.node_id, hostname=target.hostname, bmc_address=target.bmc_address,
