@@ -183,24 +183,15 @@ class LibvirtVM(VMDriver):
         finally:
             conn.close()
 
-    @staticmethod
-    def _lookup(libvirt, pool, name):
-        try:
-            return pool.storageVolLookupByName(name)
-        except libvirt.libvirtError as exc:
-            if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
-                return None
-            raise
-
     def volume(self, target, pool, name):
         def read(libvirt, found):
-            volume = self._lookup(libvirt, found, name)
+            volume = pool_volume(libvirt, found, name)
             return volume.path() if volume is not None else None
         return self._on_pool(target, pool, read)
 
     def create_volume(self, target, pool, name, *, base, size_gib):
         def create(libvirt, found):
-            backing = self._lookup(libvirt, found, base)
+            backing = pool_volume(libvirt, found, base)
             if backing is None:
                 raise DriverError(f"The image volume '{base}' is not in pool '{pool}' on {target.hostname}: "
                                   "import the image onto the host first.", transient=False)
@@ -209,10 +200,20 @@ class LibvirtVM(VMDriver):
 
     def delete_volume(self, target, pool, name):
         def delete(libvirt, found):
-            volume = self._lookup(libvirt, found, name)
+            volume = pool_volume(libvirt, found, name)
             if volume is not None:
                 volume.delete(0)
         self._on_pool(target, pool, delete)
+
+
+def pool_volume(libvirt, pool, name: str):
+    """The volume ``name`` of a libvirt storage pool, or None when it has none by that name."""
+    try:
+        return pool.storageVolLookupByName(name)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+            return None
+        raise
 
 
 def volume_xml(*, name: str, size_gib: int, base_path: str) -> str:

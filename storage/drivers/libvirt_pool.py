@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 
 from django.conf import settings
 
+from provisioning.drivers.libvirt_vm import pool_volume
 from storage.drivers.base import Export, StorageDriverError
 
 GIB = 1024**3
@@ -25,13 +26,13 @@ class LibvirtPoolStorage:
                                      "class another backend.", transient=False)
 
         def make(libvirt, pool):
-            if self._lookup(libvirt, pool, ref) is None:
+            if pool_volume(libvirt, pool, ref) is None:
                 pool.createXML(volume_xml(ref, size_gib), 0)
         self._on_pool(make)
 
     def resize(self, *, ref: str, size_gib: int) -> None:
         def grow(libvirt, pool):
-            volume = self._lookup(libvirt, pool, ref)
+            volume = pool_volume(libvirt, pool, ref)
             if volume is None:
                 raise StorageDriverError(f"The pool has no volume {ref} to grow.", transient=False)
             if volume.info()[1] < size_gib * GIB:
@@ -40,7 +41,7 @@ class LibvirtPoolStorage:
 
     def delete(self, *, ref: str) -> None:
         def remove(libvirt, pool):
-            volume = self._lookup(libvirt, pool, ref)
+            volume = pool_volume(libvirt, pool, ref)
             if volume is None:
                 return
             try:
@@ -53,7 +54,7 @@ class LibvirtPoolStorage:
 
     def export(self, *, ref: str, clients: tuple[str, ...]) -> Export:
         def find(libvirt, pool):
-            if self._lookup(libvirt, pool, ref) is None:
+            if pool_volume(libvirt, pool, ref) is None:
                 raise StorageDriverError(f"The pool has no volume {ref} to export.", transient=False)
         self._on_pool(find)
         return Export(target=f"/dev/disk/by-id/virtio-{ref[:20]}")
@@ -87,15 +88,6 @@ class LibvirtPoolStorage:
             raise StorageDriverError(f"libvirt storage ({name}): {exc}.", transient=not unsupported) from exc
         finally:
             conn.close()
-
-    @staticmethod
-    def _lookup(libvirt, pool, name):
-        try:
-            return pool.storageVolLookupByName(name)
-        except libvirt.libvirtError as exc:
-            if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
-                return None
-            raise
 
 
 def volume_xml(name: str, size_gib: int) -> str:
