@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -33,14 +34,13 @@ def database_url_of_tests() -> str:
     return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
-@pytest.mark.django_db(transaction=True)
-def test_worker_on_rabbitmq_runs_the_invitation_expiry_task(world):
-    """The beat task sent through RabbitMQ is run by a worker and deletes long-expired invitations."""
-    stale = Invitation.objects.create(
-        tenant=world.t1.tenant, role=TenantRole.MEMBER, digest=uuid.uuid4().hex,
-        expires_at=timezone.now() - timedelta(days=3),
-    )
-    fresh = world.t1.objects[Invitation]
+@contextmanager
+def worker_on_rabbitmq():
+    """
+    A real worker process (one pool process) on a RabbitMQ queue of its own, against the test
+    database; yields it and ``send(task_name, *args)``, which publishes as the web process would.
+    The worker is stopped and its queue deleted afterwards.
+    """
     queue = f"meridian-test-{uuid.uuid4().hex[:12]}"
     env = {**os.environ, "DATABASE_URL": database_url_of_tests(), "CELERY_BROKER_URL": BROKER,
            "MERIDIAN_CELERY_QUEUE": queue}
@@ -50,17 +50,29 @@ def test_worker_on_rabbitmq_runs_the_invitation_expiry_task(world):
          "--hostname", f"{queue}@%h"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
+    producer = Celery(broker=BROKER, set_as_current=False)  # the project's tasks keep their own app
     try:
-        producer = Celery(broker=BROKER, set_as_current=False)  # the project's tasks keep their own app
-        producer.send_task("tenants.invitation_expire", queue=queue)
+        yield worker, lambda name, *args: producer.send_task(name, args=list(args), queue=queue)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        with Connection(BROKER) as conn:
+            conn.default_channel.queue_delete(queue)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_on_rabbitmq_runs_the_invitation_expiry_task(world):
+    """The beat task sent through RabbitMQ is run by a worker and deletes long-expired invitations."""
+    stale = Invitation.objects.create(
+        tenant=world.t1.tenant, role=TenantRole.MEMBER, digest=uuid.uuid4().hex,
+        expires_at=timezone.now() - timedelta(days=3),
+    )
+    fresh = world.t1.objects[Invitation]
+    with worker_on_rabbitmq() as (worker, send):
+        send("tenants.invitation_expire")
         deadline = time.monotonic() + 60
         while Invitation.objects.filter(pk=stale.pk).exists():
             assert worker.poll() is None, worker.stdout.read()
             assert time.monotonic() < deadline, "the worker did not run the task in 60 s"
             time.sleep(0.2)
         assert Invitation.objects.filter(pk=fresh.pk).exists()
-    finally:
-        worker.terminate()
-        worker.wait(timeout=30)
-        with Connection(BROKER) as conn:
-            conn.default_channel.queue_delete(queue)
