@@ -64,13 +64,15 @@ def console_log() -> ConsoleLog:
 def new_page(chromium, live_server, console_log):
     """
     ``new_page()``: a page in a fresh browser context (its own cookies: one signed-in user) on the
-    live server, watched by ``console_log``. The test fails on any console error, uncaught
-    exception or CSP violation the pages reported that it did not ``allow`` (ENGINEERING row 22).
+    live server, watched by ``console_log``, 1280 px wide unless ``viewport`` says otherwise, with
+    JavaScript unless ``script=False``. The test fails on any console error, uncaught exception or
+    CSP violation the pages reported that it did not ``allow`` (ENGINEERING row 22).
     """
     contexts = []
 
-    def make():
-        context = chromium.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
+    def make(viewport: dict | None = None, script: bool = True):
+        context = chromium.new_context(base_url=live_server.url, viewport=viewport or {"width": 1280, "height": 900},
+                                       java_script_enabled=script)
         context.set_default_timeout(PAGE_TIMEOUT_S * 1000)
         contexts.append(context)
         page = context.new_page()

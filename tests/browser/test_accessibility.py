@@ -33,7 +33,7 @@ from tenants import services
 from tenants.choices import TenantRole
 from tenants.models import APIToken, HighPriorityApplication
 from tenants.scoping import Principal
-from tests.browser.pages import PAGE_TIMEOUT_S, log_in, require_pages, url_exists
+from tests.browser.pages import log_in, require_pages, url_exists
 from tests.provisioning.factories import offering
 from tests.provisioning.pipeline import SSH_KEY, reserve_on_small_fleet
 
@@ -206,29 +206,9 @@ def path_of(url: str) -> str:
 
 
 @pytest.fixture
-def audit_pages(chromium, live_server, console_log):
+def audit_pages(new_page):
     """``audit_pages()``: a page with JavaScript and one without, each in a fresh context, by ``script``."""
-    contexts = []
-
-    def make() -> dict:
-        pages = {}
-        for script in (True, False):
-            context = chromium.new_context(base_url=live_server.url, viewport=VIEWPORTS[1280],
-                                           java_script_enabled=script)
-            context.set_default_timeout(PAGE_TIMEOUT_S * 1000)
-            contexts.append(context)
-            page = pages[script] = context.new_page()
-            page.on("console", console_log.on_console)
-            page.on("pageerror", console_log.on_page_error)
-            page.on("dialog", console_log.on_dialog)
-        return pages
-
-    yield make
-    for context in contexts:
-        context.close()
-    unexpected = console_log.unexpected()
-    if unexpected:
-        pytest.fail("The pages reported errors:\n" + "\n".join(unexpected), pytrace=False)
+    return lambda: {script: new_page(VIEWPORTS[1280], script=script) for script in (True, False)}
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from provisioning.models import Reservation
-from tests.browser.pages import PAGE_TIMEOUT_S, log_in, screenshot
+from tests.browser.pages import log_in, screenshot
 from tests.console.test_staff_queue import queue_up
 from tests.world import small_fleet
 
@@ -25,24 +25,9 @@ def fleet(world):
 
 
 @pytest.fixture
-def browse(chromium, live_server, console_log):
+def browse(new_page):
     """``browse(width, js)``: a page of a fresh context at that width, with JavaScript on or off."""
-    contexts = []
-
-    def make(width: str, js: bool):
-        context = chromium.new_context(base_url=live_server.url, viewport=WIDTHS[width], java_script_enabled=js)
-        context.set_default_timeout(PAGE_TIMEOUT_S * 1000)
-        contexts.append(context)
-        page = context.new_page()
-        page.on("console", console_log.on_console)
-        page.on("pageerror", console_log.on_page_error)
-        page.on("dialog", console_log.on_dialog)
-        return page
-
-    yield make
-    for context in contexts:
-        context.close()
-    assert console_log.unexpected() == []
+    return lambda width, js: new_page(WIDTHS[width], script=js)
 
 
 def row_actions(page, reservation):
