@@ -92,3 +92,14 @@ def reserve_on_small_fleet(world, *, kind: str = "vm", name: str = "job", hours:
         "duration_hours": hours, "ssh_public_key": SSH_KEY, **amount, **extra}, format="json")
     assert response.status_code == 201, response.json()
     return response.json()["id"]
+
+
+def reserve_vm(world, persona: str = "t1_owner", gpus: int = 1, **extra) -> Reservation:
+    """A VM reservation of ``gpus`` (1, or a whole 8-GPU host) in us-east-1, made through the API as ``persona``."""
+    from tests.world import vm_offering
+
+    body = {"name": "job", "offering": vm_offering(gpus if gpus == 8 else 1).slug, "gpus": gpus,
+            "regions": ["us-east-1"], "duration_hours": 2, **extra}
+    response = world.client(persona).post("/api/v1/reservations/", body, format="json")
+    assert response.status_code == 201, response.content
+    return Reservation.objects.get(pk=response.json()["id"])

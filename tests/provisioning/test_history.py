@@ -15,26 +15,19 @@ from provisioning.models import OccupancySample, QueueSample, Reservation
 from provisioning.scheduling.queue import estimated_start, queue_position
 from provisioning.staff_actions import reservation_hold
 from provisioning.views import queue_charts
-from tests.world import small_fleet, vm_offering
+from tests.provisioning.pipeline import reserve_vm
+from tests.world import small_fleet
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/reservations/"
-
-
-def reserve(world, persona="t1_owner", gpus=1, **extra) -> Reservation:
-    body = {"name": "job", "offering": vm_offering(gpus if gpus == 8 else 1).slug, "gpus": gpus,
-            "regions": ["us-east-1"], "duration_hours": 2, **extra}
-    response = world.client(persona).post(URL, body, format="json")
-    assert response.status_code == 201, response.content
-    return Reservation.objects.get(pk=response.json()["id"])
 
 
 @pytest.fixture
 def queued(world):
     small_fleet(4)
     Reservation.objects.filter(state="queued").delete()  # the world's own: only this test's queue
-    assert reserve(world, gpus=8).state == "scheduled"
-    return [reserve(world, urgency=0.9), reserve(world, "t2_member", urgency=0.3), reserve(world, urgency=0.5)]
+    assert reserve_vm(world, gpus=8).state == "scheduled"
+    return [reserve_vm(world, urgency=0.9), reserve_vm(world, "t2_member", urgency=0.3), reserve_vm(world, urgency=0.5)]
 
 
 def test_a_sample_gives_each_queued_reservation_the_place_and_start_its_page_shows(world, queued):

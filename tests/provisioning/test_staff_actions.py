@@ -20,7 +20,8 @@ from provisioning.staff_actions import (
 )
 from security.models import AuditEvent
 from tenants.models import Notification
-from tests.world import small_fleet, vm_offering
+from tests.provisioning.pipeline import reserve_vm
+from tests.world import small_fleet
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/reservations/"
@@ -32,24 +33,16 @@ def fleet(world):
     return small_fleet(4)
 
 
-def reserve(world, persona="t1_owner", gpus=1, **extra) -> Reservation:
-    body = {"name": "job", "offering": vm_offering(gpus if gpus == 8 else 1).slug, "gpus": gpus,
-            "regions": ["us-east-1"], "duration_hours": 2, **extra}
-    response = world.client(persona).post(URL, body, format="json")
-    assert response.status_code == 201, response.content
-    return Reservation.objects.get(pk=response.json()["id"])
-
-
 @pytest.fixture
 def full(world, fleet):
     """The shared host is full: what comes next queues."""
-    filler = reserve(world, gpus=8)
+    filler = reserve_vm(world, gpus=8)
     assert filler.state == "scheduled"
     return filler
 
 
 def test_a_raise_moves_a_reservation_ahead_and_is_audited_and_told(world, full):
-    first, second = reserve(world, urgency=0.8), reserve(world, "t2_member", urgency=0.2)
+    first, second = reserve_vm(world, urgency=0.8), reserve_vm(world, "t2_member", urgency=0.2)
     assert queue_position(second) > queue_position(first)
     admin = world.principal("platform_admin")
     adjusted = reservation_adjust_priority(actor=admin, reservation=second, adjustment=0.5, note="Paper deadline")
@@ -65,7 +58,7 @@ def test_a_raise_moves_a_reservation_ahead_and_is_audited_and_told(world, full):
 
 
 def test_the_scheduler_reads_an_adjustment_made_after_it_mirrored_the_queue(world, full):
-    queued = reserve(world)
+    queued = reserve_vm(world)
     mirror = QueueMirror()
     assert [row[4] for row in mirror.queued() if row[0] == queued.pk] == [0.0]
     reservation_adjust_priority(actor=world.principal("platform_admin"), reservation=queued, adjustment=-0.25,
@@ -78,7 +71,7 @@ def test_the_scheduler_reads_an_adjustment_made_after_it_mirrored_the_queue(worl
     (0.5, "", "note"), (0.5, "   ", "note"), (0.5, "x" * 501, "note"),
 ])
 def test_bad_input_names_its_field_and_changes_nothing(world, full, adjustment, note, field):
-    queued = reserve(world)
+    queued = reserve_vm(world)
     with pytest.raises(DomainError) as refused:
         reservation_adjust_priority(actor=world.principal("platform_admin"), reservation=queued,
                                     adjustment=adjustment, note=note)
@@ -90,7 +83,7 @@ def test_bad_input_names_its_field_and_changes_nothing(world, full, adjustment, 
 
 @pytest.mark.parametrize("persona", ["platform_approver", "t1_owner"])
 def test_only_platform_admins_act_on_the_queue(world, full, persona):
-    queued = reserve(world)
+    queued = reserve_vm(world)
     for act in (lambda a: reservation_adjust_priority(actor=a, reservation=queued, adjustment=0.1, note="n"),
                 lambda a: reservation_hold(actor=a, reservation=queued, note="n"),
                 lambda a: reservation_staff_cancel(actor=a, reservation=queued, reason="n"),
@@ -103,7 +96,7 @@ def test_only_platform_admins_act_on_the_queue(world, full, persona):
 
 def test_a_held_reservation_is_not_placed_until_it_is_let_go(world, full):
     admin = world.principal("platform_admin")
-    held = reserve(world)
+    held = reserve_vm(world)
     reservation_hold(actor=admin, reservation=held, note="Checking the image with the team")
     held.refresh_from_db()
     assert held.state_reason == "Held by the operator: Checking the image with the team"
@@ -126,7 +119,7 @@ def test_a_held_reservation_is_not_placed_until_it_is_let_go(world, full):
 
 def test_a_hold_landing_before_a_batched_placement_keeps_the_reservation_out_of_it(world, full):
     """The batch locks the rows it moves and leaves a held one: the hold and the placement never both win."""
-    held = reserve(world)
+    held = reserve_vm(world)
     reservation_hold(actor=world.principal("platform_admin"), reservation=held, note="Wait")
     assert reservation_schedule_many(items=[(held, None, None)]) == []
     held.refresh_from_db()
@@ -134,18 +127,18 @@ def test_a_hold_landing_before_a_batched_placement_keeps_the_reservation_out_of_
 
 
 def test_a_held_reservation_of_a_higher_score_does_not_block_a_new_one_on_free_capacity(world, fleet):
-    filler = reserve(world, gpus=8)
-    waiting = reserve(world, urgency=1.0)  # queued behind the full host
+    filler = reserve_vm(world, gpus=8)
+    waiting = reserve_vm(world, urgency=1.0)  # queued behind the full host
     reservation_adjust_priority(actor=world.principal("platform_admin"), reservation=waiting, adjustment=1.0,
                                 note="Top")
     reservation_hold(actor=world.principal("platform_admin"), reservation=waiting, note="Hold")
     assert world.client("t1_owner").post(f"{URL}{filler.pk}/release/").status_code == 200
-    assert reserve(world, "t2_member", urgency=0.2).state == "scheduled"
+    assert reserve_vm(world, "t2_member", urgency=0.2).state == "scheduled"
 
 
 def test_staff_cancel_frees_the_capacity_says_why_and_refuses_what_is_active(world, full):
     admin = world.principal("platform_admin")
-    queued = reserve(world)
+    queued = reserve_vm(world)
     cancelled = reservation_staff_cancel(actor=admin, reservation=queued, reason="Duplicate of job-7")
     assert cancelled.state == "cancelled" and cancelled.state_reason == "Cancelled by the operator: Duplicate of job-7"
     told = Notification.objects.get(kind="reservation.cancelled_by_operator")
@@ -157,7 +150,7 @@ def test_staff_cancel_frees_the_capacity_says_why_and_refuses_what_is_active(wor
 
 
 def test_contacting_the_team_tells_only_that_team_and_changes_nothing(world, full):
-    queued = reserve(world, "t2_member")
+    queued = reserve_vm(world, "t2_member")
     queued.team = world.t2.team
     queued.save(update_fields=["team"])
     before = Reservation.objects.filter(pk=queued.pk).values().get()
@@ -177,7 +170,7 @@ def test_adjusting_a_placed_reservation_is_a_conflict(world, full):
 
 def test_the_api_takes_the_same_actions_and_refuses_bad_bodies_with_the_field_named(world, full):
     client = world.client("platform_admin")
-    queued = reserve(world)
+    queued = reserve_vm(world)
     url = f"{URL}{queued.pk}"
     answer = client.post(f"{url}/priority/", {"adjustment": 0.5, "note": "Deadline"}, format="json")
     assert answer.status_code == 200 and answer.json()["id"] == str(queued.pk)

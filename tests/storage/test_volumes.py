@@ -17,7 +17,8 @@ from storage.models import StorageClass, Volume, VolumeAttachment
 from storage.services import attachments_release_ended
 from storage.steps import TryAgain, orphans_remove, storage_reconcile, volume_converge
 from tenants.models import Quota
-from tests.world import small_fleet, vm_offering
+from tests.provisioning.pipeline import reserve_vm
+from tests.world import small_fleet
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/volumes/"
@@ -48,11 +49,7 @@ def made(world, persona="t1_member", **body) -> Volume:
 
 
 def reserve(world, persona="t1_member", **extra) -> str:
-    body = {"name": "train", "offering": vm_offering().slug, "gpus": 1, "regions": ["us-east-1"], "duration_hours": 2,
-            **extra}
-    response = world.client(persona).post("/api/v1/reservations/", body, format="json")
-    assert response.status_code == 201, response.content
-    return response.json()["id"]
+    return str(reserve_vm(world, persona, **{"name": "train", **extra}).pk)
 
 
 def test_a_volume_is_created_by_its_step_encrypted_and_audited(world, classes):
