@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from provisioning.history import first_occupancy_sample, occupancy_history
-from web.charts import PALETTE, line_chart
+from web.charts import PALETTE, line_chart, time_labels
 
 DAYS = 7
 
@@ -41,8 +41,7 @@ def occupancy_chart(now: datetime) -> dict | None:
         labels = [f"{b:%a %d}" if b.hour == 0 else "" for b in buckets]
         period = f"last {DAYS} days, hourly"
     else:
-        marks = {round(i * (len(buckets) - 1) / 3) for i in range(4)}
-        labels = [f"{b:%H:%M}" if i in marks else "" for i, b in enumerate(buckets)]
+        labels = time_labels(buckets)
         period = f"since {first:%H:%M} UTC, by the minute"
     svg = line_chart(series, x_labels=labels, x_total=len(buckets), top=100.0,
                      label=f"Share of sellable GPUs held (%), {period}")

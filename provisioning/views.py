@@ -29,7 +29,7 @@ from provisioning.progress import progress_of
 from provisioning.receipts import receipts_of
 from provisioning.scheduling.queue import score_report
 from provisioning.telemetry import reservation_telemetry
-from web.charts import line_chart, round_up
+from web.charts import line_chart, round_up, time_labels
 from web.console import CHANGE, add_domain_error, chosen_team_id, console_page, error_text, may, scoped, scoped_or_404
 
 PAGE_SIZE = 50
@@ -178,7 +178,7 @@ def queue_charts(reservation) -> dict | None:
     samples = history.queue_history(reservation)
     if not samples:
         return None
-    labels = _time_labels([s.at for s in samples])
+    labels = time_labels([s.at for s in samples])
     positions = [float(s.position) for s in samples]
     charts = {"position": line_chart({"Place": positions}, x_labels=labels, x_total=len(samples),
                                      top=round_up(max(positions)), label="Place in the queue over time")}
@@ -188,12 +188,6 @@ def queue_charts(reservation) -> dict | None:
         charts["wait"] = line_chart({"Expected wait": waits}, x_labels=labels, x_total=len(samples),
                                     top=round_up(max(waits)), label="Expected wait in hours over time")
     return {**charts, "rows": samples[::-1][:QUEUE_ROWS_SHOWN], "count": len(samples)}
-
-
-def _time_labels(times) -> list[str]:
-    """Four evenly spaced HH:MM labels under a chart of ``times`` (the rest blank)."""
-    marks = {round(i * (len(times) - 1) / 3) for i in range(4)}
-    return [f"{t:%H:%M}" if i in marks else "" for i, t in enumerate(times)]
 
 
 @console_page("instances", action="console")

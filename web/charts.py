@@ -49,6 +49,12 @@ def round_up(value: float) -> float:
     return next(step * scale for step in (1, 2, 5, 10) if step * scale >= value)
 
 
+def time_labels(times: list) -> list[str]:
+    """Four evenly spaced HH:MM labels under a chart of ``times`` (the rest blank)."""
+    marks = {round(i * (len(times) - 1) / 3) for i in range(4)}
+    return [f"{t:%H:%M}" if i in marks else "" for i, t in enumerate(times)]
+
+
 PALETTE = ["#1d4ed8", "#d97706", "#059669", "#9333ea", "#dc2626", "#0891b2", "#4b5563"]
 
 
