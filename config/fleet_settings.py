@@ -96,6 +96,29 @@ MERIDIAN_STORAGE_USAGE_SECONDS = env.float("MERIDIAN_STORAGE_USAGE_SECONDS", def
 # Block volumes of classes whose backend is "libvirt": the storage host's libvirt and its pool.
 MERIDIAN_STORAGE_LIBVIRT_URI = env("MERIDIAN_STORAGE_LIBVIRT_URI", default="qemu:///system")
 MERIDIAN_STORAGE_LIBVIRT_POOL = env("MERIDIAN_STORAGE_LIBVIRT_POOL", default="meridian-volumes")
+# Shared file systems of classes whose backend is "scale": IBM Storage Scale's management API,
+# the file system the filesets are made in, where it is linked (PATH), where it is mounted on the
+# workers that move checkpoints (MOUNT), and the CES NFS address instances mount exports from.
+MERIDIAN_STORAGE_SCALE_URL = env("MERIDIAN_STORAGE_SCALE_URL", default="https://scale-gui.internal:443")
+MERIDIAN_STORAGE_SCALE_USER = env("MERIDIAN_STORAGE_SCALE_USER", default="meridian")
+MERIDIAN_STORAGE_SCALE_PASSWORD = env("MERIDIAN_STORAGE_SCALE_PASSWORD", default="")
+MERIDIAN_STORAGE_SCALE_VERIFY = env("MERIDIAN_STORAGE_SCALE_CA_BUNDLE", default="") or True
+MERIDIAN_STORAGE_SCALE_FILESYSTEM = env("MERIDIAN_STORAGE_SCALE_FILESYSTEM", default="fs1")
+MERIDIAN_STORAGE_SCALE_PATH = env("MERIDIAN_STORAGE_SCALE_PATH", default="/gpfs/fs1")
+MERIDIAN_STORAGE_SCALE_MOUNT = env("MERIDIAN_STORAGE_SCALE_MOUNT", default="/gpfs/fs1")
+MERIDIAN_STORAGE_SCALE_NFS_SERVER = env("MERIDIAN_STORAGE_SCALE_NFS_SERVER", default="ces.scale.internal")
+MERIDIAN_STORAGE_SCALE_JOB_SECONDS = env.float("MERIDIAN_STORAGE_SCALE_JOB_SECONDS", default=60.0)
+# Object storage of classes whose backend is "s3": the S3 service (empty endpoint: AWS), the
+# platform's keys there, the buckets' name prefix, and when objects move to the archive class.
+MERIDIAN_STORAGE_S3_ENDPOINT = env("MERIDIAN_STORAGE_S3_ENDPOINT", default="")
+MERIDIAN_STORAGE_S3_REGION = env("MERIDIAN_STORAGE_S3_REGION", default="us-east-1")
+MERIDIAN_STORAGE_S3_ACCESS_KEY = env("MERIDIAN_STORAGE_S3_ACCESS_KEY", default="")
+MERIDIAN_STORAGE_S3_SECRET_KEY = env("MERIDIAN_STORAGE_S3_SECRET_KEY", default="")
+MERIDIAN_STORAGE_S3_PREFIX = env("MERIDIAN_STORAGE_S3_PREFIX", default="meridian-")
+MERIDIAN_STORAGE_S3_ARCHIVE_DAYS = env.int("MERIDIAN_STORAGE_S3_ARCHIVE_DAYS", default=30)
+MERIDIAN_STORAGE_S3_ARCHIVE_CLASS = env("MERIDIAN_STORAGE_S3_ARCHIVE_CLASS", default="GLACIER")
+# Checkpoint moves between tiers (storage.checkpoints): bytes per chunk, each chunk a step's unit.
+MERIDIAN_STORAGE_CHUNK_BYTES = env.int("MERIDIAN_STORAGE_CHUNK_MIB", default=64) * 1024 * 1024
 # The console's history (provisioning.history): queue places, estimated starts and occupancy over time.
 MERIDIAN_HISTORY_RETENTION = timedelta(days=env.int("MERIDIAN_HISTORY_DAYS", default=14))
 # An HCA port's up/down changes are counted within this window (cloud.health's port_flaps).

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from storage.drivers.base import Export, StorageDriver, StorageDriverError
 from storage.drivers.libvirt_pool import LibvirtPoolStorage
+from storage.drivers.object_store import ObjectStore
+from storage.drivers.scale import StorageScale
 from storage.drivers.simulated import SimulatedStorage
 
-DRIVERS: dict[str, type] = {"simulated": SimulatedStorage, "libvirt": LibvirtPoolStorage}
+DRIVERS: dict[str, type] = {"simulated": SimulatedStorage, "libvirt": LibvirtPoolStorage, "scale": StorageScale,
+                           "s3": ObjectStore}
 
 
 def driver_for(backend: str) -> StorageDriver:
