@@ -115,10 +115,13 @@ MERIDIAN_STORAGE_S3_REGION = env("MERIDIAN_STORAGE_S3_REGION", default="us-east-
 MERIDIAN_STORAGE_S3_ACCESS_KEY = env("MERIDIAN_STORAGE_S3_ACCESS_KEY", default="")
 MERIDIAN_STORAGE_S3_SECRET_KEY = env("MERIDIAN_STORAGE_S3_SECRET_KEY", default="")
 MERIDIAN_STORAGE_S3_PREFIX = env("MERIDIAN_STORAGE_S3_PREFIX", default="meridian-")
+MERIDIAN_STORAGE_S3_PLATFORM_CIDRS = env("MERIDIAN_STORAGE_S3_PLATFORM_CIDRS", default="")
 MERIDIAN_STORAGE_S3_ARCHIVE_DAYS = env.int("MERIDIAN_STORAGE_S3_ARCHIVE_DAYS", default=30)
 MERIDIAN_STORAGE_S3_ARCHIVE_CLASS = env("MERIDIAN_STORAGE_S3_ARCHIVE_CLASS", default="GLACIER")
 # Checkpoint moves between tiers (storage.checkpoints): bytes per chunk, each chunk a step's unit.
 MERIDIAN_STORAGE_CHUNK_BYTES = env.int("MERIDIAN_STORAGE_CHUNK_MIB", default=64) * 1024 * 1024
+# How long one run of a move works before it sends the rest to the queue (its progress stays visible).
+MERIDIAN_STORAGE_MOVE_SLICE_SECONDS = env.float("MERIDIAN_STORAGE_MOVE_SLICE_SECONDS", default=20.0)
 # The console's history (provisioning.history): queue places, estimated starts and occupancy over time.
 MERIDIAN_HISTORY_RETENTION = timedelta(days=env.int("MERIDIAN_HISTORY_DAYS", default=14))
 # An HCA port's up/down changes are counted within this window (cloud.health's port_flaps).
@@ -131,6 +134,9 @@ MERIDIAN_FAILURE_POLICY = env.json("MERIDIAN_FAILURE_POLICY", default={})
 # How many times a step asks again for an answer it is waiting on (an agent's scrub) before that
 # counts as a failed attempt.
 MERIDIAN_STEP_WAITS = env.int("MERIDIAN_STEP_WAITS", default=30)
+# How often a hand-over looks again while it waits (a checkpoint restored for the reservation);
+# with MERIDIAN_STEP_WAITS, how long it waits before the step counts as failed (30 x 60 s).
+MERIDIAN_HANDOVER_WAIT_SECONDS = env.float("MERIDIAN_HANDOVER_WAIT_SECONDS", default=60.0)
 # Replacement of failed hardware (provisioning.lifecycle.replacement): spares of the failed node's fabric
 # first; with FROM_POOL on, ordinary free capacity of that fabric when no spare fits. A
 # reservation with nothing to replace it waits (its healthy units keep running) this long, then fails.

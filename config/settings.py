@@ -396,13 +396,17 @@ CELERY_BEAT_SCHEDULE = {
     # drop what is past MERIDIAN_TELEMETRY_RETENTION every hour; read the BMCs and fabric port
     # states of bare-metal nodes a tenant holds (no agent runs there) every MERIDIAN_BMC_POLL_SECONDS.
     "cloud.telemetry_rollup": {"task": "cloud.telemetry_rollup", "schedule": 60.0},
-    # Sample each queued reservation's place and estimated start, and the fleet's occupancy, for
-    # the console's charts (provisioning.history); prune what is past MERIDIAN_HISTORY_DAYS.
-    # Storage: lost volume steps sent again, ended reservations' attachments detached, orphans removed.
+    # Storage: lost volume steps and checkpoint moves sent again, ended reservations' attachments
+    # detached, orphans removed.
     "storage.reconcile": {"task": "storage.reconcile", "schedule": 60.0},
     # Storage's billed GiB per tenant, team and class (storage.usage).
     "storage.usage_sample": {"task": "storage.usage_sample",
                              "schedule": env.float("MERIDIAN_STORAGE_USAGE_SECONDS", default=300.0)},
+    # Checkpoint tiers: scan each policy's file system, demote what it no longer keeps hot.
+    "storage.checkpoints_tier": {"task": "storage.checkpoints_tier",
+                                 "schedule": env.float("MERIDIAN_STORAGE_TIER_SECONDS", default=600.0)},
+    # Sample each queued reservation's place and estimated start, and the fleet's occupancy, for
+    # the console's charts (provisioning.history); prune what is past MERIDIAN_HISTORY_DAYS.
     "provisioning.history_sample": {"task": "provisioning.history_sample",
                                     "schedule": env.float("MERIDIAN_HISTORY_SAMPLE_SECONDS", default=300.0)},
     "cloud.telemetry_prune": {"task": "cloud.telemetry_prune", "schedule": 3600.0},

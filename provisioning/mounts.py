@@ -3,7 +3,8 @@ What an instance mounts beyond its own disk: the volumes and file systems attach
 reservation. Storage sits above provisioning, so provisioning asks the sources registered here
 (``mount_source``; storage registers its own when it loads) rather than importing them; the
 config drive (``cloud_init``) and the pod spec (``lifecycle.guest_steps``) turn the mounts into
-cloud-init's ``mounts`` and the pod's volumes.
+cloud-init's ``mounts`` and the pod's volumes. So too what a hand-over waits for
+(``handover_wait``): data on its way back to a volume the reservation asked for.
 """
 
 from __future__ import annotations
@@ -50,3 +51,18 @@ def mount_source(source: Callable[[object], list[Mount]]) -> Callable[[object], 
 def mounts_for(reservation) -> list[Mount]:
     """Every mount of the reservation's instances, from every registered source, by path."""
     return sorted((mount for source in SOURCES for mount in source(reservation)), key=lambda m: m.path)
+
+
+WAITS: list[Callable[[object], list[str]]] = []
+
+
+def handover_wait(source: Callable[[object], list[str]]) -> Callable[[object], list[str]]:
+    """Register ``source(reservation) -> [what the hand-over waits for, in words]`` (once)."""
+    if source not in WAITS:
+        WAITS.append(source)
+    return source
+
+
+def handover_waits(reservation) -> list[str]:
+    """What the reservation's hand-over still waits for, from every registered source (empty: nothing)."""
+    return [reason for source in WAITS for reason in source(reservation)]

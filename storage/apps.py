@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 
-from provisioning.mounts import mount_source
+from provisioning.mounts import handover_wait, mount_source
 
 
 class StorageConfig(AppConfig):
@@ -9,6 +9,8 @@ class StorageConfig(AppConfig):
 
     def ready(self):
         # Provisioning asks registered sources for an instance's mounts (it may not import storage).
-        from storage.mounts import reservation_mounts  # the app's models load first
+        from storage.checkpoints import restores_pending  # the app's models load first
+        from storage.mounts import reservation_mounts
 
         mount_source(reservation_mounts)
+        handover_wait(restores_pending)

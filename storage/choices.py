@@ -32,3 +32,18 @@ IN_FLIGHT = frozenset({VolumeState.CREATING, VolumeState.RESIZING, VolumeState.D
 COUNTED = frozenset({VolumeState.CREATING, VolumeState.AVAILABLE, VolumeState.RESIZING, VolumeState.FAILED})
 # Kinds a reservation attaches (scratch lives with an instance; object storage is reached by URL and key).
 ATTACHABLE = frozenset({StorageKind.BLOCK, StorageKind.SHARED_FS})
+
+
+class CheckpointState(models.TextChoices):
+    """
+    Where a checkpoint's data is: on the volume (``hot``), in the policy's cold volume (``cold``), or
+    on its way (``demoting``, ``restoring``: a move in flight, with its progress).
+    """
+
+    HOT = "hot", "Hot"
+    DEMOTING = "demoting", "Moving to the cold tier"
+    COLD = "cold", "Cold"
+    RESTORING = "restoring", "Restoring"
+
+
+MOVING = frozenset({CheckpointState.DEMOTING, CheckpointState.RESTORING})

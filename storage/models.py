@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from cloud.models import CatalogueQuerySet
-from storage.choices import StorageKind, VolumeState
+from storage.choices import CheckpointState, StorageKind, VolumeState
 from tenants.scoping import TeamOwnedModel, TenantOwnedModel
 
 
@@ -138,3 +138,64 @@ class StorageUsageSample(TenantOwnedModel):
 
     def __str__(self):
         return f"{self.tenant_id} {self.gib} GiB at {self.at:%Y-%m-%d %H:%M}"
+
+
+class CheckpointPolicy(TenantOwnedModel):
+    """
+    How a volume's checkpoints (each entry under ``prefix``) are tiered: the newest ``keep_hot`` stay
+    on it; an older one unused (not written, not restored) for ``demote_after_hours`` moves to
+    ``cold_volume``, an object volume of the same tenant and region, until it is restored.
+    """
+
+    volume = models.OneToOneField(Volume, on_delete=models.CASCADE, related_name="checkpoint_policy")
+    cold_volume = models.ForeignKey(Volume, on_delete=models.PROTECT, related_name="+")
+    prefix = models.CharField(max_length=200, default="checkpoints/")
+    demote_after_hours = models.PositiveIntegerField(default=24)
+    keep_hot = models.PositiveSmallIntegerField(default=2)
+    scanned_at = models.DateTimeField(null=True, blank=True)
+
+    team_path = "volume__team"
+
+    def __str__(self):
+        return f"{self.volume_id}: keep {self.keep_hot}, demote after {self.demote_after_hours} h"
+
+
+class Checkpoint(TenantOwnedModel):
+    """
+    One checkpoint of a volume (a directory or file under its policy's prefix), where its data is,
+    and the progress of a move: ``cursor_file``/``cursor_chunk`` say where a move goes on from,
+    so a move cut short (a worker killed) goes on from its last recorded chunk.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    volume = models.ForeignKey(Volume, on_delete=models.CASCADE, related_name="checkpoints")
+    name = models.CharField(max_length=255)
+    state = models.CharField(max_length=16, choices=CheckpointState.choices, default=CheckpointState.HOT)
+    state_reason = models.CharField(max_length=500, blank=True)
+    files = models.JSONField(default=dict, help_text="Its files: the key in the volume -> bytes.")
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    written_at = models.DateTimeField()
+    last_used_at = models.DateTimeField()
+    moved_bytes = models.PositiveBigIntegerField(default=0)
+    cursor_file = models.PositiveIntegerField(default=0)
+    cursor_chunk = models.PositiveIntegerField(default=0)
+    move_started_at = models.DateTimeField(null=True, blank=True)
+    moved_at = models.DateTimeField(null=True, blank=True)
+    # A restore asked for with a reservation: its hand-over waits until the checkpoint is hot.
+    restore_for = models.ForeignKey("provisioning.Reservation", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
+    attempts = models.PositiveSmallIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    team_path = "volume__team"
+
+    class Meta:
+        ordering = ["-written_at"]
+        indexes = [models.Index(fields=["state", "updated_at"], name="checkpoint_moving_idx")]
+        constraints = [
+            models.UniqueConstraint(fields=["volume", "name"], name="checkpoint_name_unique"),
+            models.CheckConstraint(condition=Q(state__in=CheckpointState.values), name="checkpoint_state_valid"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.state})"

@@ -19,8 +19,7 @@ def reservation_mounts(reservation) -> list[Mount]:
                        .select_related("volume__storage_class"))
     if not attachments:
         return []
-    clients = tuple(sorted(VPC.objects.filter(tenant_id=reservation.tenant_id).exclude(
-        state__in=(VPCState.DELETING, VPCState.DELETED)).values_list("cidr", flat=True)))
+    clients = tenant_networks(reservation.tenant_id)
     mounts = []
     for attachment in attachments:
         volume = attachment.volume
@@ -30,3 +29,9 @@ def reservation_mounts(reservation) -> list[Mount]:
         mounts.append(Mount(volume=volume.name, kind=kind, source=export.target, path=attachment.mount_path,
                             read_only=attachment.read_only, ref=volume.backend_ref))
     return mounts
+
+
+def tenant_networks(tenant_id) -> tuple[str, ...]:
+    """The tenant's own networks: the subnets of its VPCs (what its exports and buckets let in)."""
+    return tuple(sorted(VPC.objects.filter(tenant_id=tenant_id).exclude(
+        state__in=(VPCState.DELETING, VPCState.DELETED)).values_list("cidr", flat=True)))

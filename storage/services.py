@@ -14,16 +14,17 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from cloud.choices import OfferingKind
-from core.errors import Conflict, Forbidden, invalid
+from core.errors import Conflict, Forbidden, Unavailable, invalid
 from provisioning.models import Reservation
 from provisioning.services import team_for
 from provisioning.transitions import TERMINAL_STATES
 from security.audit import audit_record, snapshot
 from security.crypto import encrypt
-from storage import dispatch
+from storage import checkpoints, dispatch
 from storage.choices import ATTACHABLE, COUNTED, StorageKind
 from storage.choices import VolumeState as V
-from storage.models import StorageClass, Volume, VolumeAttachment
+from storage.drivers import StorageDriverError, driver_for
+from storage.models import Checkpoint, StorageClass, Volume, VolumeAttachment
 from tenants.choices import QuotaResource
 from tenants.models import Tenant
 from tenants.quotas import quota_check
@@ -103,11 +104,12 @@ def volume_delete(*, actor, volume: Volume) -> Volume:
 
 @transaction.atomic
 def volume_attach(*, actor, volume: Volume, reservation: Reservation, read_only: bool = False,
-                  mount_path: str = "") -> VolumeAttachment:
+                  mount_path: str = "", restore: list[str] | tuple = ()) -> VolumeAttachment:
     """
     Attach an available block volume or file system to a reservation of the same tenant in its
     region: a block volume to one reservation at a time, a file system to many. Its instances
-    get it as a disk (VMs) or a mount (bare metal, containers).
+    get it as a disk (VMs) or a mount (bare metal, containers). The cold checkpoints named in
+    ``restore`` come back first: the reservation's hand-over waits for them.
     """
     volume = _locked(volume)
     if reservation.tenant_id != volume.tenant_id:  # the views look both up in the actor's tenant
@@ -147,6 +149,12 @@ def volume_attach(*, actor, volume: Volume, reservation: Reservation, read_only:
     audit_record(actor=actor, action="volume.attach", target=volume,
                  after={"reservation": str(reservation.pk), "read_only": read_only,
                         "mount_path": attachment.mount_path})
+    found = {c.name: c for c in Checkpoint.objects.filter(volume=volume, name__in=list(restore))}
+    if missing := sorted(set(restore) - set(found)):
+        raise invalid("restore", f"{volume.name} has no checkpoint {', '.join(missing)}.",
+                      code="checkpoint_not_found")
+    for name in sorted(found):
+        checkpoints.restore(actor=actor, checkpoint=found[name], reservation=reservation)
     return attachment
 
 
@@ -162,6 +170,25 @@ def volume_detach(*, actor, volume: Volume, reservation: Reservation) -> VolumeA
     attachment.save(update_fields=["detached_at"])
     audit_record(actor=actor, action="volume.detach", target=volume, after={"reservation": str(reservation.pk)})
     return attachment
+
+
+def volume_credentials(*, actor, volume: Volume) -> dict:
+    """New access keys to an object volume's bucket, and to nothing else (shown once; the older pair goes)."""
+    volume = _locked(volume)
+    if volume.storage_class.kind != StorageKind.OBJECT:
+        raise invalid("volume", "Access keys open object storage; this volume is mounted, not reached by key.",
+                      code="not_object_storage")
+    if volume.state != V.AVAILABLE:
+        raise Conflict(f"The volume is '{volume.state}': keys are issued once it is available.",
+                       code="invalid_transition", current_state=volume.state)
+    try:
+        keys = driver_for(volume.storage_class.backend).credentials(ref=volume.backend_ref)
+    except StorageDriverError as exc:
+        raise Unavailable(f"The object store did not issue keys: {exc} Try again shortly.",
+                          code="backend_unavailable") from exc
+    audit_record(actor=actor, action="volume.credentials", target=volume,
+                 after={"access_key_id": keys["access_key_id"]})
+    return keys
 
 
 def attachments_release_ended() -> int:

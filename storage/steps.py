@@ -22,10 +22,12 @@ from django.utils import timezone
 
 from security.audit import audit_record
 from storage import dispatch
-from storage.choices import IN_FLIGHT
+from storage.choices import IN_FLIGHT, StorageKind
 from storage.choices import VolumeState as V
 from storage.drivers import StorageDriverError, driver_for
 from storage.models import StorageClass, Volume
+from storage.mounts import tenant_networks
+from storage.moves import moves_resend
 from storage.services import attachments_release_ended
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ def volume_converge(volume_id) -> str:
     try:
         if volume.state == V.CREATING:
             driver.create(ref=volume.backend_ref, kind=volume.storage_class.kind, size_gib=volume.target_gib)
+            if volume.storage_class.kind == StorageKind.OBJECT:  # reached by URL: limited to its networks now
+                driver.export(ref=volume.backend_ref, clients=tenant_networks(volume.tenant_id))
             _move(volume, V.CREATING, state=V.AVAILABLE, size_gib=volume.target_gib)
         elif volume.state == V.RESIZING:
             driver.resize(ref=volume.backend_ref, size_gib=volume.target_gib)
@@ -90,7 +94,8 @@ def storage_reconcile(now=None) -> dict:
     lost = list(Volume.objects.filter(state__in=IN_FLIGHT, updated_at__lt=stale).values_list("pk", flat=True)[:500])
     for volume_id in lost:
         dispatch.send_now(volume_id)
-    return {"resent": len(lost), "detached": attachments_release_ended(), "orphans": orphans_remove()}
+    return {"resent": len(lost), "moves_resent": moves_resend(stale), "detached": attachments_release_ended(),
+            "orphans": orphans_remove()}
 
 
 def orphans_remove() -> int:

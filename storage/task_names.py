@@ -3,6 +3,7 @@
 from celery import current_app
 
 VOLUME_CONVERGE = "storage.volume_converge"
+CHECKPOINT_MOVE = "storage.checkpoint_move"
 
 
 def send(name: str, args: tuple, **options) -> None:

@@ -22,7 +22,7 @@ from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, S
 from config.api_router import router
 from provisioning.models import VPC, Instance, Operation, PortMembership, Reservation
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
-from storage.models import StorageClass, Volume, VolumeAttachment
+from storage.models import Checkpoint, StorageClass, Volume, VolumeAttachment
 from tenants.choices import QuotaResource, TeamRole, TenantRole
 from tenants.models import (
     APIToken,
@@ -37,7 +37,18 @@ from tenants.models import (
     Tenant,
     secret_digest,
 )
-from tests.world import World, fleet_node, h100, hp_snapshot, image, make_user, unique, vm_offering, world_volume
+from tests.world import (
+    World,
+    fleet_node,
+    h100,
+    hp_snapshot,
+    image,
+    make_user,
+    unique,
+    vm_offering,
+    world_checkpoint,
+    world_volume,
+)
 from web.api.base import PlatformViewSet
 
 SMALL, LARGE = 2, 20
@@ -257,6 +268,12 @@ def make_volumes(world, n):
                                         exclusive=False, mount_path=f"/mnt/{volume.name}")
 
 
+def make_checkpoints(world, n):
+    """Checkpoints of t1's file systems, each with its volume (the list names it)."""
+    for _ in range(n):
+        world_checkpoint(world_volume(world.t1.tenant))
+
+
 def make_vpcs(world, n):
     """VPCs of t1, each with an instance in it (the list counts live members)."""
     make_instances(world, n)
@@ -301,6 +318,7 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     VPC: make_vpcs,
     StorageClass: make_storage_classes,
     Volume: make_volumes,
+    Checkpoint: make_checkpoints,
     Reservation: make_reservations,
     Operation: make_operations,
     Instance: make_instances,

@@ -24,9 +24,11 @@ from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from provisioning.models import VPC, Instance, Operation, Reservation
 from provisioning.services import reservation_create
 from provisioning.staff_actions import reservation_hold
+from security.crypto import encrypt
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
 from storage.catalogue import default_storage_classes
-from storage.models import Volume
+from storage.drivers.simulated import SimulatedStorage
+from storage.models import Checkpoint, Volume
 from storage.services import volume_attach
 from tenants import services
 from tenants.choices import TenantRole
@@ -105,6 +107,15 @@ def attached_volume(w: World):
     """The world's t1 file system, attached to its queued reservation by the owner."""
     volume = w.t1.objects[Volume]
     volume_attach(actor=w.principal("t1_owner"), volume=volume, reservation=w.t1.objects[Reservation])
+    return volume
+
+
+def object_volume(w: World) -> Volume:
+    """An available object volume (a bucket) of t1."""
+    bucket = next(c for c in storage_classes() if c.kind == "object")
+    volume = Volume.objects.create(tenant=w.t1.tenant, name=unique("bucket"), storage_class=bucket, size_gib=10,
+                                   target_gib=10, state="available", wrapped_key=encrypt("00" * 32))
+    SimulatedStorage().create(ref=volume.backend_ref, kind="object", size_gib=10)
     return volume
 
 
@@ -338,6 +349,20 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("POST", "volumes-detach"): Case(
         "401 403 200 200 200 404 403 403", lambda w: f"{V1}/volumes/{attached_volume(w).pk}/detach/",
         lambda w: {"reservation": str(w.t1.objects[Reservation].pk)}),
+    ("POST", "volumes-credentials"): Case(
+        "401 403 201 201 201 404 403 403", lambda w: f"{V1}/volumes/{object_volume(w).pk}/credentials/"),
+    ("GET", "volumes-checkpoint-policy"): Case(  # the world's checkpoint comes with its volume's policy
+        "401 200 200 200 200 404 200 200",
+        lambda w: f"{V1}/volumes/{w.t1.objects[Checkpoint].volume_id}/checkpoint-policy/"),
+    ("PUT", "volumes-checkpoint-policy"): Case(
+        "401 403 200 200 200 404 403 403", lambda w: f"{V1}/volumes/{w.t1.objects[Volume].pk}/checkpoint-policy/",
+        lambda w: {"cold_volume": str(object_volume(w).pk), "keep_hot": 3}),
+    ("GET", "checkpoints-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/checkpoints/"),
+    ("GET", "checkpoints-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/checkpoints/{w.t1.objects[Checkpoint].pk}/"),
+    ("POST", "checkpoints-restore"): Case(
+        "401 403 202 202 202 404 403 403", lambda w: f"{V1}/checkpoints/{w.t1.objects[Checkpoint].pk}/restore/",
+        lambda w: {}),
     ("GET", "reservations-receipts"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/receipts/"),
     ("GET", "reservations-score"): Case(

@@ -27,7 +27,7 @@ from security.crypto import encrypt
 from security.models import AuditEvent
 from storage.catalogue import default_storage_classes
 from storage.drivers.simulated import SimulatedStorage
-from storage.models import Volume
+from storage.models import Checkpoint, CheckpointPolicy, Volume
 from tenants import services
 from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
 from tenants.models import (
@@ -152,6 +152,7 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
         name=unique("vm"), address="vm.world.gpu", ssh_user="ubuntu")
     side.objects[VPC] = lambda: world_vpc(tenant)
     side.objects[Volume] = lambda: world_volume(tenant)
+    side.objects[Checkpoint] = lambda: world_checkpoint(side.objects[Volume])
     side.objects[HighPriorityApplication] = HighPriorityApplication.objects.create(
         tenant=tenant, team=team, applied_by=member, note="Deadline-bound training runs.",
         snapshot=hp_snapshot(eligible=True))
@@ -210,6 +211,22 @@ def world_volume(tenant: Tenant) -> Volume:
                                    target_gib=100, state="available", wrapped_key=encrypt("00" * 32))
     SimulatedStorage().create(ref=volume.backend_ref, kind=shared.kind, size_gib=100)
     return volume
+
+
+def world_checkpoint(volume: Volume) -> Checkpoint:
+    """A cold checkpoint of ``volume`` (in its tenant's archive bucket, as a finished demotion leaves it)."""
+    region = volume.storage_class.region
+    bucket = next(c for c in default_storage_classes(region) if c.kind == "object")
+    cold = Volume.objects.create(tenant_id=volume.tenant_id, name=unique("archive"), storage_class=bucket,
+                                 size_gib=100, target_gib=100, state="available", wrapped_key=encrypt("00" * 32))
+    SimulatedStorage().create(ref=cold.backend_ref, kind="object", size_gib=100)
+    CheckpointPolicy.objects.create(tenant_id=volume.tenant_id, volume=volume, cold_volume=cold)
+    key = f"checkpoints/{unique('step')}/model.pt"
+    SimulatedStorage().write_chunk(ref=cold.backend_ref, key=f"{volume.backend_ref}/{key}", index=0, chunk=1024,
+                                   data=b"x" * 1000)
+    now = timezone.now()
+    return Checkpoint.objects.create(tenant_id=volume.tenant_id, volume=volume, name=key.split("/")[1], state="cold",
+                                     files={key: 1000}, size_bytes=1000, written_at=now, last_used_at=now)
 
 
 def fleet_node() -> Node:

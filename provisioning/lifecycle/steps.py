@@ -17,7 +17,7 @@ from cloud.choices import NodePool, OfferingKind
 from core.errors import DomainError
 from provisioning import cloud_init, host_keys
 from provisioning.choices import OperationKind
-from provisioning.drivers import DriverError, Drivers, Target, drivers_for
+from provisioning.drivers import DriverError, Drivers, NotYet, Target, drivers_for
 from provisioning.images import boot_of
 from provisioning.lifecycle.guest_steps import (
     apply_pod,
@@ -32,7 +32,7 @@ from provisioning.lifecycle.guest_steps import (
 )
 from provisioning.lifecycle.step_context import Context, NodeFault, Step, authorized_keys, keys_of, target_of
 from provisioning.models import Allocation
-from provisioning.mounts import mounts_for
+from provisioning.mounts import handover_waits, mounts_for
 from provisioning.networks.ports import VPCRefused, ports_join, ports_join_many, ports_leave
 from provisioning.networks.vpcs import default_vpc
 from security.models import AttestationNonce, AttestationReport
@@ -231,9 +231,13 @@ def _receipts_kept(ctx: Context, node, instances: list) -> bool:
 
 def hand_over(ctx: Context) -> None:
     """
-    Access goes to the tenant (recorded when the operation finishes). From here the tenant's
-    data is on these GPUs: a simulated host marks their memory used, so release must scrub it.
+    Access goes to the tenant (recorded when the operation finishes), once what it waits for is
+    there (a checkpoint restored with the reservation). From here the tenant's data is on these
+    GPUs: a simulated host marks their memory used, so release must scrub it.
     """
+    if ctx.reservation is not None and ctx.instances and (waiting := handover_waits(ctx.reservation)):
+        raise NodeFault(ctx.instances[0].node, NotYet(f"The hand-over waits for {'; '.join(waiting)}.",
+                                                      wait_s=settings.MERIDIAN_HANDOVER_WAIT_SECONDS), blame=False)
     host = ctx.drivers.host
     tenant_writes = getattr(host, "use", None)
     if tenant_writes is not None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from provisioning.models import Reservation
-from storage.models import StorageClass, Volume, VolumeAttachment
+from storage.checkpoints import progress
+from storage.models import Checkpoint, CheckpointPolicy, StorageClass, Volume, VolumeAttachment
 from tenants.models import Team
-from web.api.base import ScopedRelatedField, StrictIntegerField, StrictSerializer
+from web.api.base import BoundedListField, ScopedRelatedField, StrictIntegerField, StrictSerializer
 
 NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 MOUNT_PATH = r"^/[A-Za-z0-9._/-]{1,199}$"
@@ -70,7 +71,64 @@ class AttachSerializer(StrictSerializer):
     read_only = serializers.BooleanField(default=False)
     mount_path = serializers.RegexField(MOUNT_PATH, required=False,
                                         help_text="Where bare metal and containers mount it; /mnt/<name> if left out.")
+    restore = BoundedListField(child=serializers.CharField(max_length=255), max_length=50, required=False,
+                               help_text="Cold checkpoints of this file system to bring back before the "
+                                         "reservation's hand-over (their names).")
 
 
 class DetachSerializer(StrictSerializer):
     reservation = ScopedRelatedField(queryset=Reservation.objects.all())
+
+
+class CheckpointPolicySerializer(serializers.ModelSerializer):
+    cold_volume_name = serializers.CharField(source="cold_volume.name", read_only=True)
+
+    class Meta:
+        model = CheckpointPolicy
+        fields = ["cold_volume", "cold_volume_name", "prefix", "demote_after_hours", "keep_hot", "scanned_at"]
+        read_only_fields = fields
+
+
+class CheckpointPolicyWriteSerializer(StrictSerializer):
+    cold_volume = ScopedRelatedField(queryset=Volume.objects.all(),
+                                     help_text="An object volume of your tenant in the same region: the cold tier.")
+    prefix = serializers.RegexField(r"^[A-Za-z0-9._-][A-Za-z0-9._/-]{0,198}$", default="checkpoints/",
+                                    help_text="Each entry under it (in the file system) is one checkpoint.")
+    demote_after_hours = StrictIntegerField(min_value=1, max_value=24 * 365, default=24)
+    keep_hot = StrictIntegerField(min_value=0, max_value=1000, default=2)
+
+    def validate_prefix(self, value):
+        if ".." in value.split("/"):
+            raise serializers.ValidationError("A path inside the file system, without '..'.")
+        return value
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    volume_name = serializers.CharField(source="volume.name", read_only=True)
+    percent = serializers.SerializerMethodField(help_text="How far a move is (100 when none is in flight).")
+    eta = serializers.SerializerMethodField(help_text="When the move in flight should end, at its rate so far.")
+
+    class Meta:
+        model = Checkpoint
+        fields = ["id", "volume", "volume_name", "name", "state", "state_reason", "size_bytes", "written_at",
+                  "last_used_at", "moved_bytes", "percent", "eta", "move_started_at", "moved_at", "restore_for"]
+        read_only_fields = fields
+
+    def get_percent(self, checkpoint) -> int:
+        return progress(checkpoint).percent
+
+    def get_eta(self, checkpoint) -> str | None:
+        eta = progress(checkpoint).eta
+        return eta.isoformat() if eta else None
+
+
+class RestoreSerializer(StrictSerializer):
+    reservation = ScopedRelatedField(queryset=Reservation.objects.all(), required=False, allow_null=True,
+                                     help_text="Its hand-over waits until the checkpoint is back.")
+
+
+class CredentialsSerializer(serializers.Serializer):
+    access_key_id = serializers.CharField()
+    secret_access_key = serializers.CharField(help_text="Shown once: keep it.")
+    bucket = serializers.CharField()
+    endpoint = serializers.CharField()

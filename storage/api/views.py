@@ -1,4 +1,7 @@
-"""Storage API: the classes on sale, and the tenant's volumes with create, grow, attach, detach and delete."""
+"""
+Storage API: the classes on sale; the tenant's volumes with create, grow, attach, detach, delete,
+access keys (object volumes) and a checkpoint policy (file systems); their checkpoints and restores.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +9,16 @@ from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from provisioning.api.idempotency import IdempotentCreateMixin
 from provisioning.api.views import IDEMPOTENCY_PARAMETER
-from storage import services
+from storage import checkpoints, services
 from storage.api import serializers as s
+from storage.api.filtersets import CheckpointFilterSet
 from storage.choices import VolumeState
-from storage.models import StorageClass, Volume, VolumeAttachment
+from storage.models import Checkpoint, CheckpointPolicy, StorageClass, Volume, VolumeAttachment
 from web.api.base import PlatformViewSet, ReadMixin, TenantScopedViewSet
 
 
@@ -96,7 +101,53 @@ class VolumeViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
         services.volume_detach(actor=self.principal, volume=volume, reservation=data.validated_data["reservation"])
         return Response(self._shown(volume))
 
+    @extend_schema(responses={201: s.CredentialsSerializer})
+    @action(detail=True, methods=["post"])
+    def credentials(self, request, pk=None):
+        """New access keys to an object volume's bucket and nothing else; the secret is shown once."""
+        keys = services.volume_credentials(actor=self.principal, volume=self.get_object())
+        return Response(s.CredentialsSerializer(keys).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(methods=["GET"], responses=s.CheckpointPolicySerializer)
+    @extend_schema(methods=["PUT"], request=s.CheckpointPolicyWriteSerializer, responses=s.CheckpointPolicySerializer)
+    @action(detail=True, methods=["get", "put"], url_path="checkpoint-policy")
+    def checkpoint_policy(self, request, pk=None):
+        """A file system's checkpoint tiers: keep the newest hot, demote the unused to an object volume."""
+        volume = self.get_object()
+        if request.method == "GET":
+            policy = CheckpointPolicy.objects.select_related("cold_volume").filter(volume=volume).first()
+            if policy is None:
+                raise NotFound("This volume has no checkpoint policy: PUT one to tier its checkpoints.")
+            return Response(s.CheckpointPolicySerializer(policy).data)
+        data = s.CheckpointPolicyWriteSerializer(data=request.data, context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        policy = checkpoints.policy_set(actor=self.principal, volume=volume, **data.validated_data)
+        return Response(s.CheckpointPolicySerializer(policy).data)
+
     def _shown(self, volume: Volume) -> dict:
         return s.VolumeSerializer(self.get_queryset().model.objects.prefetch_related(
             Prefetch("attachments", queryset=VolumeAttachment.objects.filter(detached_at__isnull=True)
                      .select_related("reservation"))).select_related("storage_class__region").get(pk=volume.pk)).data
+
+
+class CheckpointViewSet(ReadMixin, TenantScopedViewSet):
+    """Checkpoints of the tenant's file systems: where each is (hot, cold, on its way) and a move's progress."""
+
+    policy = "checkpoints"
+    queryset = Checkpoint.objects.select_related("volume")
+    serializer_class = s.CheckpointSerializer
+    filterset_class = CheckpointFilterSet
+    ordering_fields = ["written_at", "name", "size_bytes"]
+    ordering = ["-written_at"]
+
+    @extend_schema(request=s.RestoreSerializer, responses={202: s.CheckpointSerializer})
+    @action(detail=True, methods=["post"])
+    def restore(self, request, pk=None):
+        """Bring a cold checkpoint back to its file system; with a reservation, its hand-over waits for it."""
+        checkpoint = self.get_object()
+        data = s.RestoreSerializer(data=request.data, context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        checkpoint = checkpoints.restore(actor=self.principal, checkpoint=checkpoint,
+                                         reservation=data.validated_data.get("reservation"))
+        return Response(s.CheckpointSerializer(self.get_queryset().get(pk=checkpoint.pk)).data,
+                        status=status.HTTP_202_ACCEPTED)

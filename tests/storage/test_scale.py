@@ -11,17 +11,6 @@ import pytest
 
 from storage.drivers import StorageDriverError, driver_for
 from storage.drivers.scale import StorageScale
-from tests.storage.scale_server import ScaleServer
-
-
-@pytest.fixture
-def scale(settings, tmp_path):
-    with ScaleServer(root=tmp_path) as server:
-        settings.MERIDIAN_STORAGE_SCALE_URL = server.url
-        settings.MERIDIAN_STORAGE_SCALE_USER, settings.MERIDIAN_STORAGE_SCALE_PASSWORD = server.credentials
-        settings.MERIDIAN_STORAGE_SCALE_MOUNT = str(tmp_path)
-        settings.MERIDIAN_STORAGE_SCALE_JOB_SECONDS = 5
-        yield server
 
 
 def ref() -> str:

@@ -18,19 +18,9 @@ from storage.services import attachments_release_ended
 from storage.steps import TryAgain, orphans_remove, storage_reconcile, volume_converge
 from tenants.models import Quota
 from tests.provisioning.pipeline import reserve_vm
-from tests.world import small_fleet
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/volumes/"
-
-
-@pytest.fixture
-def classes(world):
-    small_fleet(4)
-    from cloud.models import Region
-    from storage.catalogue import default_storage_classes
-
-    return {c.kind: c for c in default_storage_classes(Region.objects.get(slug="us-east-1"))}
 
 
 def create(world, persona="t1_member", **body):
