@@ -460,6 +460,10 @@ MERIDIAN_DEFAULT_QUOTAS = {
     "vpcs": env.int("MERIDIAN_DEFAULT_VPC_QUOTA", default=10),
     "instances": env.int("MERIDIAN_DEFAULT_INSTANCE_QUOTA", default=32),
     "storage_gib": env.int("MERIDIAN_DEFAULT_STORAGE_QUOTA_GIB", default=102_400),
+    # Per kind of storage class: within the overall storage limit unless set lower.
+    "block_gib": env.int("MERIDIAN_DEFAULT_BLOCK_QUOTA_GIB", default=102_400),
+    "shared_fs_gib": env.int("MERIDIAN_DEFAULT_SHARED_FS_QUOTA_GIB", default=102_400),
+    "object_gib": env.int("MERIDIAN_DEFAULT_OBJECT_QUOTA_GIB", default=102_400),
 }
 MERIDIAN_PUBLIC_URL = env("MERIDIAN_PUBLIC_URL", default="http://127.0.0.1:8000")
 

@@ -65,6 +65,7 @@ from security.models import AttestationReport, Incident
 from tenants import services as tenant_services
 from tenants.choices import QuotaResource
 from tenants.models import Quota, Team, Tenant
+from tenants.quotas import usage_now
 from web.console import CHANGE, VIEW, add_domain_error, console_page, error_text, may, scoped, words
 
 
@@ -484,9 +485,11 @@ def quota_usage(request, quotas: list[Quota], *, now) -> dict:
             held = sum((r["now_whole"] or 0) + (r["now_slots"] or 0) for r in rows)
             counted = sum((r["all_whole"] or 0) + (r["all_slots"] or 0) for r in rows)
             usage[q.pk] = {"now": held, "ahead": counted - held}
-        else:
+        elif q.resource in (QuotaResource.VPCS, QuotaResource.INSTANCES):
             counts = vpcs if q.resource == QuotaResource.VPCS else instances
             usage[q.pk] = {"now": sum(n for (tenant, team), n in counts.items() if mine(tenant, team)), "ahead": 0}
+        else:
+            usage[q.pk] = {"now": usage_now(q.resource, q.tenant_id, q.team_id) or 0, "ahead": 0}
         usage[q.pk]["over"] = usage[q.pk]["now"] + usage[q.pk]["ahead"] > q.limit
     return usage
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from provisioning.models import VPC, Instance
 from tenants.choices import QuotaResource
 from tenants.models import Quota, Tenant
-from tenants.quotas import QuotaLimit, limits_from_rows
+from tenants.quotas import QuotaLimit, limits_from_rows, usage_now
 from web.console import (
     console_page,
     scoped,
@@ -74,8 +74,10 @@ class _Usage:
             # The admission rule over a window that is this moment: held work overlapping now,
             # waiting work that asked for now (or as soon as possible).
             return gpus_counted(self.tenant, team, limit, self.now, self.now + timedelta(seconds=1))
-        counts = self.vpcs if limit.resource == QuotaResource.VPCS else self.instances
-        return sum(counts.values()) if team is None else counts.get(team.pk, 0)
+        if limit.resource in (QuotaResource.VPCS, QuotaResource.INSTANCES):
+            counts = self.vpcs if limit.resource == QuotaResource.VPCS else self.instances
+            return sum(counts.values()) if team is None else counts.get(team.pk, 0)
+        return usage_now(limit.resource, self.tenant.pk, team.pk if team else None) or 0
 
     def line(self, limit: QuotaLimit, team, model_names: dict) -> dict:
         used = self.used(limit, team)

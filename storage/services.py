@@ -50,7 +50,7 @@ def volume_create(*, actor, storage_class: StorageClass, name: str, size_gib: in
     tenant = Tenant.objects.select_for_update().get(pk=actor.tenant.pk)  # quota checks in turn
     if Volume.objects.filter(tenant=tenant, name=name).exclude(state=V.DELETED).exists():
         raise Conflict(f"You already have a volume named '{name}'.", code="name_taken")
-    _check_quota(tenant, team, size_gib)
+    _check_quota(tenant, team, size_gib, storage_class.kind)
     volume = Volume.objects.create(
         tenant=tenant, team=team, name=name, storage_class=storage_class, size_gib=size_gib, target_gib=size_gib,
         state=V.CREATING, wrapped_key=encrypt(secrets.token_hex(32)), created_by=actor.user)
@@ -71,7 +71,7 @@ def volume_resize(*, actor, volume: Volume, size_gib: int) -> Volume:
                       code="size_not_larger")
     _check_size(volume.storage_class, size_gib)
     tenant = Tenant.objects.select_for_update().get(pk=volume.tenant_id)
-    _check_quota(tenant, volume.team, size_gib - volume.size_gib)
+    _check_quota(tenant, volume.team, size_gib - volume.size_gib, volume.storage_class.kind)
     before = snapshot(volume, AUDITED)
     volume.target_gib, volume.state, volume.state_reason = size_gib, V.RESIZING, ""
     volume.save(update_fields=["target_gib", "state", "state_reason", "updated_at"])
@@ -205,11 +205,18 @@ def attachments_release_ended() -> int:
     return len(rows)
 
 
-def storage_in_use(tenant_id, team_id=None) -> int:
-    """GiB that count against storage quotas: every volume not deleted, at its asked size."""
+# The quota of each kind of storage class beside the overall one (scratch lives with an instance).
+KIND_QUOTAS = {StorageKind.BLOCK: QuotaResource.BLOCK_GIB, StorageKind.SHARED_FS: QuotaResource.SHARED_FS_GIB,
+               StorageKind.OBJECT: QuotaResource.OBJECT_GIB}
+
+
+def storage_in_use(tenant_id, team_id=None, kind: str | None = None) -> int:
+    """GiB that count against storage quotas (of one kind, when given): every volume not deleted, at its asked size."""
     volumes = Volume.objects.filter(tenant_id=tenant_id, state__in=COUNTED)
     if team_id is not None:
         volumes = volumes.filter(team_id=team_id)
+    if kind is not None:
+        volumes = volumes.filter(storage_class__kind=kind)
     return volumes.aggregate(n=Sum("target_gib"))["n"] or 0
 
 
@@ -219,9 +226,14 @@ def _check_size(storage_class: StorageClass, size_gib: int) -> None:
                                   f"{storage_class.max_gib:,} GiB.", code="size_out_of_range")
 
 
-def _check_quota(tenant: Tenant, team, asked: int) -> None:
-    quota_check(tenant=tenant, team=team, resource=QuotaResource.STORAGE_GIB, asked=asked,
-                in_use=lambda limit: storage_in_use(tenant.pk, team.pk if limit.scope == "team" and team else None))
+def _check_quota(tenant: Tenant, team, asked: int, kind: str) -> None:
+    """The overall storage quota, then the one of the class's kind (tenant's and team's each)."""
+    def in_use(kind=None):
+        return lambda limit: storage_in_use(tenant.pk, team.pk if limit.scope == "team" and team else None, kind)
+
+    quota_check(tenant=tenant, team=team, resource=QuotaResource.STORAGE_GIB, asked=asked, in_use=in_use())
+    if kind in KIND_QUOTAS:
+        quota_check(tenant=tenant, team=team, resource=KIND_QUOTAS[kind], asked=asked, in_use=in_use(kind))
 
 
 def _locked(volume: Volume) -> Volume:

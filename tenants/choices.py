@@ -51,6 +51,9 @@ class QuotaResource(models.TextChoices):
     VPCS = "vpcs", "VPCs"
     INSTANCES = "instances", "Concurrent instances"
     STORAGE_GIB = "storage_gib", "Storage (GiB)"
+    BLOCK_GIB = "block_gib", "Block volumes (GiB)"
+    SHARED_FS_GIB = "shared_fs_gib", "Shared file systems (GiB)"
+    OBJECT_GIB = "object_gib", "Object storage (GiB)"
 
 
 # What a person reads for a kind where its words alone would mislead ("reservation.evicted" reads

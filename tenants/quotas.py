@@ -109,3 +109,19 @@ def quota_check(
         used = in_use(limit)
         if used + asked > limit.limit:
             raise QuotaExceeded(scope=limit.scope, resource=limit.label, limit=limit.limit, in_use=used, asked=asked)
+
+
+# What a tenant (or one of its teams) uses of a resource now, counted by the app above that owns it
+# (storage registers its GiB): the quota pages show it beside each limit.
+USAGE: dict[str, Callable[[object, object | None], int]] = {}
+
+
+def usage_counter(resource: str, count: Callable[[object, object | None], int]) -> None:
+    """Register ``count(tenant_id, team_id or None)`` as what counts against ``resource``."""
+    USAGE[resource] = count
+
+
+def usage_now(resource: str, tenant_id, team_id=None) -> int | None:
+    """What counts against ``resource`` now, from its registered counter; None when no app counts it."""
+    count = USAGE.get(resource)
+    return None if count is None else count(tenant_id, team_id)

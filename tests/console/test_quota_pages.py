@@ -77,3 +77,15 @@ def test_another_tenant_sees_only_its_own(console, world):
                                                                    f"{world.t2.team.name} (team)"]
     assert lines(response, "(tenant)")[("GPUs", "All models")]["used"] == 1
     assert world.t1.tenant.name not in response.content.decode()
+
+
+def test_storage_limits_show_the_gib_the_tenants_volumes_hold(console, world):
+    from tests.world import world_volume
+
+    world_volume(world.t1.tenant)  # a 100 GiB shared file system
+    Quota.objects.create(tenant=world.t1.tenant, resource=QuotaResource.SHARED_FS_GIB, limit=400)
+    tenant = lines(console("t1_viewer").get(reverse("quota-list")), "(tenant)")
+    assert tenant[("Storage (GiB)", "")]["used"] == 100
+    shared = tenant[("Shared file systems (GiB)", "")]
+    assert (shared["limit"], shared["used"], shared["percent"]) == (400, 100, 25)
+    assert tenant[("Block volumes (GiB)", "")]["used"] == 0

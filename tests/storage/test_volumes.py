@@ -114,20 +114,23 @@ def test_a_class_off_sale_and_a_name_taken_are_refused(world, classes):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_storage_quota_holds_under_concurrent_creates(world, classes):
-    """Ten creates of 200 GiB race against a 1,000 GiB tenant quota: five win, none goes over it."""
+@pytest.mark.parametrize("quota", ["storage_gib of the tenant", "shared_fs_gib of the team"])
+def test_the_storage_quota_holds_under_concurrent_creates(world, classes, quota):
+    """Ten creates of 200 GiB race against a 1,000 GiB quota (overall, or of the class's kind): five win."""
     from django.db import connections
 
     from core.errors import QuotaExceeded
     from storage.services import volume_create
 
-    Quota.objects.create(tenant=world.t1.tenant, resource="storage_gib", limit=1000)
+    resource, _, _, scope = quota.split()
+    Quota.objects.create(tenant=world.t1.tenant, team=world.t1.team if scope == "team" else None,
+                         resource=resource, limit=1000)
     actor, shared = world.principal("t1_member"), classes[StorageKind.SHARED_FS]
     outcomes, errors = [], []
 
     def one(i):
         try:
-            volume_create(actor=actor, storage_class=shared, name=f"race-{i}", size_gib=200)
+            volume_create(actor=actor, storage_class=shared, name=f"race-{i}", size_gib=200, team=world.t1.team)
             outcomes.append("made")
         except QuotaExceeded:
             outcomes.append("over quota")
@@ -144,6 +147,20 @@ def test_the_storage_quota_holds_under_concurrent_creates(world, classes):
     assert errors == []
     assert sorted(outcomes) == ["made"] * 5 + ["over quota"] * 5
     assert sum(Volume.objects.values_list("target_gib", flat=True)) == 1000
+
+
+def test_a_quota_of_one_kind_leaves_the_other_kinds_alone(world, classes):
+    Quota.objects.create(tenant=world.t1.tenant, resource="shared_fs_gib", limit=600)
+    assert create(world, name="a", size_gib=500).status_code == 201
+    over = create(world, name="b", size_gib=200)
+    assert over.status_code == 409 and over.json()["errors"][0]["meta"]["limit"] == 600
+    assert "Shared file systems" in over.json()["errors"][0]["detail"] or "shared_fs_gib" in \
+        over.json()["errors"][0]["detail"]
+    assert create(world, name="c", storage_class="us-east-1-block", size_gib=200).status_code == 201
+    shared = Volume.objects.get(name="a")
+    volume_converge(shared.pk)
+    grow = world.client("t1_member").post(f"{URL}{shared.pk}/resize/", {"size_gib": 700}, format="json")
+    assert grow.status_code == 409  # a grow counts against its kind too
 
 
 def test_grow_only_within_quota_and_the_backend_follows(world, classes):
