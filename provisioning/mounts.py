@@ -4,7 +4,8 @@ reservation. Storage sits above provisioning, so provisioning asks the sources r
 (``mount_source``; storage registers its own when it loads) rather than importing them; the
 config drive (``cloud_init``) and the pod spec (``lifecycle.guest_steps``) turn the mounts into
 cloud-init's ``mounts`` and the pod's volumes. So too what a hand-over waits for
-(``handover_wait``): data on its way back to a volume the reservation asked for.
+(``handover_wait``): data on its way back to a volume the reservation asked for; and what the VPC
+isolation report shows of the tenant's storage (``isolation_source``): who its exports let in.
 """
 
 from __future__ import annotations
@@ -66,3 +67,18 @@ def handover_wait(source: Callable[[object], list[str]]) -> Callable[[object], l
 def handover_waits(reservation) -> list[str]:
     """What the reservation's hand-over still waits for, from every registered source (empty: nothing)."""
     return [reason for source in WAITS for reason in source(reservation)]
+
+
+REPORTS: list[Callable[[object], list[dict]]] = []
+
+
+def isolation_source(source: Callable[[object], list[dict]]) -> Callable[[object], list[dict]]:
+    """Register ``source(tenant_id) -> [rows]`` for the isolation report's storage section (once)."""
+    if source not in REPORTS:
+        REPORTS.append(source)
+    return source
+
+
+def isolation_rows(tenant_id) -> list[dict]:
+    """The storage the tenant's networks reach, each with what its backend lets in now, from every source."""
+    return [row for source in REPORTS for row in source(tenant_id)]

@@ -35,6 +35,7 @@ from provisioning.choices import VPCState as V
 from provisioning.drivers import DriverError, fabric_driver_for
 from provisioning.drivers.fabric import DEFAULT_PKEY, FULL, LIMITED, Partition, PartitionSpec
 from provisioning.models import VPC, FabricReconciliation, Instance, PortMembership, VirtualFunction
+from provisioning.mounts import isolation_rows
 from provisioning.networks.vpcs import spec_of, vpc_sync
 from security.models import Incident
 
@@ -513,6 +514,7 @@ def isolation_report(vpc: VPC) -> dict:
                            "joined_at": m.joined_at.isoformat()} for m in members],
               "generated_at": timezone.now().isoformat()}
     report["fabric_now"] = _fabric_now(vpc, guids)
+    report["storage_exports"] = isolation_rows(vpc.tenant_id)
     last = FabricReconciliation.objects.filter(fabric=vpc.fabric, finished_at__isnull=False).first()
     mine = [d for d in (last.drift if last else []) if d.get("vpc") == str(vpc.pk)]
     report["last_reconciliation"] = None if last is None else {

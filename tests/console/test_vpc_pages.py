@@ -136,6 +136,14 @@ def test_isolation_report_renders_as_a_page_a_fragment_and_json(console, vpc):
     assert report.status_code == 200 and report.json()["pkey"] == f"{vpc.pkey:#06x}"
 
 
+def test_the_isolation_report_lists_the_tenants_file_systems_and_who_they_let_in(console, world, vpc):
+    from tests.world import world_volume
+
+    volume = world_volume(world.t1.tenant)
+    page = console("t1_viewer").get(reverse("vpc-isolation", args=[vpc.pk])).content.decode()
+    assert "Storage exports" in page and volume.name in page and "state-passed\">OK" in page
+
+
 def test_list_query_count_does_not_grow_with_vpcs(console, world, vpc, django_assert_max_num_queries):
     client = console("t1_member")
     client.get(reverse("vpc-list"))  # warm the session and caches

@@ -122,3 +122,27 @@ def test_a_step_asks_the_backend_for_the_mounts_once_for_all_its_instances(world
     steps.run()
     assert reservation(pk).state == "active" and Instance.objects.filter(reservation_id=pk).count() == 2
     assert SimulatedStorage.calls(shared.backend_ref)["storage_export"] == 1  # one step made both drives
+
+
+def test_the_isolation_report_checks_who_each_export_lets_in_without_naming_others(world):
+    from provisioning.models import SimulatedDevice
+
+    vpc = world_vpc(world.t1.tenant)
+    shared = made(world, name="datasets", storage_class="us-east-1-shared-fs")
+    made(world, name="archive", storage_class="us-east-1-object", size_gib=100)
+    theirs = Volume.objects.create(tenant=world.t2.tenant, name="theirs", storage_class=shared.storage_class,
+                                   size_gib=100, target_gib=100, state="available")
+    SimulatedStorage().create(ref=theirs.backend_ref, kind="shared_fs", size_gib=100)
+    report = world.client("t1_viewer").get(f"/api/v1/vpcs/{vpc.pk}/isolation-report/").json()
+    rows = {row["name"]: row for row in report["storage_exports"]}
+    assert set(rows) == {"datasets", "archive"}  # never another tenant's
+    assert rows["archive"]["tenant_networks"] == 1 and rows["archive"]["ok"] is True  # limited when made
+    assert rows["datasets"]["foreign_clients"] == 0 and rows["datasets"]["ok"] is True  # not exported yet
+
+    key = f"storage:{shared.backend_ref}"  # someone widened the export on the backend by hand
+    device = SimulatedDevice.objects.get(key=key)
+    SimulatedDevice.objects.filter(key=key).update(state={**device.state, "clients": ["10.20.0.0/24", "10.99.0.0/24"]})
+    report = world.client("t1_viewer").get(f"/api/v1/vpcs/{vpc.pk}/isolation-report/").json()
+    datasets = next(row for row in report["storage_exports"] if row["name"] == "datasets")
+    assert (datasets["tenant_networks"], datasets["foreign_clients"], datasets["ok"]) == (1, 1, False)
+    assert "10.99.0.0" not in str(report)  # counted, not named
