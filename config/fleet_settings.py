@@ -91,6 +91,7 @@ MERIDIAN_TELEMETRY_RETENTION = {
 # volume fails, and how long a step may stay in flight before the reconcile sends it again.
 MERIDIAN_STORAGE_ATTEMPTS = env.int("MERIDIAN_STORAGE_ATTEMPTS", default=5)
 MERIDIAN_STORAGE_STALE_SECONDS = env.int("MERIDIAN_STORAGE_STALE_SECONDS", default=120)
+MERIDIAN_STORAGE_SNAPSHOTS_PER_VOLUME = env.int("MERIDIAN_STORAGE_SNAPSHOTS_PER_VOLUME", default=32)
 # How often storage's billed GiB are sampled (each sample covers the interval before it).
 MERIDIAN_STORAGE_USAGE_SECONDS = env.float("MERIDIAN_STORAGE_USAGE_SECONDS", default=300.0)
 # Block volumes of classes whose backend is "libvirt": the storage host's libvirt and its pool.

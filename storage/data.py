@@ -12,6 +12,7 @@ simulated driver keeps sizes only.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -44,7 +45,8 @@ class MountedFiles:
         found = {}
         if not base.exists():
             return found
-        for directory, _dirs, names in os.walk(base):
+        for directory, dirs, names in os.walk(base):
+            dirs[:] = [d for d in dirs if d != ".snapshots"]  # a file system's snapshots are not its files
             for name in names:
                 path = Path(directory) / name
                 stat = path.stat()
@@ -81,6 +83,15 @@ class MountedFiles:
             os.truncate(self._path(ref, key), size)
         except OSError as exc:
             raise StorageDriverError(f"Sizing {key} of {ref} failed: {exc}", transient=True) from exc
+
+    def copy_tree(self, *, from_ref: str, subdir: str, to_ref: str) -> None:
+        """Copy a volume's directory (a snapshot's) into another volume, over what is there already."""
+        try:
+            shutil.copytree(self._path(from_ref, subdir), self.root / checked_key(to_ref), dirs_exist_ok=True)
+        except FileNotFoundError:
+            raise StorageDriverError(f"{from_ref} has no {subdir} to copy.", transient=False) from None
+        except OSError as exc:
+            raise StorageDriverError(f"Copying {subdir} of {from_ref} failed: {exc}", transient=True) from exc
 
     def remove(self, *, ref: str, key: str) -> None:
         path = self._path(ref, key)

@@ -66,6 +66,9 @@ class Volume(TeamOwnedModel):
     updated_at = models.DateTimeField(auto_now=True)
     # Times its step failed for a while (a transient driver error) before it succeeded or gave up.
     attempts = models.PositiveSmallIntegerField(default=0)
+    # Restored from a snapshot: its create step makes it as a copy of that snapshot.
+    source_snapshot = models.ForeignKey("storage.VolumeSnapshot", null=True, blank=True, on_delete=models.PROTECT,
+                                        related_name="restored_volumes")
 
     class Meta:
         ordering = ["-created_at"]
@@ -86,6 +89,43 @@ class Volume(TeamOwnedModel):
     def backend_ref(self) -> str:
         """What the backend calls it: its id, so every driver call is idempotent by it."""
         return f"vol-{self.pk}"
+
+
+class VolumeSnapshot(TenantOwnedModel):
+    """
+    A point-in-time copy of a volume, kept by its backend (a fileset snapshot, a pool volume's
+    clone), until deleted; a new volume is restored from it. Its states are a volume's.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    volume = models.ForeignKey(Volume, on_delete=models.PROTECT, related_name="snapshots")
+    name = models.CharField(max_length=63)
+    size_gib = models.PositiveIntegerField(help_text="The volume's size when it was taken.")
+    state = models.CharField(max_length=16, choices=VolumeState.choices, default=VolumeState.CREATING)
+    state_reason = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+
+    team_path = "volume__team"
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state", "updated_at"], name="snapshot_in_flight_idx")]
+        constraints = [
+            models.UniqueConstraint(fields=["volume", "name"], condition=~Q(state=VolumeState.DELETED),
+                                    name="snapshot_name_unique_live",
+                                    violation_error_message="This volume already has a snapshot with this name."),
+            models.CheckConstraint(condition=Q(state__in=VolumeState.values), name="snapshot_state_valid"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.state})"
+
+    @property
+    def backend_ref(self) -> str:
+        return f"snap-{self.pk}"
 
 
 class VolumeAttachment(TenantOwnedModel):

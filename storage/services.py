@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
@@ -18,13 +19,14 @@ from core.errors import Conflict, Forbidden, Unavailable, invalid
 from provisioning.models import Reservation
 from provisioning.services import team_for
 from provisioning.transitions import TERMINAL_STATES
-from security.audit import audit_record, snapshot
+from security.audit import audit_record
+from security.audit import snapshot as audit_snapshot
 from security.crypto import encrypt
 from storage import checkpoints, dispatch
 from storage.choices import ATTACHABLE, COUNTED, StorageKind
 from storage.choices import VolumeState as V
 from storage.drivers import StorageDriverError, driver_for
-from storage.models import Checkpoint, StorageClass, Volume, VolumeAttachment
+from storage.models import Checkpoint, StorageClass, Volume, VolumeAttachment, VolumeSnapshot
 from tenants.choices import QuotaResource
 from tenants.models import Tenant
 from tenants.quotas import quota_check
@@ -34,15 +36,19 @@ NAME_MAX = Volume._meta.get_field("name").max_length
 
 
 @transaction.atomic
-def volume_create(*, actor, storage_class: StorageClass, name: str, size_gib: int, team=None) -> Volume:
+def volume_create(*, actor, storage_class: StorageClass, name: str, size_gib: int, team=None,
+                  snapshot: VolumeSnapshot | None = None) -> Volume:
     """
     A volume of ``storage_class`` in the actor's tenant (for ``team`` when given), ``creating``
-    until its backend has it. A size outside the class's range or a class off sale is a 400, a
-    name taken a 409, over the storage quota a 409 with the numbers.
+    until its backend has it -- a copy of ``snapshot`` when given (of the same class, at least its
+    size). A size outside the class's range or a class off sale is a 400, a name taken a 409, over
+    the storage quota a 409 with the numbers.
     """
     if actor.tenant is None:
         raise Forbidden("Volumes are made inside a tenant; choose one with the X-Meridian-Tenant header.")
     team = team_for(actor, team)
+    if snapshot is not None:
+        _check_restorable(snapshot, storage_class, size_gib)
     if not storage_class.is_active:
         raise invalid("storage_class", f"{storage_class.name} is no longer sold: choose another class.",
                       code="storage_class_unavailable")
@@ -53,8 +59,9 @@ def volume_create(*, actor, storage_class: StorageClass, name: str, size_gib: in
     _check_quota(tenant, team, size_gib, storage_class.kind)
     volume = Volume.objects.create(
         tenant=tenant, team=team, name=name, storage_class=storage_class, size_gib=size_gib, target_gib=size_gib,
-        state=V.CREATING, wrapped_key=encrypt(secrets.token_hex(32)), created_by=actor.user)
-    audit_record(actor=actor, action="volume.create", target=volume, after=snapshot(volume, AUDITED))
+        state=V.CREATING, wrapped_key=encrypt(secrets.token_hex(32)), created_by=actor.user, source_snapshot=snapshot)
+    audit_record(actor=actor, action="volume.create", target=volume, after={
+        **audit_snapshot(volume, AUDITED), "source_snapshot": str(snapshot.pk) if snapshot else None})
     dispatch.converge_on_commit(volume)
     return volume
 
@@ -72,10 +79,11 @@ def volume_resize(*, actor, volume: Volume, size_gib: int) -> Volume:
     _check_size(volume.storage_class, size_gib)
     tenant = Tenant.objects.select_for_update().get(pk=volume.tenant_id)
     _check_quota(tenant, volume.team, size_gib - volume.size_gib, volume.storage_class.kind)
-    before = snapshot(volume, AUDITED)
+    before = audit_snapshot(volume, AUDITED)
     volume.target_gib, volume.state, volume.state_reason = size_gib, V.RESIZING, ""
     volume.save(update_fields=["target_gib", "state", "state_reason", "updated_at"])
-    audit_record(actor=actor, action="volume.resize", target=volume, before=before, after=snapshot(volume, AUDITED))
+    audit_record(actor=actor, action="volume.resize", target=volume, before=before,
+                 after=audit_snapshot(volume, AUDITED))
     dispatch.converge_on_commit(volume)
     return volume
 
@@ -94,10 +102,15 @@ def volume_delete(*, actor, volume: Volume) -> Volume:
                     .values_list("reservation__name", flat=True)[:5])
     if attached:
         raise Conflict(f"The volume is attached to {', '.join(attached)}: detach it first.", code="volume_attached")
-    before = snapshot(volume, AUDITED)
+    kept = list(volume.snapshots.exclude(state=V.DELETED).values_list("name", flat=True)[:5])
+    if kept:
+        raise Conflict(f"The volume has snapshots ({', '.join(kept)}): delete them first, or restore one to a new "
+                       "volume to keep it.", code="volume_has_snapshots")
+    before = audit_snapshot(volume, AUDITED)
     volume.state, volume.state_reason = V.DELETING, ""
     volume.save(update_fields=["state", "state_reason", "updated_at"])
-    audit_record(actor=actor, action="volume.delete", target=volume, before=before, after=snapshot(volume, AUDITED))
+    audit_record(actor=actor, action="volume.delete", target=volume, before=before,
+                 after=audit_snapshot(volume, AUDITED))
     dispatch.converge_on_commit(volume)
     return volume
 
@@ -172,6 +185,53 @@ def volume_detach(*, actor, volume: Volume, reservation: Reservation) -> VolumeA
     return attachment
 
 
+@transaction.atomic
+def snapshot_create(*, actor, volume: Volume, name: str) -> VolumeSnapshot:
+    """
+    Take a snapshot of an available block volume or file system (``creating`` until its backend
+    has it). It counts against the storage quotas at the volume's size, as a volume does.
+    """
+    volume = _locked(volume)
+    if volume.storage_class.kind not in ATTACHABLE:
+        raise invalid("volume", f"A {volume.storage_class.get_kind_display().lower()} has no snapshots.",
+                      code="not_snapshottable")
+    if volume.state != V.AVAILABLE:
+        raise Conflict(f"The volume is '{volume.state}': a snapshot is taken once it is available.",
+                       code="invalid_transition", current_state=volume.state)
+    live = volume.snapshots.exclude(state=V.DELETED)
+    if live.filter(name=name).exists():
+        raise Conflict(f"{volume.name} already has a snapshot named '{name}'.", code="name_taken")
+    if live.count() >= settings.MERIDIAN_STORAGE_SNAPSHOTS_PER_VOLUME:
+        raise Conflict(f"{volume.name} keeps {settings.MERIDIAN_STORAGE_SNAPSHOTS_PER_VOLUME} snapshots at most: "
+                       "delete an older one first.", code="too_many_snapshots")
+    tenant = Tenant.objects.select_for_update().get(pk=volume.tenant_id)
+    _check_quota(tenant, volume.team, volume.size_gib, volume.storage_class.kind)
+    taken = VolumeSnapshot.objects.create(tenant_id=volume.tenant_id, volume=volume, name=name,
+                                          size_gib=volume.size_gib, created_by=actor.user)
+    audit_record(actor=actor, action="volume.snapshot", target=volume,
+                 after={"snapshot": str(taken.pk), "name": name, "size_gib": volume.size_gib})
+    dispatch.snapshot_converge_on_commit(taken)
+    return taken
+
+
+@transaction.atomic
+def snapshot_delete(*, actor, snapshot: VolumeSnapshot) -> VolumeSnapshot:
+    """Delete a snapshot no creating volume is being restored from (409 otherwise)."""
+    snapshot = VolumeSnapshot.objects.select_for_update().select_related("volume").get(pk=snapshot.pk)
+    if snapshot.state not in (V.AVAILABLE, V.FAILED):
+        raise Conflict(f"The snapshot is '{snapshot.state}': it can be deleted once it is available or failed.",
+                       code="invalid_transition", current_state=snapshot.state)
+    if snapshot.restored_volumes.filter(state=V.CREATING).exists():
+        raise Conflict("A volume is being restored from this snapshot: delete it once that volume is available.",
+                       code="snapshot_in_use")
+    snapshot.state, snapshot.state_reason = V.DELETING, ""
+    snapshot.save(update_fields=["state", "state_reason", "updated_at"])
+    audit_record(actor=actor, action="volume.snapshot_delete", target=snapshot.volume,
+                 after={"snapshot": str(snapshot.pk), "name": snapshot.name})
+    dispatch.snapshot_converge_on_commit(snapshot)
+    return snapshot
+
+
 def volume_credentials(*, actor, volume: Volume) -> dict:
     """New access keys to an object volume's bucket, and to nothing else (shown once; the older pair goes)."""
     volume = _locked(volume)
@@ -215,9 +275,26 @@ def storage_in_use(tenant_id, team_id=None, kind: str | None = None) -> int:
     volumes = Volume.objects.filter(tenant_id=tenant_id, state__in=COUNTED)
     if team_id is not None:
         volumes = volumes.filter(team_id=team_id)
+    snapshots = VolumeSnapshot.objects.filter(tenant_id=tenant_id, state__in=COUNTED)
+    if team_id is not None:
+        snapshots = snapshots.filter(volume__team_id=team_id)
     if kind is not None:
         volumes = volumes.filter(storage_class__kind=kind)
-    return volumes.aggregate(n=Sum("target_gib"))["n"] or 0
+        snapshots = snapshots.filter(volume__storage_class__kind=kind)
+    return (volumes.aggregate(n=Sum("target_gib"))["n"] or 0) + (snapshots.aggregate(n=Sum("size_gib"))["n"] or 0)
+
+
+def _check_restorable(snapshot: VolumeSnapshot, storage_class: StorageClass, size_gib: int) -> None:
+    if snapshot.state != V.AVAILABLE:
+        raise invalid("snapshot", f"The snapshot is '{snapshot.state}': restore it once it is available.",
+                      code="snapshot_not_available")
+    source = snapshot.volume.storage_class
+    if storage_class.pk != source.pk:
+        raise invalid("storage_class", f"A snapshot is restored into its own class ({source.slug}).",
+                      code="class_mismatch")
+    if size_gib < snapshot.size_gib:
+        raise invalid("size_gib", f"The snapshot holds {snapshot.size_gib:,} GiB: restore it to at least that.",
+                      code="size_out_of_range")
 
 
 def _check_size(storage_class: StorageClass, size_gib: int) -> None:

@@ -25,7 +25,7 @@ from storage import dispatch
 from storage.choices import IN_FLIGHT, StorageKind
 from storage.choices import VolumeState as V
 from storage.drivers import StorageDriverError, driver_for
-from storage.models import StorageClass, Volume
+from storage.models import StorageClass, Volume, VolumeSnapshot
 from storage.mounts import tenant_networks
 from storage.moves import moves_resend
 from storage.services import attachments_release_ended
@@ -39,13 +39,15 @@ class TryAgain(Exception):
 
 def volume_converge(volume_id) -> str:
     """Run the volume's step; returns what it did (``done``, ``nothing``, ``failed``). TryAgain when transient."""
-    volume = Volume.objects.select_related("storage_class").filter(pk=volume_id).first()
+    volume = Volume.objects.select_related("storage_class", "source_snapshot__volume").filter(pk=volume_id).first()
     if volume is None or volume.state not in IN_FLIGHT:
         return "nothing"
     driver = driver_for(volume.storage_class.backend)
     try:
         if volume.state == V.CREATING:
-            driver.create(ref=volume.backend_ref, kind=volume.storage_class.kind, size_gib=volume.target_gib)
+            taken = volume.source_snapshot
+            driver.create(ref=volume.backend_ref, kind=volume.storage_class.kind, size_gib=volume.target_gib,
+                          source=(taken.volume.backend_ref, taken.backend_ref) if taken else None)
             if volume.storage_class.kind == StorageKind.OBJECT:  # reached by URL: limited to its networks now
                 driver.export(ref=volume.backend_ref, clients=tenant_networks(volume.tenant_id))
             _move(volume, V.CREATING, state=V.AVAILABLE, size_gib=volume.target_gib)
@@ -63,14 +65,35 @@ def volume_converge(volume_id) -> str:
     return "done"
 
 
+def snapshot_converge(snapshot_id) -> str:
+    """A snapshot's step: taken (``creating``) or removed (``deleting``), then its state moved on; TryAgain."""
+    taken = VolumeSnapshot.objects.select_related("volume__storage_class").filter(pk=snapshot_id).first()
+    if taken is None or taken.state not in (V.CREATING, V.DELETING):
+        return "nothing"
+    driver, ref = driver_for(taken.volume.storage_class.backend), taken.volume.backend_ref
+    try:
+        if taken.state == V.CREATING:
+            driver.snapshot(ref=ref, snapshot=taken.backend_ref)
+        else:
+            driver.snapshot_delete(ref=ref, snapshot=taken.backend_ref)
+    except StorageDriverError as exc:
+        return _failed_step(taken, exc)
+    after = V.AVAILABLE if taken.state == V.CREATING else V.DELETED
+    VolumeSnapshot.objects.filter(pk=taken.pk, state=taken.state).update(
+        state=after, state_reason="", attempts=0, updated_at=timezone.now())
+    return "done"
+
+
 def _move(volume: Volume, expected: str, **changes) -> bool:
     """Compare-and-set: move the volume on only if it is still ``expected``."""
     return bool(Volume.objects.filter(pk=volume.pk, state=expected).update(
         **changes, state_reason="", attempts=0, updated_at=timezone.now()))
 
 
-def _failed_step(volume: Volume, exc: StorageDriverError) -> str:
-    attempts = Volume.objects.filter(pk=volume.pk, state=volume.state).update(attempts=F("attempts") + 1)
+def _failed_step(volume: Volume | VolumeSnapshot, exc: StorageDriverError) -> str:
+    """Try again while transient and attempts are left; else the volume (or snapshot) fails, saying why."""
+    model = type(volume)
+    attempts = model.objects.filter(pk=volume.pk, state=volume.state).update(attempts=F("attempts") + 1)
     volume.refresh_from_db(fields=["attempts"])
     if exc.transient and attempts and volume.attempts < settings.MERIDIAN_STORAGE_ATTEMPTS:
         log.warning("Volume %s, %s: %s (attempt %d, tried again)", volume.pk, volume.state, exc, volume.attempts)
@@ -82,7 +105,7 @@ def _failed_step(volume: Volume, exc: StorageDriverError) -> str:
         Volume.objects.filter(pk=volume.pk, state=V.RESIZING).update(
             state=V.AVAILABLE, target_gib=F("size_gib"), state_reason=reason, updated_at=timezone.now())
     else:
-        Volume.objects.filter(pk=volume.pk, state=volume.state).update(
+        model.objects.filter(pk=volume.pk, state=volume.state).update(
             state=V.FAILED, state_reason=reason, updated_at=timezone.now())
     return "failed"
 
@@ -94,6 +117,9 @@ def storage_reconcile(now=None) -> dict:
     lost = list(Volume.objects.filter(state__in=IN_FLIGHT, updated_at__lt=stale).values_list("pk", flat=True)[:500])
     for volume_id in lost:
         dispatch.send_now(volume_id)
+    for snapshot_id in VolumeSnapshot.objects.filter(state__in=IN_FLIGHT, updated_at__lt=stale).values_list(
+            "pk", flat=True)[:500]:
+        dispatch.snapshot_send_now(snapshot_id)
     return {"resent": len(lost), "moves_resent": moves_resend(stale), "detached": attachments_release_ended(),
             "orphans": orphans_remove()}
 

@@ -4,6 +4,7 @@ from celery import current_app
 
 VOLUME_CONVERGE = "storage.volume_converge"
 CHECKPOINT_MOVE = "storage.checkpoint_move"
+SNAPSHOT_CONVERGE = "storage.snapshot_converge"
 
 
 def send(name: str, args: tuple, **options) -> None:

@@ -15,6 +15,18 @@ def volume_converge(self, volume_id: str) -> str:
         raise self.retry(exc=exc, countdown=min(60, 2 ** min(self.request.retries, 6))) from exc
 
 
+@shared_task(name="storage.snapshot_converge", bind=True, max_retries=None)
+def snapshot_converge(self, snapshot_id: str) -> str:
+    """A snapshot's step; a transient backend error tries again with a growing delay."""
+    from storage.steps import TryAgain
+    from storage.steps import snapshot_converge as converge
+
+    try:
+        return converge(snapshot_id)
+    except TryAgain as exc:
+        raise self.retry(exc=exc, countdown=min(60, 2 ** min(self.request.retries, 6))) from exc
+
+
 @shared_task(name="storage.checkpoint_move", bind=True, max_retries=None)
 def checkpoint_move(self, checkpoint_id: str) -> str:
     """A slice of a checkpoint's move between tiers; the rest is sent again, a transient error retried."""

@@ -47,6 +47,7 @@ POLICIES: dict[str, dict[str, str]] = {
     "vpcs": {"read": VIEWER, "write": MEMBER},
     "volumes": {"read": VIEWER, "write": MEMBER},
     "checkpoints": {"read": VIEWER, "write": MEMBER},
+    "snapshots": {"read": VIEWER, "write": MEMBER},
     "storage-classes": {"read": ANY, "write": PLATFORM_ADMIN},
     "regions": {"read": ANY, "write": PLATFORM_ADMIN},
     "gpu-models": {"read": ANY, "write": PLATFORM_ADMIN},

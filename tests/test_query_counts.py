@@ -22,7 +22,7 @@ from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, S
 from config.api_router import router
 from provisioning.models import VPC, Instance, Operation, PortMembership, Reservation
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
-from storage.models import Checkpoint, StorageClass, Volume, VolumeAttachment
+from storage.models import Checkpoint, StorageClass, Volume, VolumeAttachment, VolumeSnapshot
 from tenants.choices import QuotaResource, TeamRole, TenantRole
 from tenants.models import (
     APIToken,
@@ -47,6 +47,7 @@ from tests.world import (
     unique,
     vm_offering,
     world_checkpoint,
+    world_snapshot,
     world_volume,
 )
 from web.api.base import PlatformViewSet
@@ -274,6 +275,12 @@ def make_checkpoints(world, n):
         world_checkpoint(world_volume(world.t1.tenant))
 
 
+def make_snapshots(world, n):
+    """Snapshots of t1's file systems (the list names each one's volume)."""
+    for _ in range(n):
+        world_snapshot(world_volume(world.t1.tenant))
+
+
 def make_vpcs(world, n):
     """VPCs of t1, each with an instance in it (the list counts live members)."""
     make_instances(world, n)
@@ -319,6 +326,7 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     StorageClass: make_storage_classes,
     Volume: make_volumes,
     Checkpoint: make_checkpoints,
+    VolumeSnapshot: make_snapshots,
     Reservation: make_reservations,
     Operation: make_operations,
     Instance: make_instances,

@@ -28,7 +28,7 @@ from security.crypto import encrypt
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
 from storage.catalogue import default_storage_classes
 from storage.drivers.simulated import SimulatedStorage
-from storage.models import Checkpoint, Volume
+from storage.models import Checkpoint, Volume, VolumeSnapshot
 from storage.services import volume_attach
 from tenants import services
 from tenants.choices import TenantRole
@@ -357,6 +357,14 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("PUT", "volumes-checkpoint-policy"): Case(
         "401 403 200 200 200 404 403 403", lambda w: f"{V1}/volumes/{w.t1.objects[Volume].pk}/checkpoint-policy/",
         lambda w: {"cold_volume": str(object_volume(w).pk), "keep_hot": 3}),
+    ("GET", "snapshots-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/snapshots/"),
+    ("POST", "snapshots-list"): Case(
+        "401 403 201 201 201 400 403 403", lambda w: f"{V1}/snapshots/",
+        lambda w: {"volume": str(w.t1.objects[Volume].pk), "name": unique("snap")}),
+    ("GET", "snapshots-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/snapshots/{w.t1.objects[VolumeSnapshot].pk}/"),
+    ("DELETE", "snapshots-detail"): Case(
+        "401 403 202 202 202 404 403 403", lambda w: f"{V1}/snapshots/{w.t1.objects[VolumeSnapshot].pk}/"),
     ("GET", "checkpoints-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/checkpoints/"),
     ("GET", "checkpoints-detail"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/checkpoints/{w.t1.objects[Checkpoint].pk}/"),

@@ -27,7 +27,7 @@ from security.crypto import encrypt
 from security.models import AuditEvent
 from storage.catalogue import default_storage_classes
 from storage.drivers.simulated import SimulatedStorage
-from storage.models import Checkpoint, CheckpointPolicy, Volume
+from storage.models import Checkpoint, CheckpointPolicy, Volume, VolumeSnapshot
 from tenants import services
 from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole, TokenScope
 from tenants.models import (
@@ -153,6 +153,7 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     side.objects[VPC] = lambda: world_vpc(tenant)
     side.objects[Volume] = lambda: world_volume(tenant)
     side.objects[Checkpoint] = lambda: world_checkpoint(side.objects[Volume])
+    side.objects[VolumeSnapshot] = lambda: world_snapshot(side.objects[Volume])
     side.objects[HighPriorityApplication] = HighPriorityApplication.objects.create(
         tenant=tenant, team=team, applied_by=member, note="Deadline-bound training runs.",
         snapshot=hp_snapshot(eligible=True))
@@ -211,6 +212,14 @@ def world_volume(tenant: Tenant) -> Volume:
                                    target_gib=100, state="available", wrapped_key=encrypt("00" * 32))
     SimulatedStorage().create(ref=volume.backend_ref, kind=shared.kind, size_gib=100)
     return volume
+
+
+def world_snapshot(volume: Volume) -> VolumeSnapshot:
+    """An available snapshot of ``volume`` (its backend has it)."""
+    taken = VolumeSnapshot.objects.create(tenant_id=volume.tenant_id, volume=volume, name=unique("snap"),
+                                          size_gib=volume.size_gib, state="available")
+    SimulatedStorage().snapshot(ref=volume.backend_ref, snapshot=taken.backend_ref)
+    return taken
 
 
 def world_checkpoint(volume: Volume) -> Checkpoint:

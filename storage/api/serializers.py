@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from provisioning.models import Reservation
 from storage.checkpoints import progress
-from storage.models import Checkpoint, CheckpointPolicy, StorageClass, Volume, VolumeAttachment
+from storage.models import Checkpoint, CheckpointPolicy, StorageClass, Volume, VolumeAttachment, VolumeSnapshot
 from tenants.models import Team
 from web.api.base import BoundedListField, ScopedRelatedField, StrictIntegerField, StrictSerializer
 
@@ -56,10 +56,26 @@ class VolumeSerializer(serializers.ModelSerializer):
 
 class VolumeCreateSerializer(StrictSerializer):
     name = serializers.RegexField(NAME, max_length=63, help_text="Lower-case letters, digits and dashes.")
-    storage_class = serializers.SlugRelatedField(slug_field="slug", queryset=StorageClass.objects.all(),
-                                                 help_text="A storage class's slug (GET /storage-classes/).")
-    size_gib = StrictIntegerField(min_value=1, max_value=2**31 - 1)
+    storage_class = serializers.SlugRelatedField(
+        slug_field="slug", queryset=StorageClass.objects.all(), required=False,
+        help_text="A storage class's slug (GET /storage-classes/); a snapshot's own class when left out.")
+    size_gib = StrictIntegerField(min_value=1, max_value=2**31 - 1, required=False,
+                                  help_text="GiB; a snapshot's size when left out.")
     team = ScopedRelatedField(queryset=Team.objects.all(), required=False, allow_null=True)
+    snapshot = ScopedRelatedField(queryset=VolumeSnapshot.objects.select_related("volume__storage_class"),
+                                  required=False, help_text="Restore this snapshot of yours into the new volume.")
+
+    def validate(self, attrs):
+        taken = attrs.get("snapshot")
+        if taken is None:
+            missing = [field for field in ("storage_class", "size_gib") if field not in attrs]
+            if missing:
+                raise serializers.ValidationError({field: ["This field is required."] for field in missing},
+                                                  code="required")
+            return attrs
+        attrs.setdefault("storage_class", taken.volume.storage_class)
+        attrs.setdefault("size_gib", taken.size_gib)
+        return attrs
 
 
 class ResizeSerializer(StrictSerializer):
@@ -132,3 +148,19 @@ class CredentialsSerializer(serializers.Serializer):
     secret_access_key = serializers.CharField(help_text="Shown once: keep it.")
     bucket = serializers.CharField()
     endpoint = serializers.CharField()
+
+
+class SnapshotSerializer(serializers.ModelSerializer):
+    volume_name = serializers.CharField(source="volume.name", read_only=True)
+
+    class Meta:
+        model = VolumeSnapshot
+        fields = ["id", "volume", "volume_name", "name", "size_gib", "state", "state_reason", "created_at",
+                  "updated_at"]
+        read_only_fields = fields
+
+
+class SnapshotCreateSerializer(StrictSerializer):
+    volume = ScopedRelatedField(queryset=Volume.objects.select_related("storage_class"),
+                                help_text="A block volume or file system of yours.")
+    name = serializers.RegexField(NAME, max_length=63, help_text="Lower-case letters, digits and dashes.")

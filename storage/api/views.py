@@ -16,9 +16,9 @@ from provisioning.api.idempotency import IdempotentCreateMixin
 from provisioning.api.views import IDEMPOTENCY_PARAMETER
 from storage import checkpoints, services
 from storage.api import serializers as s
-from storage.api.filtersets import CheckpointFilterSet
+from storage.api.filtersets import CheckpointFilterSet, SnapshotFilterSet
 from storage.choices import VolumeState
-from storage.models import Checkpoint, CheckpointPolicy, StorageClass, Volume, VolumeAttachment
+from storage.models import Checkpoint, CheckpointPolicy, StorageClass, Volume, VolumeAttachment, VolumeSnapshot
 from web.api.base import PlatformViewSet, ReadMixin, TenantScopedViewSet
 
 
@@ -62,7 +62,8 @@ class VolumeViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
         data.is_valid(raise_exception=True)
         attrs = data.validated_data
         volume = services.volume_create(actor=self.principal, storage_class=attrs["storage_class"], name=attrs["name"],
-                                        size_gib=attrs["size_gib"], team=attrs.get("team"))
+                                        size_gib=attrs["size_gib"], team=attrs.get("team"),
+                                        snapshot=attrs.get("snapshot"))
         return Response(self._shown(volume), status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={202: s.VolumeSerializer})
@@ -128,6 +129,42 @@ class VolumeViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
         return s.VolumeSerializer(self.get_queryset().model.objects.prefetch_related(
             Prefetch("attachments", queryset=VolumeAttachment.objects.filter(detached_at__isnull=True)
                      .select_related("reservation"))).select_related("storage_class__region").get(pk=volume.pk)).data
+
+
+class SnapshotViewSet(ReadMixin, IdempotentCreateMixin, TenantScopedViewSet):
+    """Snapshots of the tenant's block volumes and file systems; a volume is restored from one (POST /volumes/)."""
+
+    policy = "snapshots"
+    queryset = VolumeSnapshot.objects.select_related("volume")
+    serializer_class = s.SnapshotSerializer
+    create_serializer_class = s.SnapshotCreateSerializer
+    filterset_class = SnapshotFilterSet
+    ordering_fields = ["created_at", "name"]
+    ordering = ["-created_at"]
+
+    def get_queryset(self):
+        queryset = super().get_queryset()
+        if self.action == "list" and "state" not in self.request.query_params:
+            queryset = queryset.exclude(state=VolumeState.DELETED)
+        return queryset
+
+    @extend_schema(request=s.SnapshotCreateSerializer, responses={201: s.SnapshotSerializer},
+                   parameters=[IDEMPOTENCY_PARAMETER])
+    def create(self, request, *args, **kwargs):
+        """Take a snapshot: ``creating`` until its backend has it, then ``available``."""
+        return super().create(request, *args, **kwargs)
+
+    def create_once(self, request):
+        data = s.SnapshotCreateSerializer(data=request.data, context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        taken = services.snapshot_create(actor=self.principal, **data.validated_data)
+        return Response(s.SnapshotSerializer(taken).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={202: s.SnapshotSerializer})
+    def destroy(self, request, pk=None):
+        """Delete a snapshot (409 while a volume is being restored from it)."""
+        taken = services.snapshot_delete(actor=self.principal, snapshot=self.get_object())
+        return Response(s.SnapshotSerializer(taken).data, status=status.HTTP_202_ACCEPTED)
 
 
 class CheckpointViewSet(ReadMixin, TenantScopedViewSet):

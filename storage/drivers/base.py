@@ -21,8 +21,17 @@ class Export:
 
 
 class StorageDriver(Protocol):
-    def create(self, *, ref: str, kind: str, size_gib: int) -> None:
-        """Make the volume (a volume, fileset or bucket) of ``size_gib``; one that exists already is done."""
+    def create(self, *, ref: str, kind: str, size_gib: int, source: tuple[str, str] | None = None) -> None:
+        """
+        Make the volume (a volume, fileset or bucket) of ``size_gib``, as a copy of snapshot
+        ``source`` (volume reference, snapshot reference) when given; one that exists already is done.
+        """
+
+    def snapshot(self, *, ref: str, snapshot: str) -> None:
+        """Take snapshot ``snapshot`` of the volume now; one taken already is done."""
+
+    def snapshot_delete(self, *, ref: str, snapshot: str) -> None:
+        """Remove the snapshot; one that is gone is done."""
 
     def resize(self, *, ref: str, size_gib: int) -> None:
         """Grow it to ``size_gib``; one that size or larger is done. Shrinking is refused before a driver is asked."""

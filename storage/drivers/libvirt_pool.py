@@ -20,15 +20,36 @@ GIB = 1024**3
 
 
 class LibvirtPoolStorage:
-    def create(self, *, ref: str, kind: str, size_gib: int) -> None:
+    def create(self, *, ref: str, kind: str, size_gib: int, source: tuple[str, str] | None = None) -> None:
         if kind != "block":
             raise StorageDriverError(f"A libvirt storage pool serves block volumes, not {kind}: give the storage "
                                      "class another backend.", transient=False)
 
         def make(libvirt, pool):
-            if pool_volume(libvirt, pool, ref) is None:
+            if pool_volume(libvirt, pool, ref) is not None:
+                return
+            if source is None:
                 pool.createXML(volume_xml(ref, size_gib), 0)
+                return
+            taken = pool_volume(libvirt, pool, source[1])
+            if taken is None:
+                raise StorageDriverError(f"The pool has no snapshot {source[1]} to restore from.", transient=False)
+            pool.createXMLFrom(volume_xml(ref, size_gib), taken, 0)
         self._on_pool(make)
+
+    def snapshot(self, *, ref: str, snapshot: str) -> None:
+        """A snapshot is a clone in the same pool (``snap-<id>``): the pool copies it, thin where it can."""
+        def take(libvirt, pool):
+            if pool_volume(libvirt, pool, snapshot) is not None:
+                return
+            volume = pool_volume(libvirt, pool, ref)
+            if volume is None:
+                raise StorageDriverError(f"The pool has no volume {ref} to snapshot.", transient=False)
+            pool.createXMLFrom(volume_xml(snapshot, volume.info()[1] // GIB), volume, 0)
+        self._on_pool(take)
+
+    def snapshot_delete(self, *, ref: str, snapshot: str) -> None:
+        self.delete(ref=snapshot)
 
     def resize(self, *, ref: str, size_gib: int) -> None:
         def grow(libvirt, pool):

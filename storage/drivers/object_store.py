@@ -53,7 +53,9 @@ class ObjectStore:
 
     # -- the interface ---------------------------------------------------------------------------
 
-    def create(self, *, ref: str, kind: str, size_gib: int) -> None:
+    def create(self, *, ref: str, kind: str, size_gib: int, source: tuple[str, str] | None = None) -> None:
+        if source is not None:
+            raise StorageDriverError("Buckets have no snapshots to restore from.", transient=False)
         if kind != "object":
             raise StorageDriverError(f"An S3 service serves object storage, not {kind}: give the storage class "
                                      "another backend.", transient=False)
@@ -74,6 +76,13 @@ class ObjectStore:
             self.s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration=lifecycle())
             self._tag(bucket, size_gib)
         self._user(ref)
+
+    def snapshot(self, *, ref: str, snapshot: str) -> None:
+        raise StorageDriverError("Buckets have no snapshots: keep versions or copies of the objects instead.",
+                                 transient=False)
+
+    def snapshot_delete(self, *, ref: str, snapshot: str) -> None:
+        return None  # none was ever taken
 
     def resize(self, *, ref: str, size_gib: int) -> None:
         with errors(f"grow bucket {bucket_name(ref)}"):

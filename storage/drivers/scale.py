@@ -11,6 +11,8 @@ under ``/scalemgmt/v2``), as IBM's "IBM Storage Scale management API" reference 
   ``inodeSpace: "new"`` (an independent fileset: its own inodes, snapshots and quota), ``comment``.
 - ``POST /filesystems/{fs}/quotas``: ``operationType: "setQuota"``, ``quotaType: "FILESET"``,
   ``objectName``, ``blockSoftLimit`` and ``blockHardLimit`` (``"2048G"``).
+- ``GET|POST /filesystems/{fs}/filesets/{fileset}/snapshots[/{name}]`` (``snapshotName``) and
+  ``DELETE .../snapshots/{name}``: fileset snapshots, seen in the fileset at ``.snapshots/<name>``.
 - ``DELETE /filesystems/{fs}/filesets/{fileset}/link``: unlink it (``force``), before
 - ``DELETE /filesystems/{fs}/filesets/{fileset}``: the fileset and what it holds.
 - ``GET /nfs/exports/{path}``, ``POST /nfs/exports`` (``path``, ``nfsClients``: ``"CIDR(Access_Type=RW,
@@ -70,15 +72,29 @@ class StorageScale(MountedFiles):
 
     # -- the interface ---------------------------------------------------------------------------
 
-    def create(self, *, ref: str, kind: str, size_gib: int) -> None:
+    def create(self, *, ref: str, kind: str, size_gib: int, source: tuple[str, str] | None = None) -> None:
         if kind != "shared_fs":
             raise StorageDriverError(f"Storage Scale serves shared file systems, not {kind}: give the storage "
                                      "class another backend.", transient=False)
+        if source is not None and self._snapshot(*source) is None:
+            raise StorageDriverError(f"Storage Scale has no snapshot {source[1]} of {source[0]}.", transient=False)
         if self._fileset(ref) is None:
             self._change("POST", f"/filesystems/{self.filesystem}/filesets", f"create fileset {ref}", json={
                 "filesetName": ref, "path": self.junction(ref), "inodeSpace": "new",
                 "comment": "Meridian volume"})
         self._quota(ref, size_gib)
+        if source is not None:  # the snapshot's files, read where the file system is mounted (copied again: same)
+            self.copy_tree(from_ref=source[0], subdir=f".snapshots/{source[1]}", to_ref=ref)
+
+    def snapshot(self, *, ref: str, snapshot: str) -> None:
+        if self._snapshot(ref, snapshot) is None:
+            self._change("POST", f"/filesystems/{self.filesystem}/filesets/{ref}/snapshots",
+                         f"snapshot {ref}", json={"snapshotName": snapshot})
+
+    def snapshot_delete(self, *, ref: str, snapshot: str) -> None:
+        if self._snapshot(ref, snapshot) is not None:
+            self._change("DELETE", f"/filesystems/{self.filesystem}/filesets/{ref}/snapshots/{snapshot}",
+                         f"delete snapshot {snapshot}")
 
     def resize(self, *, ref: str, size_gib: int) -> None:
         if self._fileset(ref) is None:
@@ -92,6 +108,10 @@ class StorageScale(MountedFiles):
         fileset = self._fileset(ref)
         if fileset is None:
             return
+        left = self._call("GET", f"/filesystems/{self.filesystem}/filesets/{ref}/snapshots",
+                          what=f"list the snapshots of {ref}", missing_ok=True)
+        for snapshot in left.get("snapshots", []):  # Scale deletes no fileset that has snapshots
+            self.snapshot_delete(ref=ref, snapshot=snapshot.get("snapshotName", ""))
         if fileset.get("config", {}).get("path"):
             self._change("DELETE", f"/filesystems/{self.filesystem}/filesets/{ref}/link", f"unlink {ref}",
                          json={"force": True})
@@ -149,6 +169,12 @@ class StorageScale(MountedFiles):
                           missing_ok=True)
         filesets = body.get("filesets") if body else None
         return filesets[0] if filesets else None
+
+    def _snapshot(self, ref: str, snapshot: str) -> dict | None:
+        body = self._call("GET", f"/filesystems/{self.filesystem}/filesets/{ref}/snapshots/{snapshot}",
+                          what=f"read snapshot {snapshot}", missing_ok=True)
+        found = body.get("snapshots") if body else None
+        return found[0] if found else None
 
     def _export(self, path: str) -> dict | None:
         body = self._call("GET", f"/nfs/exports/{quote(path, safe='')}", what=f"read the NFS export {path}",

@@ -30,8 +30,34 @@ def _rate(name: str, action: str) -> float:
 
 
 class SimulatedStorage:
-    def create(self, *, ref: str, kind: str, size_gib: int) -> None:
-        self._act(ref, "storage_create", lambda s: s or {"kind": kind, "size_gib": size_gib, "clients": []})
+    def create(self, *, ref: str, kind: str, size_gib: int, source: tuple[str, str] | None = None) -> None:
+        files = {}
+        if source is not None:
+            taken = self.state(source[0]).get("snapshots", {}).get(source[1])
+            if taken is None:
+                raise StorageDriverError(f"Simulated storage has no snapshot {source[1]} of {source[0]}.",
+                                         transient=False)
+            files = taken
+        self._act(ref, "storage_create", lambda s: s or {"kind": kind, "size_gib": size_gib, "clients": [],
+                                                         **({"files": files} if files else {})})
+
+    def snapshot(self, *, ref: str, snapshot: str) -> None:
+        def take(state):
+            if not state:
+                raise StorageDriverError(f"Simulated storage has no volume {ref} to snapshot.", transient=False)
+            taken = dict(state.get("snapshots", {}))
+            taken.setdefault(snapshot, dict(state.get("files", {})))
+            return {**state, "snapshots": taken}
+
+        self._act(ref, "storage_snapshot", take)
+
+    def snapshot_delete(self, *, ref: str, snapshot: str) -> None:
+        def drop(state):
+            if not state:
+                return state
+            return {**state, "snapshots": {k: v for k, v in state.get("snapshots", {}).items() if k != snapshot}}
+
+        self._act(ref, "storage_snapshot", drop)
 
     def resize(self, *, ref: str, size_gib: int) -> None:
         def grow(state):

@@ -10,6 +10,9 @@ endpoint reference (filesets, quotas, NFS exports, jobs):
 - A fileset that is not there: 404 on GET and DELETE. A fileset name taken: the job fails
   (``mmcrfileset``: "Fileset ... already exists"). A linked fileset is not deleted (``mmdelfileset``
   refuses it) until ``DELETE .../link`` unlinks it.
+- Fileset snapshots: ``POST .../filesets/{fileset}/snapshots`` (``snapshotName``), ``GET`` and
+  ``DELETE .../snapshots/{name}`` (404 when there is none); with ``root``, a snapshot is a copy of
+  the fileset's files at ``<root>/<fileset>/.snapshots/<name>``, as Scale shows it.
 - An NFS export of a path that has none, or of a path that is not linked: 400 on POST; 404 on GET,
   PUT and DELETE of a path with no export.
 
@@ -87,6 +90,20 @@ class Cluster:
         if self.root is not None:
             (self.root / name).mkdir(parents=True, exist_ok=True)
 
+    def snapshot(self, name: str, snapshot: str) -> None:
+        taken = self.filesets[name].setdefault("snapshots", {})
+        if snapshot in taken:
+            raise ScaleError(400, f"Snapshot {snapshot} already exists.")
+        taken[snapshot] = {"snapshotName": snapshot, "filesetName": name, "status": "Valid"}
+        if self.root is not None:
+            shutil.copytree(self.root / name, self.root / name / ".snapshots" / snapshot,
+                            ignore=shutil.ignore_patterns(".snapshots"))
+
+    def snapshot_delete(self, name: str, snapshot: str) -> None:
+        self.filesets[name].get("snapshots", {}).pop(snapshot, None)
+        if self.root is not None:
+            shutil.rmtree(self.root / name / ".snapshots" / snapshot, ignore_errors=True)
+
     def unlink(self, name: str) -> None:
         self.filesets[name]["config"]["path"] = ""
 
@@ -95,6 +112,8 @@ class Cluster:
             raise ScaleError(400, f"Fileset {name} not found.")
         if self.filesets[name]["config"]["path"]:
             raise ScaleError(400, f"Fileset {name} is linked: unlink it first.")
+        if self.filesets[name].get("snapshots"):
+            raise ScaleError(400, f"Fileset {name} has snapshots: delete them first.")
         del self.filesets[name]
         self.quotas.pop(name, None)
         if self.root is not None:
@@ -183,10 +202,24 @@ def fileset_route(cluster: Cluster, method: str, rest: list[str], body: dict) ->
     name = rest[0]
     if name not in cluster.filesets:
         raise ScaleError(404, f"Fileset {name} not found")
+    if rest[1:2] == ["snapshots"]:
+        taken = cluster.filesets[name].get("snapshots", {})
+        if len(rest) == 2 and method == "GET":
+            return 200, {"snapshots": [dict(t) for t in taken.values()], "status": {"code": 200}}
+        if len(rest) == 2 and method == "POST":
+            snapshot = body["snapshotName"]
+            return 202, cluster.job(lambda: cluster.snapshot(name, snapshot))
+        if len(rest) == 3 and rest[2] not in taken:
+            raise ScaleError(404, f"Snapshot {rest[2]} not found")
+        if len(rest) == 3 and method == "GET":
+            return 200, {"snapshots": [dict(taken[rest[2]])], "status": {"code": 200}}
+        if len(rest) == 3 and method == "DELETE":
+            return 202, cluster.job(lambda: cluster.snapshot_delete(name, rest[2]))
     if rest[1:] == ["link"] and method == "DELETE":
         return 202, cluster.job(lambda: cluster.unlink(name))
     if len(rest) == 1 and method == "GET":
-        fileset = dict(cluster.filesets[name], config=dict(cluster.filesets[name]["config"]))
+        fileset = {k: v for k, v in cluster.filesets[name].items() if k != "snapshots"}
+        fileset["config"] = dict(fileset["config"])
         return 200, {"filesets": [fileset], "status": {"code": 200}}
     if len(rest) == 1 and method == "DELETE":
         return 202, cluster.job(lambda: cluster.delete_fileset(name))
