@@ -35,20 +35,21 @@ def database_url_of_tests() -> str:
 
 
 @contextmanager
-def worker_on_rabbitmq():
+def worker_on_rabbitmq(**settings: str):
     """
     A real worker process (one pool process) on a RabbitMQ queue of its own, against the test
-    database; yields it and ``send(task_name, *args)``, which publishes as the web process would.
-    The worker is stopped and its queue deleted afterwards.
+    database, with ``settings`` as environment variables; yields it and ``send(task_name, *args)``,
+    which publishes as the web process would. The worker (in a process group of its own, so a test
+    can kill it whole) is stopped and its queue deleted afterwards.
     """
     queue = f"meridian-test-{uuid.uuid4().hex[:12]}"
     env = {**os.environ, "DATABASE_URL": database_url_of_tests(), "CELERY_BROKER_URL": BROKER,
-           "MERIDIAN_CELERY_QUEUE": queue}
+           "MERIDIAN_CELERY_QUEUE": queue, **settings}
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "config", "worker", "--queues", queue, "--concurrency", "1",
          "--without-mingle", "--without-gossip", "--without-heartbeat", "--loglevel", "WARNING",
          "--hostname", f"{queue}@%h"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     producer = Celery(broker=BROKER, set_as_current=False)  # the project's tasks keep their own app
     try:
