@@ -12,6 +12,7 @@ from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Image, Offering, Region
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from storage.catalogue import default_storage_classes
+from storage.demo import seed_demo_storage
 from tenants.choices import PlatformRole, QuotaResource, TeamRole, TenantRole
 from tenants.models import Membership, Quota, Team, TeamMembership, Tenant, User
 
@@ -112,4 +113,5 @@ def seed_demo(*, regions: int = 2, nodes: int = 64, progress=None) -> bool:
             Membership.objects.create(tenant=Tenant.objects.get(slug=tenant_slug), user=user, role=role)
         for team_slug, team_role in team_roles:
             TeamMembership.objects.create(team=teams[team_slug], user=user, role=team_role)
+    seed_demo_storage(Tenant.objects.get(slug="acme"), teams["nlp"], Region.objects.order_by("slug").first())
     return True

@@ -65,7 +65,8 @@ def volume_list(request):
         volume.cold_choices = [b for b in buckets if b.storage_class.region_id == volume.storage_class.region_id]
     snapshots = list(scoped(request, VolumeSnapshot).exclude(state=VolumeState.DELETED)
                      .select_related("volume").order_by("volume__name", "-created_at")[:200])
-    moving = list(scoped(request, Checkpoint).select_related("volume").order_by("volume__name", "-written_at")[:200])
+    moving = list(scoped(request, Checkpoint).select_related("volume__checkpoint_policy__cold_volume")
+                  .order_by("volume__name", "-written_at")[:200])
     for checkpoint in moving:
         checkpoint.progress = checkpoints.progress(checkpoint)
     return render(request, "storage/volume_list.html", {

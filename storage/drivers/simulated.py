@@ -8,7 +8,6 @@ simulated hardware's: ``failure_rate`` (transient) and ``broken_rate`` (for good
 
 from __future__ import annotations
 
-import hashlib
 import random
 import secrets
 
@@ -100,7 +99,7 @@ class SimulatedStorage:
         self._act(ref, "storage_credentials", issue)
         return {"access_key_id": key_id, "secret_access_key": secret, "bucket": ref, "endpoint": "sim-s3://"}
 
-    # -- files: sizes only; what is read back is made up from the key and chunk --------------------
+    # -- files: sizes only; what is read back is zeros of the chunk's length ------------------------
 
     def files(self, *, ref: str, prefix: str) -> dict[str, FileInfo]:
         held = self.state(ref).get("files", {})
@@ -112,9 +111,7 @@ class SimulatedStorage:
         if held is None:
             raise StorageDriverError(f"{ref} has no file {key} to read.", transient=False)
         self._act(ref, "storage_read", lambda state: state)
-        length = max(0, min(chunk, held["size"] - index * chunk))
-        pattern = hashlib.sha256(f"{key}|{index}".encode()).digest()
-        return (pattern * (length // len(pattern) + 1))[:length]
+        return bytes(max(0, min(chunk, held["size"] - index * chunk)))  # zeros: only the length is kept
 
     def write_chunk(self, *, ref: str, key: str, index: int, chunk: int, data: bytes) -> None:
         key = checked_key(key)
