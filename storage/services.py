@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from cloud.choices import OfferingKind
 from core.errors import Conflict, Forbidden, Unavailable, invalid
+from provisioning.choices import ReservationState
 from provisioning.models import Reservation
 from provisioning.services import team_for
 from provisioning.transitions import TERMINAL_STATES
@@ -136,6 +137,11 @@ def volume_attach(*, actor, volume: Volume, reservation: Reservation, read_only:
     if reservation.state in TERMINAL_STATES:
         raise Conflict(f"The reservation is '{reservation.state}': attach to one that has not ended.",
                        code="invalid_transition", current_state=reservation.state)
+    if reservation.state in (ReservationState.PROVISIONING, ReservationState.ACTIVE, ReservationState.RELEASING):
+        # Its instances are made already: what they mount was written into them then.
+        raise Conflict(f"{reservation.name} is '{reservation.state}': its instances are made, and mount what was "
+                       "attached before they started. Attach to it before it starts, or to a new reservation.",
+                       code="reservation_started", current_state=reservation.state)
     region = volume.storage_class.region.slug
     if region not in _regions_of(reservation):
         raise invalid("reservation", f"The volume is in {region}; the reservation runs in "

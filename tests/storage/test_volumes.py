@@ -265,3 +265,16 @@ def test_the_reconcile_sends_lost_steps_again_and_removes_orphans(world, classes
     assert report["resent"] == 1 and str(volume.pk) in sent
     assert report["orphans"] == 1 and "vol-00000000-0000-0000-0000-00000000beef" not in SimulatedStorage().refs()
     assert orphans_remove() == 0
+
+
+def test_an_attach_to_a_reservation_that_has_started_is_refused_with_what_to_do(world, classes):
+    from provisioning.models import Reservation
+
+    volume = made(world)
+    started = Reservation.objects.get(pk=reserve(world))
+    Reservation.objects.filter(pk=started.pk).update(state="active")
+    answer = world.client("t1_member").post(f"{URL}{volume.pk}/attach/", {"reservation": str(started.pk)},
+                                            format="json")
+    assert answer.status_code == 409 and answer.json()["errors"][0]["code"] == "reservation_started"
+    assert "before it starts" in answer.json()["errors"][0]["detail"]
+    assert not VolumeAttachment.objects.filter(volume=volume).exists()
