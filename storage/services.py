@@ -32,6 +32,8 @@ from tenants.choices import QuotaResource
 from tenants.models import Tenant
 from tenants.quotas import quota_check
 
+# A reservation whose instances are made: they mount what was attached before it started.
+STARTED = frozenset({ReservationState.PROVISIONING, ReservationState.ACTIVE, ReservationState.RELEASING})
 AUDITED = ["name", "storage_class", "size_gib", "target_gib", "state", "team"]
 NAME_MAX = Volume._meta.get_field("name").max_length
 
@@ -137,7 +139,7 @@ def volume_attach(*, actor, volume: Volume, reservation: Reservation, read_only:
     if reservation.state in TERMINAL_STATES:
         raise Conflict(f"The reservation is '{reservation.state}': attach to one that has not ended.",
                        code="invalid_transition", current_state=reservation.state)
-    if reservation.state in (ReservationState.PROVISIONING, ReservationState.ACTIVE, ReservationState.RELEASING):
+    if reservation.state in STARTED:
         # Its instances are made already: what they mount was written into them then.
         raise Conflict(f"{reservation.name} is '{reservation.state}': its instances are made, and mount what was "
                        "attached before they started. Attach to it before it starts, or to a new reservation.",

@@ -50,7 +50,7 @@ def volume_list(request):
                        "attachments", queryset=VolumeAttachment.objects.filter(detached_at__isnull=True)
                        .select_related("reservation"), to_attr="live")).order_by("name"))
     regions = {v.storage_class.region.slug for v in volumes}
-    waiting = list(scoped(request, Reservation).exclude(state__in=TERMINAL_STATES)
+    waiting = list(scoped(request, Reservation).exclude(state__in=TERMINAL_STATES | services.STARTED)
                    .filter(offering__isnull=False).only("id", "name", "regions", "region__slug").select_related(
                        "region").order_by("name")[:200]) if regions else []
     policies = {p.volume_id: p for p in scoped(request, CheckpointPolicy).select_related("cold_volume")}
