@@ -346,6 +346,8 @@ SPECTACULAR_SETTINGS = {
         "GPUStateEnum": "cloud.choices.GPUState.choices",
         "TrustAnchorKindEnum": "security.choices.TrustAnchorKind.choices",
         "HighPriorityStateEnum": "tenants.models.HighPriorityState.choices",
+        "VolumeStateEnum": "storage.choices.VolumeState.choices",
+        "CheckpointStateEnum": "storage.choices.CheckpointState.choices",
     },
     "POSTPROCESSING_HOOKS": ["drf_standardized_errors.openapi_hooks.postprocess_schema_enums"],
 }

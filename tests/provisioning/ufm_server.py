@@ -34,8 +34,10 @@ import json
 import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fake_http import VerbHandler
 
 DEFAULT_PKEY = 0x7FFF
 MEMBERSHIPS = ("full", "limited")
@@ -183,25 +185,10 @@ class Fabric:
         del self.pkeys[pkey]
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(VerbHandler):
     """Routes ``/ufmRest`` requests to the fabric, after basic auth and any injected fault."""
 
     server: UFMServer
-
-    def log_message(self, format, *args):  # noqa: A002 -- the stdlib's signature
-        """Quiet: pytest shows failures, not every request."""
-
-    def do_GET(self):
-        self._serve("GET")
-
-    def do_POST(self):
-        self._serve("POST")
-
-    def do_PUT(self):
-        self._serve("PUT")
-
-    def do_DELETE(self):
-        self._serve("DELETE")
 
     def _serve(self, method: str) -> None:
         url = urlsplit(self.path)

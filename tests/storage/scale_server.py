@@ -27,9 +27,11 @@ import base64
 import json
 import shutil
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from tests.fake_http import VerbHandler
 
 API = "/scalemgmt/v2"
 
@@ -123,22 +125,7 @@ class Cluster:
 def make_handler(cluster: Cluster, credentials: tuple[str, str], state: dict):
     expected = "Basic " + base64.b64encode(":".join(credentials).encode()).decode()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            self._serve("GET")
-
-        def do_POST(self):
-            self._serve("POST")
-
-        def do_PUT(self):
-            self._serve("PUT")
-
-        def do_DELETE(self):
-            self._serve("DELETE")
-
+    class Handler(VerbHandler):
         def _serve(self, method: str):
             url = urlsplit(self.path)
             length = int(self.headers.get("Content-Length") or 0)

@@ -55,6 +55,14 @@ def files(volume: Volume, prefix="") -> dict[str, int]:
     return {key: info.size for key, info in SimulatedStorage().files(ref=volume.backend_ref, prefix=prefix).items()}
 
 
+def demoting(fs: Volume) -> Checkpoint:
+    """Two checkpoints written, the pass run 7 hours on: the older one (keep_hot 1) is being demoted."""
+    write(fs, "a")
+    write(fs, "b")
+    tier_pass(now=timezone.now() + timedelta(hours=7))
+    return Checkpoint.objects.get(state="demoting")
+
+
 def run_moves(slice_s=0.0, limit=100) -> list[str]:
     """Run every move in flight to its end, one slice at a time (slice 0: a chunk per run), as the workers would."""
     outcomes = []
@@ -98,10 +106,7 @@ def test_the_newest_stay_hot_and_older_unused_ones_go_cold_and_come_back(world, 
 
 def test_a_worker_killed_between_a_chunk_and_its_record_loses_and_doubles_nothing(world, tiers, monkeypatch):
     fs, cold = tiers
-    write(fs, "step-1")
-    write(fs, "step-2")
-    tier_pass(now=timezone.now() + timedelta(hours=7))
-    checkpoint = Checkpoint.objects.get(state="demoting")
+    checkpoint = demoting(fs)
     real = SimulatedStorage.write_chunk
     writes = []
 
@@ -125,10 +130,7 @@ def test_a_worker_killed_between_a_chunk_and_its_record_loses_and_doubles_nothin
 
 def test_a_second_run_of_the_same_move_stops_when_the_cursor_moved(world, tiers, monkeypatch):
     fs, _ = tiers
-    write(fs, "a")
-    write(fs, "b")
-    tier_pass(now=timezone.now() + timedelta(hours=7))
-    checkpoint = Checkpoint.objects.get(state="demoting")
+    checkpoint = demoting(fs)
     real = SimulatedStorage.write_chunk
 
     def other_run_moves_on(self, **kwargs):  # meanwhile another worker records the same chunk
@@ -143,10 +145,7 @@ def test_a_second_run_of_the_same_move_stops_when_the_cursor_moved(world, tiers,
 
 def test_a_move_that_fails_for_good_leaves_the_data_where_it_was_and_nothing_half_copied(world, tiers, settings):
     fs, cold = tiers
-    write(fs, "a")
-    write(fs, "b")
-    tier_pass(now=timezone.now() + timedelta(hours=7))
-    checkpoint = Checkpoint.objects.get(state="demoting")
+    checkpoint = demoting(fs)
     checkpoint_move(checkpoint.pk, slice_s=0)  # a chunk in the cold volume already
     assert files(cold)
     settings.MERIDIAN_SIMULATION = {**settings.MERIDIAN_SIMULATION, "broken_rate": {"storage_write": 1.0}}
@@ -158,10 +157,7 @@ def test_a_move_that_fails_for_good_leaves_the_data_where_it_was_and_nothing_hal
 
 def test_a_transient_error_is_tried_again(world, tiers, settings):
     fs, _ = tiers
-    write(fs, "a")
-    write(fs, "b")
-    tier_pass(now=timezone.now() + timedelta(hours=7))
-    checkpoint = Checkpoint.objects.get(state="demoting")
+    checkpoint = demoting(fs)
     settings.MERIDIAN_SIMULATION = {**settings.MERIDIAN_SIMULATION, "failure_rate": {"storage_read": 1.0}}
     with pytest.raises(moves.TryAgain):
         checkpoint_move(checkpoint.pk)

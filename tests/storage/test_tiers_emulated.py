@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 from datetime import timedelta
 
 import boto3
@@ -98,3 +99,14 @@ def test_checkpoints_move_between_a_scale_fileset_and_an_s3_bucket_byte_for_byte
     assert scale.cluster.filesets == {} and scale.cluster.exports == {}
     assert cold.backend_ref not in driver_for("s3").refs()
     assert orphans_remove() == 0
+
+
+def test_what_a_lost_create_left_on_scale_and_s3_is_found_and_removed(world, emulated, scale, s3):
+    """A fileset and a bucket made by steps whose commit was lost (no volume owns them) go; owned ones stay."""
+    kept = made(world, "kept", "gpfs")
+    lost_fs, lost_bucket = f"vol-{uuid.uuid4()}", f"vol-{uuid.uuid4()}"
+    driver_for("scale").create(ref=lost_fs, kind="shared_fs", size_gib=10)
+    driver_for("s3").create(ref=lost_bucket, kind="object", size_gib=10)
+    assert orphans_remove() == 2
+    assert set(scale.cluster.filesets) == {kept.backend_ref}
+    assert lost_bucket not in driver_for("s3").refs()
