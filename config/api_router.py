@@ -6,6 +6,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
 
+from billing.api import views as billing_api
 from cloud.api import views as cloud
 from operations import api as operations_api
 from provisioning.api import high_priority, images, networks, offerings, sla
@@ -60,6 +61,8 @@ router.register("storage-classes", storage_api.StorageClassViewSet, basename="st
 router.register("volumes", storage_api.VolumeViewSet, basename="volumes")
 router.register("snapshots", storage_api.SnapshotViewSet, basename="snapshots")
 router.register("checkpoints", storage_api.CheckpointViewSet, basename="checkpoints")
+router.register("prices", billing_api.PriceViewSet, basename="prices")
+router.register("usage", billing_api.UsageViewSet, basename="usage")
 router.register("regions", cloud.RegionViewSet, basename="regions")
 router.register("gpu-models", cloud.GPUModelViewSet, basename="gpu-models")
 router.register("offerings", offerings.OfferingViewSet, basename="offerings")

@@ -179,3 +179,6 @@ MERIDIAN_IDLE_NODE_BASE_W = env.float("MERIDIAN_IDLE_NODE_BASE_W", default=1500.
 MERIDIAN_ADDRESS_POOLS = env.json("MERIDIAN_ADDRESS_POOLS", default={
     "default": {"private": "10.64.0.0/14", "public": "198.18.0.0/20"}})
 MERIDIAN_DNS_ZONE = env("MERIDIAN_DNS_ZONE", default="gpu.meridian.example")
+# Billing (billing.meter): how far back each meter run looks again for what changed after it was
+# recorded (an allocation found to have ended earlier), and how often the beat runs the meter.
+MERIDIAN_METER_RECHECK_HOURS = env.int("MERIDIAN_METER_RECHECK_HOURS", default=48)

@@ -80,6 +80,7 @@ INSTALLED_APPS = [
     "cloud",
     "provisioning",
     "storage",
+    "billing",
     "operations",
     "config",
 ]
@@ -348,6 +349,7 @@ SPECTACULAR_SETTINGS = {
         "HighPriorityStateEnum": "tenants.models.HighPriorityState.choices",
         "VolumeStateEnum": "storage.choices.VolumeState.choices",
         "CheckpointStateEnum": "storage.choices.CheckpointState.choices",
+        "BillingTermEnum": "provisioning.choices.BillingTerm.choices",
     },
     "POSTPROCESSING_HOOKS": ["drf_standardized_errors.openapi_hooks.postprocess_schema_enums"],
 }
@@ -404,6 +406,8 @@ CELERY_BEAT_SCHEDULE = {
     # Storage's billed GiB per tenant, team and class (storage.usage).
     "storage.usage_sample": {"task": "storage.usage_sample",
                              "schedule": env.float("MERIDIAN_STORAGE_USAGE_SECONDS", default=300.0)},
+    # Billing: the windows that closed since the last run into the usage ledger, then corrections.
+    "billing.meter": {"task": "billing.meter", "schedule": env.float("MERIDIAN_METER_SECONDS", default=300.0)},
     # Checkpoint tiers: scan each policy's file system, demote what it no longer keeps hot.
     "storage.checkpoints_tier": {"task": "storage.checkpoints_tier",
                                  "schedule": env.float("MERIDIAN_STORAGE_TIER_SECONDS", default=600.0)},

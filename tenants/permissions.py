@@ -48,6 +48,8 @@ POLICIES: dict[str, dict[str, str]] = {
     "volumes": {"read": VIEWER, "write": MEMBER},
     "checkpoints": {"read": VIEWER, "write": MEMBER},
     "snapshots": {"read": VIEWER, "write": MEMBER},
+    "prices": {"read": ANY, "write": PLATFORM_ADMIN},
+    "usage": {"read": VIEWER, "write": NOBODY},
     "storage-classes": {"read": ANY, "write": PLATFORM_ADMIN},
     "regions": {"read": ANY, "write": PLATFORM_ADMIN},
     "gpu-models": {"read": ANY, "write": PLATFORM_ADMIN},

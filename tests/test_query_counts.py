@@ -16,6 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from billing.models import Price, UsageRollup
 from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, Switch
@@ -281,6 +282,23 @@ def make_snapshots(world, n):
         world_snapshot(world_volume(world.t1.tenant))
 
 
+def make_prices(world, n):
+    offering = vm_offering()
+    Price.objects.bulk_create(Price(offering=offering, term="on_demand", per_gpu_hour="2.00",
+                                    effective_from=timezone.now() + timedelta(days=1, hours=i)) for i in range(n))
+
+
+def make_usage(world, n):
+    """Daily usage of t1, one row per day back."""
+    region = Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})[0]
+    today = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    base = UsageRollup.objects.count()
+    UsageRollup.objects.bulk_create(UsageRollup(
+        tenant=world.t1.tenant, team=world.t1.team, period="day", starts_at=today - timedelta(days=base + i),
+        resource="gpu", offering=offering, region=region, term="on_demand", quantity=3600, amount="2.49")
+        for i, offering in zip(range(n), [vm_offering()] * n, strict=True))
+
+
 def make_vpcs(world, n):
     """VPCs of t1, each with an instance in it (the list counts live members)."""
     make_instances(world, n)
@@ -327,6 +345,8 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     Volume: make_volumes,
     Checkpoint: make_checkpoints,
     VolumeSnapshot: make_snapshots,
+    Price: make_prices,
+    UsageRollup: make_usage,
     Reservation: make_reservations,
     Operation: make_operations,
     Instance: make_instances,

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
+from billing.models import Price, UsageRollup
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region
 from provisioning.admission import Ask
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
@@ -117,6 +119,12 @@ def object_volume(w: World) -> Volume:
                                    target_gib=10, state="available", wrapped_key=encrypt("00" * 32))
     SimulatedStorage().create(ref=volume.backend_ref, kind="object", size_gib=10)
     return volume
+
+
+def a_price() -> Price:
+    """A price of the VM offering from tomorrow."""
+    return Price.objects.create(offering=vm_offering(), term="on_demand", per_gpu_hour="2.00",
+                                effective_from=timezone.now() + timedelta(days=1))
 
 
 def held_reservation(w: World):
@@ -414,6 +422,15 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("PATCH", "gpu-models-detail"): Case(
         "401 403 403 403 403 403 403 200", lambda w: f"{V1}/gpu-models/{first(GPUModel)(w)}/",
         lambda w: {"tdp_watts": 450}),
+    ("GET", "prices-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/prices/"),
+    ("POST", "prices-list"): Case(
+        "401 403 403 403 403 403 403 201", lambda w: f"{V1}/prices/",
+        lambda w: {"offering": vm_offering().slug, "term": "on_demand", "per_gpu_hour": "2.10",
+                   "effective_from": (timezone.now() + timedelta(days=1, seconds=len(unique("t")))).isoformat()}),
+    ("GET", "prices-detail"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/prices/{a_price().pk}/"),
+    ("GET", "usage-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/usage/"),
+    ("GET", "usage-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/usage/{w.t1.objects[UsageRollup].pk}/"),
     ("GET", "offerings-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/offerings/"),
     ("POST", "offerings-list"): Case(
         "401 403 403 403 403 403 403 201", lambda w: f"{V1}/offerings/",

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from billing.models import UsageRollup
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Image, Node, Offering, Region
@@ -154,6 +155,11 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     side.objects[Volume] = lambda: world_volume(tenant)
     side.objects[Checkpoint] = lambda: world_checkpoint(side.objects[Volume])
     side.objects[VolumeSnapshot] = lambda: world_snapshot(side.objects[Volume])
+    side.objects[UsageRollup] = lambda: UsageRollup.objects.create(  # tenant-wide work (no team)
+        tenant=tenant, period="day", starts_at=timezone.now().replace(hour=0, minute=0, second=0,
+                                                                                  microsecond=0),
+        resource="gpu", region=Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})[0],
+        term="on_demand", quantity=3600, amount="2.49")
     side.objects[HighPriorityApplication] = HighPriorityApplication.objects.create(
         tenant=tenant, team=team, applied_by=member, note="Deadline-bound training runs.",
         snapshot=hp_snapshot(eligible=True))

@@ -1,0 +1,20 @@
+"""Billing's fixed vocabularies."""
+
+from django.db import models
+
+
+class Resource(models.TextChoices):
+    """What a usage record counts."""
+
+    GPU = "gpu", "GPU time"
+    STORAGE = "storage", "Storage"
+
+
+# The unit each resource's quantity is in, and the unit its price is per.
+RESOURCE_UNITS = {Resource.GPU: "GPU-seconds", Resource.STORAGE: "GiB-seconds"}
+PRICE_UNITS = {Resource.GPU: "GPU-hour", Resource.STORAGE: "GiB-hour"}
+
+
+class Period(models.TextChoices):
+    HOUR = "hour", "Hour"
+    DAY = "day", "Day"

@@ -1,0 +1,76 @@
+"""
+The price book: what a GPU-hour of an offering costs in a region on a term at a moment, and what a
+GiB-hour of a storage class costs. A price row starts at ``effective_from`` and lasts until the next
+one of the same offering, region and term; a region's own row comes before an every-region row;
+with none, the offering's list prices are the book (on-demand, the reserved discount, the spot
+floor). Staff add prices for the future only, so a change never reprices usage already recorded.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from billing.models import Price
+from cloud.models import Offering
+from core.errors import Conflict, invalid
+from provisioning.usage import price_per_gpu_hour
+from security.audit import audit_record
+
+HOURS_PER_MONTH = Decimal(730)  # a GiB-month is 730 GiB-hours (storage.usage)
+
+
+class PriceBook:
+    """Every price, read once: ``gpu_hour`` answers from memory (the meter rates thousands of records a run)."""
+
+    def __init__(self):
+        self.rows: dict[tuple, list[tuple[datetime, Decimal, str]]] = defaultdict(list)
+        for row in Price.objects.order_by("effective_from").values_list(
+                "offering_id", "region_id", "term", "effective_from", "per_gpu_hour", "currency"):
+            self.rows[row[:3]].append(row[3:])
+        self.list_prices = {o["pk"]: o for o in Offering.objects.values(
+            "pk", "price_per_gpu_hour", "reserved_discount_pct", "spot_floor_price")}
+
+    def gpu_hour(self, offering_id, region_id, term: str, at: datetime) -> tuple[Decimal, str]:
+        """The price per GPU-hour and its currency of ``offering_id`` in ``region_id`` on ``term`` at ``at``."""
+        for key in ((offering_id, region_id, term), (offering_id, None, term)):
+            rows = self.rows.get(key)
+            if rows:
+                i = bisect.bisect_right([r[0] for r in rows], at) - 1
+                if i >= 0:
+                    return rows[i][1], rows[i][2]
+        offering = self.list_prices[offering_id]
+        return price_per_gpu_hour(term, offering["price_per_gpu_hour"], offering["reserved_discount_pct"],
+                                  offering["spot_floor_price"]), "USD"
+
+
+def gib_hour(price_per_gib_month: Decimal) -> Decimal:
+    return price_per_gib_month / HOURS_PER_MONTH
+
+
+@transaction.atomic
+def price_add(*, actor, offering: Offering, term: str, per_gpu_hour: Decimal, effective_from: datetime,
+              region=None, currency: str = "USD") -> Price:
+    """A new price from ``effective_from`` (in the future): the usage already recorded keeps its price."""
+    if effective_from <= timezone.now():
+        raise invalid("effective_from", "A price starts in the future: what ran already keeps the price it ran at.",
+                      code="effective_in_past")
+    if per_gpu_hour < 0:
+        raise invalid("per_gpu_hour", "A price is zero or more.", code="min_value")
+    try:
+        with transaction.atomic():
+            price = Price.objects.create(offering=offering, region=region, term=term, per_gpu_hour=per_gpu_hour,
+                                         currency=currency, effective_from=effective_from,
+                                         created_by=getattr(actor, "user", None))
+    except IntegrityError:
+        raise Conflict("A price of this offering, region and term already starts then: choose another time.",
+                       code="price_period_taken") from None
+    audit_record(actor=actor, action="price.add", target=price, after={
+        "offering": offering.slug, "region": region.slug if region else None, "term": term,
+        "per_gpu_hour": str(per_gpu_hour), "currency": currency, "effective_from": effective_from.isoformat()})
+    return price
