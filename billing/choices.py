@@ -18,3 +18,19 @@ PRICE_UNITS = {Resource.GPU: "GPU-hour", Resource.STORAGE: "GiB-hour"}
 class Period(models.TextChoices):
     HOUR = "hour", "Hour"
     DAY = "day", "Day"
+
+
+class DocumentKind(models.TextChoices):
+    INVOICE = "invoice", "Invoice"
+    CREDIT_NOTE = "credit_note", "Credit note"
+
+
+class DocumentState(models.TextChoices):
+    DRAFT = "draft", "Draft"
+    FINAL = "final", "Final"
+
+
+class LineKind(models.TextChoices):
+    USAGE = "usage", "Usage"
+    SLA_CREDIT = "sla_credit", "SLA credit"
+    ADJUSTMENT = "adjustment", "Adjustment"

@@ -146,3 +146,8 @@ class MeterState(models.Model):
 
     def __str__(self):
         return f"metered until {self.metered_until}"
+
+
+from billing.invoice_models import Invoice, InvoiceCounter, InvoiceLine  # noqa: E402 -- the app's models, one module each
+
+__all__ = ["Invoice", "InvoiceCounter", "InvoiceLine", "MeterState", "Price", "UsageRecord", "UsageRollup"]

@@ -11,3 +11,20 @@ def meter() -> dict:
     done = meter_run()
     done["corrections"] = meter_recheck()
     return done
+
+
+@shared_task(name="billing.invoices_close")
+def invoices_close() -> dict:
+    """Finalize last month's invoices once the month is metered (daily; a month closed already stays as it is)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from billing.invoices import close_month, month_bounds
+    from core.errors import Conflict
+
+    this_month, _ = month_bounds(timezone.now())
+    try:
+        return close_month(this_month - timedelta(days=1))
+    except Conflict as exc:  # not metered yet: tomorrow's pass closes it
+        return {"waiting": str(exc)}

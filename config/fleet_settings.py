@@ -182,3 +182,5 @@ MERIDIAN_DNS_ZONE = env("MERIDIAN_DNS_ZONE", default="gpu.meridian.example")
 # Billing (billing.meter): how far back each meter run looks again for what changed after it was
 # recorded (an allocation found to have ended earlier), and how often the beat runs the meter.
 MERIDIAN_METER_RECHECK_HOURS = env.int("MERIDIAN_METER_RECHECK_HOURS", default=48)
+# Invoice numbers: <prefix>-<year>-<sequence>, one gap-free sequence for invoices and credit notes.
+MERIDIAN_INVOICE_PREFIX = env("MERIDIAN_INVOICE_PREFIX", default="MER")

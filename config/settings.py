@@ -408,6 +408,8 @@ CELERY_BEAT_SCHEDULE = {
                              "schedule": env.float("MERIDIAN_STORAGE_USAGE_SECONDS", default=300.0)},
     # Billing: the windows that closed since the last run into the usage ledger, then corrections.
     "billing.meter": {"task": "billing.meter", "schedule": env.float("MERIDIAN_METER_SECONDS", default=300.0)},
+    # Last month's invoices, finalized once the meter has recorded all of it.
+    "billing.invoices_close": {"task": "billing.invoices_close", "schedule": 3600.0},
     # Checkpoint tiers: scan each policy's file system, demote what it no longer keeps hot.
     "storage.checkpoints_tier": {"task": "storage.checkpoints_tier",
                                  "schedule": env.float("MERIDIAN_STORAGE_TIER_SECONDS", default=600.0)},

@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from billing.models import Price, UsageRollup
+from billing.models import Invoice, Price, UsageRollup
 from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, Switch
@@ -48,6 +48,7 @@ from tests.world import (
     unique,
     vm_offering,
     world_checkpoint,
+    world_invoice,
     world_snapshot,
     world_volume,
 )
@@ -299,6 +300,12 @@ def make_usage(world, n):
         for i, offering in zip(range(n), [vm_offering()] * n, strict=True))
 
 
+def make_invoices(world, n):
+    """Final invoices of t1, each with a line (the list shows lines)."""
+    for _ in range(n):
+        world_invoice(world.t1.tenant)
+
+
 def make_vpcs(world, n):
     """VPCs of t1, each with an instance in it (the list counts live members)."""
     make_instances(world, n)
@@ -347,6 +354,7 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     VolumeSnapshot: make_snapshots,
     Price: make_prices,
     UsageRollup: make_usage,
+    Invoice: make_invoices,
     Reservation: make_reservations,
     Operation: make_operations,
     Instance: make_instances,

@@ -19,7 +19,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from billing.models import Price, UsageRollup
+from billing.models import Invoice, Price, UsageRollup
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region
 from provisioning.admission import Ask
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
@@ -431,6 +431,18 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("GET", "usage-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/usage/"),
     ("GET", "usage-detail"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/usage/{w.t1.objects[UsageRollup].pk}/"),
+    ("GET", "invoices-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/invoices/"),
+    ("GET", "invoices-detail"): Case(
+        "401 403 403 200 200 403 200 200", lambda w: f"{V1}/invoices/{w.t1.objects[Invoice].pk}/"),
+    ("PATCH", "invoices-detail"): Case(  # reaches the rule: a final invoice never changes
+        "401 403 403 409 409 403 403 403", lambda w: f"{V1}/invoices/{w.t1.objects[Invoice].pk}/",
+        lambda w: {"total": "0.00"}),
+    ("GET", "invoices-current"): Case("401 403 403 200 200 403 400 400", lambda w: f"{V1}/invoices/current/"),
+    ("GET", "invoices-csv"): Case(
+        "401 403 403 200 200 403 200 200", lambda w: f"{V1}/invoices/{w.t1.objects[Invoice].pk}/csv/"),
+    ("POST", "invoices-credit-notes"): Case(
+        "401 403 403 403 403 403 403 201", lambda w: f"{V1}/invoices/{w.t1.objects[Invoice].pk}/credit-notes/",
+        lambda w: {"amount": "1.00", "reason": "Goodwill"}),
     ("GET", "offerings-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/offerings/"),
     ("POST", "offerings-list"): Case(
         "401 403 403 403 403 403 403 201", lambda w: f"{V1}/offerings/",

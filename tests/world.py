@@ -14,10 +14,11 @@ from datetime import timedelta
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from django.db.models import Max
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from billing.models import UsageRollup
+from billing.models import Invoice, InvoiceCounter, InvoiceLine, UsageRollup
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Image, Node, Offering, Region
@@ -155,6 +156,7 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     side.objects[Volume] = lambda: world_volume(tenant)
     side.objects[Checkpoint] = lambda: world_checkpoint(side.objects[Volume])
     side.objects[VolumeSnapshot] = lambda: world_snapshot(side.objects[Volume])
+    side.objects[Invoice] = lambda: world_invoice(tenant)
     side.objects[UsageRollup] = lambda: UsageRollup.objects.create(  # tenant-wide work (no team)
         tenant=tenant, period="day", starts_at=timezone.now().replace(hour=0, minute=0, second=0,
                                                                                   microsecond=0),
@@ -218,6 +220,22 @@ def world_volume(tenant: Tenant) -> Volume:
                                    target_gib=100, state="available", wrapped_key=encrypt("00" * 32))
     SimulatedStorage().create(ref=volume.backend_ref, kind=shared.kind, size_gib=100)
     return volume
+
+
+def world_invoice(tenant: Tenant) -> Invoice:
+    """A final invoice of ``tenant`` for the month before its last one (last month first), with one line."""
+    this = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    for _ in range(Invoice.objects.filter(tenant=tenant).count()):
+        this = (this - timedelta(days=1)).replace(day=1)
+    number = (Invoice.objects.aggregate(n=Max("sequence"))["n"] or 0) + 1
+    InvoiceCounter.objects.update_or_create(pk=1, defaults={"last": number})  # the sequence goes on from it
+    invoice = Invoice.objects.create(
+        tenant=tenant, state="final", period_start=(this - timedelta(days=1)).replace(day=1), period_end=this,
+        subtotal="24.90", total="24.90", sequence=number, number=f"MER-TEST-{number:06d}", digest="0" * 64,
+        finalized_at=this)
+    InvoiceLine.objects.create(invoice=invoice, kind="usage", position=1, description="H100 VM", quantity=10,
+                               unit="GPU-hour", unit_price="2.49", amount="24.90")
+    return invoice
 
 
 def world_snapshot(volume: Volume) -> VolumeSnapshot:

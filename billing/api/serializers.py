@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from rest_framework import serializers
 
-from billing.models import Price, UsageRollup
+from billing.models import Invoice, InvoiceLine, Price, UsageRollup
 from cloud.models import Offering, Region
 from provisioning.choices import BillingTerm
 from web.api.base import StrictSerializer
@@ -48,3 +50,28 @@ class UsageSerializer(serializers.ModelSerializer):
         fields = ["period", "starts_at", "team", "resource", "offering", "storage_class", "region", "term",
                   "quantity", "amount", "currency"]
         read_only_fields = fields
+
+
+class InvoiceLineSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = InvoiceLine
+        fields = ["position", "kind", "team_name", "description", "region", "term", "quantity", "unit", "unit_price",
+                  "amount"]
+        read_only_fields = fields
+
+
+class InvoiceSerializer(serializers.ModelSerializer):
+    lines = InvoiceLineSerializer(many=True, read_only=True)
+    corrects = serializers.CharField(source="corrects.number", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = Invoice
+        fields = ["id", "number", "kind", "state", "period_start", "period_end", "currency", "subtotal", "credits",
+                  "total", "finalized_at", "digest", "previous_digest", "corrects", "reason", "lines"]
+        read_only_fields = fields
+
+
+class CreditNoteSerializer(StrictSerializer):
+    amount = serializers.DecimalField(max_digits=16, decimal_places=2, min_value=Decimal("0.01"),
+                                      help_text='A decimal string, e.g. "12.50".')
+    reason = serializers.CharField(max_length=400)

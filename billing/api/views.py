@@ -1,15 +1,24 @@
-"""Billing API: the price book (everyone reads it, platform admins add to it) and the tenant's metered usage."""
+"""Billing API: the price book (everyone reads, platform admins add), the tenant's metered usage and invoices."""
 
 from __future__ import annotations
 
+import csv as csv_module
+import io
+from datetime import UTC, datetime
+
 import django_filters
-from drf_spectacular.utils import extend_schema
+from django.http import HttpResponse
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
+from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from billing import prices
+from billing import invoices, prices
 from billing.api import serializers as s
-from billing.models import Price, UsageRollup
+from billing.models import Invoice, Price, UsageRollup
+from core.errors import Conflict, DomainError
+from tenants.permissions import TENANT_REQUIRED
 from web.api.base import PlatformViewSet, ReadMixin, TenantScopedViewSet
 
 
@@ -58,3 +67,69 @@ class UsageViewSet(ReadMixin, TenantScopedViewSet):
     serializer_class = s.UsageSerializer
     filterset_class = UsageFilterSet
     ordering = ["-starts_at", "resource"]
+
+
+class InvoiceViewSet(ReadMixin, TenantScopedViewSet):
+    """The tenant's final invoices and credit notes; ``current`` is the month's draft as it stands."""
+
+    policy = "invoices"
+    queryset = Invoice.objects.select_related("corrects").prefetch_related("lines")
+    serializer_class = s.InvoiceSerializer
+    filterset_fields = ["kind"]
+    ordering = ["-period_start", "-sequence"]
+
+    @extend_schema(parameters=[OpenApiParameter("month", str, description="YYYY-MM; this month when left out.")],
+                   responses=s.InvoiceSerializer)
+    @action(detail=False, methods=["get"])
+    def current(self, request):
+        """The month's invoice as the ledger has it now (a draft: nothing is numbered until the month closes)."""
+        if self.principal.tenant is None:
+            raise DomainError(TENANT_REQUIRED, code="tenant_required")
+        month = request.query_params.get("month", "")
+        try:
+            start = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC) if month else timezone.now()
+        except ValueError:
+            raise DomainError({"month": ["Give the month as YYYY-MM, for example 2026-11."]}, code="invalid") from None
+        built = invoices.draft(self.principal.tenant.pk, start)
+        data = s.InvoiceSerializer(built.invoice).data
+        data["lines"] = s.InvoiceLineSerializer(built.lines, many=True).data
+        return Response(data)
+
+    @extend_schema(responses={(200, "text/csv"): str})
+    @action(detail=True, methods=["get"])
+    def csv(self, request, pk=None):
+        """The invoice's lines as CSV (one row per line, then the totals)."""
+        invoice = self.get_object()
+        response = HttpResponse(invoice_csv(invoice), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="{invoice.number}.csv"'
+        return response
+
+    @extend_schema(request=s.CreditNoteSerializer, responses={201: s.InvoiceSerializer})
+    @action(detail=True, methods=["post"], url_path="credit-notes")
+    def credit_notes(self, request, pk=None):
+        """Issue a credit note against this final invoice (platform admins): numbered in the same sequence."""
+        invoice = self.get_object()
+        data = s.CreditNoteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        note = invoices.credit_note_issue(actor=self.principal, invoice=invoice, **data.validated_data)
+        return Response(s.InvoiceSerializer(note).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={409: None})
+    def partial_update(self, request, pk=None):
+        """A final invoice is never changed: 409, with what to do instead."""
+        invoice = self.get_object()
+        raise Conflict(f"{invoice.number} is final and never changes: a credit note corrects it.",
+                       code="invoice_final")
+
+
+def invoice_csv(invoice: Invoice) -> str:
+    out = io.StringIO()
+    writer = csv_module.writer(out)
+    writer.writerow(["number", "line", "kind", "team", "description", "region", "term", "quantity", "unit",
+                     "unit_price", "amount", "currency"])
+    for line in invoice.lines.all():
+        writer.writerow([invoice.number, line.position, line.kind, line.team_name, line.description, line.region,
+                         line.term, line.quantity, line.unit, line.unit_price, line.amount, invoice.currency])
+    for label, value in (("subtotal", invoice.subtotal), ("credits", invoice.credits), ("total", invoice.total)):
+        writer.writerow([invoice.number, "", label, "", "", "", "", "", "", "", value, invoice.currency])
+    return out.getvalue()

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from billing import invoices
 from billing.meter import hour_floor, meter_run
 from billing.models import Price
 from cloud.models import Region
@@ -71,3 +72,30 @@ def test_a_tenant_reads_its_metered_usage_by_day_and_never_anothers(world):
     assert mine and all(row["resource"] == "gpu" for row in mine)
     assert sum(float(row["quantity"]) for row in mine) == 2 * 2 * 3600
     assert world.client("t2_member").get("/api/v1/usage/", {"period": "day"}).json()["results"] == []
+
+
+def test_invoices_through_the_api_draft_final_csv_credit_note_and_no_edit(world):
+    this = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    last = (this - timedelta(days=1)).replace(day=1)
+    ran(world, start=last + timedelta(days=1), end=last + timedelta(days=1, hours=3))
+    meter_run(now=this)
+    admin = world.client("t1_admin")
+    draft = admin.get("/api/v1/invoices/current/", {"month": f"{last:%Y-%m}"}).json()
+    assert draft["state"] == "draft" and draft["number"] == "" and len(draft["lines"]) == 1
+    assert admin.get("/api/v1/invoices/current/", {"month": "2026-13"}).status_code == 400
+    assert world.client("t1_member").get("/api/v1/invoices/").status_code == 403  # admins and owners read invoices
+
+    invoice = invoices.finalize(world.t1.tenant.pk, last)
+    shown = admin.get(f"/api/v1/invoices/{invoice.pk}/").json()
+    assert shown["number"] == invoice.number and shown["total"] == draft["total"]
+    sheet = admin.get(f"/api/v1/invoices/{invoice.pk}/csv/")
+    assert sheet["Content-Type"].startswith("text/csv") and invoice.number in sheet.content.decode()
+    assert sheet.content.decode().splitlines()[-1].endswith(f",{invoice.total},USD")
+    edit = admin.patch(f"/api/v1/invoices/{invoice.pk}/", {"total": "0.00"}, format="json")
+    assert edit.status_code == 409 and code(edit) == "invoice_final"
+    assert world.client("t2_owner").get(f"/api/v1/invoices/{invoice.pk}/").status_code == 404
+    assert admin.post(f"/api/v1/invoices/{invoice.pk}/credit-notes/", {"amount": "1.00", "reason": "x"},
+                      format="json").status_code == 403
+    note = world.client("platform_admin").post(f"/api/v1/invoices/{invoice.pk}/credit-notes/",
+                                               {"amount": "1.00", "reason": "Goodwill"}, format="json")
+    assert note.status_code == 201 and note.json()["total"] == "-1.00" and note.json()["corrects"] == invoice.number
