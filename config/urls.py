@@ -43,6 +43,7 @@ urlpatterns = [
     # The console's pages, app by app (each app's urls.py), and the staff console.
     path("", include("provisioning.urls")),
     path("", include("storage.views")),
+    path("", include("billing.views")),
     path("", include("tenants.urls")),
     path("", include("security.urls")),
     path("", include("provisioning.sla.urls")),  # /sla/ and /staff/sla/

@@ -209,6 +209,7 @@ def context(request) -> dict:
         "chosen_team": request.session.get(SESSION_TEAM) or "",
         "is_staff_view": principal.is_platform,
         "sees_audit": may(principal, "audit-events", write=False),
+        "sees_billing": may(principal, "invoices", write=False),
         "staff": principal.platform_role != PlatformRole.NONE,
     }
 
