@@ -24,7 +24,8 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Min, Sum
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Sum, Value
+from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from billing.choices import Period, Resource
@@ -141,7 +142,8 @@ def meter_recheck(now: datetime | None = None) -> int:
     """
     Look again at the GPU time of the windows metered in the last MERIDIAN_METER_RECHECK_HOURS: where
     an allocation now held less (or more) than was recorded, record the difference as a correction.
-    Returns how many corrections were recorded.
+    Each window is first compared whole (two sums in the database); only one that differs is looked
+    at allocation by allocation. Returns how many corrections were recorded.
     """
     now = now or timezone.now()
     state = MeterState.objects.filter(pk=1).first()
@@ -149,34 +151,53 @@ def meter_recheck(now: datetime | None = None) -> int:
         return 0
     since = max(hour_floor(now) - timedelta(hours=settings.MERIDIAN_METER_RECHECK_HOURS),
                 state.metered_until - timedelta(hours=settings.MERIDIAN_METER_RECHECK_HOURS))
-    recorded: dict[int, dict[str, Decimal]] = defaultdict(dict)  # window start (epoch) -> subject -> quantity
-    for subject, quantity in (UsageRecord.objects.filter(resource=Resource.GPU, starts_at__gte=since,
-                                                         starts_at__lt=state.metered_until)
-                              .values_list("subject").annotate(n=Sum("quantity")).order_by()):
-        recorded[int(subject.rsplit(":", 1)[1])][subject] = quantity
-    originals = {r.subject: r for r in UsageRecord.objects.filter(
-        key__in=[subject for window in recorded.values() for subject in window])}
     book, made, touched = PriceBook(), [], set()
     window = since
     while window < state.metered_until:
-        mine = recorded.get(int(window.timestamp()), {})
-        held = {f"gpu:{row['pk']}:{int(window.timestamp())}": (row, gpu_seconds(row, window, window + WINDOW))
-                for row in Allocation.objects.filter(starts_at__lt=window + WINDOW, ends_at__gt=window)
-                .values(*ALLOCATION_COLUMNS)}
-        for subject in mine.keys() - held.keys():
-            held[subject] = (None, Decimal(0))  # the allocation holds none of it now
-        for subject, (row, quantity) in held.items():
-            difference = quantity - mine.get(subject, Decimal(0))
-            original = originals.get(subject)
-            if difference == 0 or (original is None and row is None):
-                continue
-            made.append(_correction(subject, original, row, difference, window, book))
-            touched.add(window)
+        if not _window_agrees(window):
+            found = _window_corrections(window, book)
+            made += found
+            if found:
+                touched.add(window)
         window += WINDOW
     with transaction.atomic():
         UsageRecord.objects.bulk_create(made, ignore_conflicts=True)
         rollup_hours(touched)
     return len(made)
+
+
+def _window_agrees(window: datetime) -> bool:
+    """Whether the GPU-seconds recorded for the window add up to what its allocations held (to a millionth each)."""
+    end = window + WINDOW
+    recorded = UsageRecord.objects.filter(resource=Resource.GPU, starts_at__gte=window, starts_at__lt=end).aggregate(
+        q=Sum("quantity"), n=Count("pk"))
+    held = Decimal(0)
+    overlap = ExpressionWrapper(Least(F("ends_at"), Value(end)) - Greatest(F("starts_at"), Value(window)),
+                                output_field=DurationField())
+    for slots, seconds in (Allocation.objects.filter(starts_at__lt=end, ends_at__gt=window)
+                           .values_list("reservation__offering__slots_per_gpu").annotate(d=Sum(overlap)).order_by()):
+        held += Decimal(str(seconds.total_seconds())) / Decimal(slots or 1)
+    return abs(held - (recorded["q"] or 0)) <= PLACES * (recorded["n"] + 1)
+
+
+def _window_corrections(window: datetime, book: PriceBook) -> list[UsageRecord]:
+    """The corrections of one window, allocation by allocation."""
+    end, stamp = window + WINDOW, int(window.timestamp())
+    recorded = dict(UsageRecord.objects.filter(resource=Resource.GPU, starts_at__gte=window, starts_at__lt=end)
+                    .values_list("subject").annotate(n=Sum("quantity")).order_by())
+    originals = {r.subject: r for r in UsageRecord.objects.filter(key__in=list(recorded))}
+    held = {f"gpu:{row['pk']}:{stamp}": (row, gpu_seconds(row, window, end))
+            for row in Allocation.objects.filter(starts_at__lt=end, ends_at__gt=window).values(*ALLOCATION_COLUMNS)}
+    for subject in recorded.keys() - held.keys():
+        held[subject] = (None, Decimal(0))  # the allocation holds none of it now
+    made = []
+    for subject, (row, quantity) in held.items():
+        difference = quantity - recorded.get(subject, Decimal(0))
+        original = originals.get(subject)
+        if difference == 0 or (original is None and row is None):
+            continue
+        made.append(_correction(subject, original, row, difference, window, book))
+    return made
 
 
 def _correction(subject: str, original, row, difference: Decimal, window: datetime, book: PriceBook) -> UsageRecord:
