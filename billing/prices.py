@@ -66,7 +66,7 @@ def price_add(*, actor, offering: Offering, term: str, per_gpu_hour: Decimal, ef
         with transaction.atomic():
             price = Price.objects.create(offering=offering, region=region, term=term, per_gpu_hour=per_gpu_hour,
                                          currency=currency, effective_from=effective_from,
-                                         created_by=getattr(actor, "user", None))
+                                         created_by=getattr(actor, "user", actor))
     except IntegrityError:
         raise Conflict("A price of this offering, region and term already starts then: choose another time.",
                        code="price_period_taken") from None

@@ -48,3 +48,24 @@ def test_lifecycle_pages_show_steps_but_never_a_node_key(world):
     key_page = client.get(f"/admin/provisioning/nodecredential/{credential.pk}/change/")
     assert key_page.status_code == 200 and secret.encode() not in key_page.content
     assert client.post(f"/admin/provisioning/operation/{operation.pk}/delete/").status_code == 403
+
+
+def test_staff_add_prices_for_the_future_only_in_the_admin(world):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from billing.models import Price
+    from security.models import AuditEvent
+    from tests.world import vm_offering
+
+    client = Client()
+    client.force_login(world.users["platform_admin"])
+    form = {"offering": vm_offering().pk, "term": "on_demand", "per_gpu_hour": "2.20", "currency": "USD"}
+    past = {**form, "effective_from_0": "2020-01-01", "effective_from_1": "00:00:00"}
+    page = client.post("/admin/billing/price/add/", past)
+    assert page.status_code == 200 and b"starts in the future" in page.content and not Price.objects.exists()
+    later = timezone.now() + timedelta(days=3)
+    future = {**form, "effective_from_0": f"{later:%Y-%m-%d}", "effective_from_1": "00:00:00"}
+    assert client.post("/admin/billing/price/add/", future).status_code == 302
+    assert Price.objects.count() == 1 and AuditEvent.objects.filter(action="price.add").count() == 1
