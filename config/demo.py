@@ -7,6 +7,7 @@ from decimal import Decimal
 
 from django.db import transaction
 
+from billing.demo import seed_demo_usage
 from cloud.choices import IsolationMode, OfferingKind
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Image, Offering, Region
@@ -114,4 +115,5 @@ def seed_demo(*, regions: int = 2, nodes: int = 64, progress=None) -> bool:
         for team_slug, team_role in team_roles:
             TeamMembership.objects.create(team=teams[team_slug], user=user, role=team_role)
     seed_demo_storage(Tenant.objects.get(slug="acme"), teams["nlp"], Region.objects.order_by("slug").first())
+    seed_demo_usage()
     return True

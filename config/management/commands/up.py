@@ -93,6 +93,8 @@ class Command(BaseCommand):
         for path in [db, Path(f"{db}-wal"), Path(f"{db}-shm")]:
             path.unlink(missing_ok=True)
         shutil.rmtree(data / "broker", ignore_errors=True)
+        for key in ("data_folder_in", "control_folder"):  # empty again, and there: the seed sends tasks
+            Path(settings.CELERY_BROKER_TRANSPORT_OPTIONS[key]).mkdir(parents=True, exist_ok=True)
         # The audit heads published for the old database would make the new chain look truncated;
         # they are kept, beside the folder audit_verify reads.
         heads = Path(settings.MERIDIAN_AUDIT_HEAD_DIR)
