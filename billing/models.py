@@ -148,6 +148,8 @@ class MeterState(models.Model):
         return f"metered until {self.metered_until}"
 
 
-from billing.invoice_models import Invoice, InvoiceCounter, InvoiceLine  # noqa: E402 -- the app's models, one module each
+from billing.budget_models import Budget, BudgetCrossing  # noqa: E402 -- the app's models, one module each
+from billing.invoice_models import Invoice, InvoiceCounter, InvoiceLine  # noqa: E402
 
-__all__ = ["Invoice", "InvoiceCounter", "InvoiceLine", "MeterState", "Price", "UsageRecord", "UsageRollup"]
+__all__ = ["Budget", "BudgetCrossing", "Invoice", "InvoiceCounter", "InvoiceLine", "MeterState", "Price",
+           "UsageRecord", "UsageRollup"]

@@ -5,11 +5,13 @@ from celery import shared_task
 
 @shared_task(name="billing.meter")
 def meter() -> dict:
-    """Meter the windows that closed since the last run, then record corrections of recent ones."""
+    """Meter the windows that closed since the last run, record corrections of recent ones, tell budgets crossed."""
+    from billing.budgets import budgets_check
     from billing.meter import meter_recheck, meter_run
 
     done = meter_run()
     done["corrections"] = meter_recheck()
+    done["budget_notices"] = budgets_check()
     return done
 
 

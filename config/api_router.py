@@ -64,6 +64,7 @@ router.register("checkpoints", storage_api.CheckpointViewSet, basename="checkpoi
 router.register("prices", billing_api.PriceViewSet, basename="prices")
 router.register("usage", billing_api.UsageViewSet, basename="usage")
 router.register("invoices", billing_api.InvoiceViewSet, basename="invoices")
+router.register("budgets", billing_api.BudgetViewSet, basename="budgets")
 router.register("regions", cloud.RegionViewSet, basename="regions")
 router.register("gpu-models", cloud.GPUModelViewSet, basename="gpu-models")
 router.register("offerings", offerings.OfferingViewSet, basename="offerings")

@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from billing.models import Invoice, Price, UsageRollup
+from billing.models import Budget, Invoice, Price, UsageRollup
 from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, Switch
@@ -306,6 +306,13 @@ def make_invoices(world, n):
         world_invoice(world.t1.tenant)
 
 
+def make_budgets(world, n):
+    """Budgets of t1's teams, one each (a team has one)."""
+    for i in range(n):
+        team = Team.objects.create(tenant=world.t1.tenant, slug=f"budget-{Budget.objects.count()}-{i}", name="B")
+        Budget.objects.create(tenant=world.t1.tenant, team=team, amount="100.00")
+
+
 def make_vpcs(world, n):
     """VPCs of t1, each with an instance in it (the list counts live members)."""
     make_instances(world, n)
@@ -355,6 +362,7 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     Price: make_prices,
     UsageRollup: make_usage,
     Invoice: make_invoices,
+    Budget: make_budgets,
     Reservation: make_reservations,
     Operation: make_operations,
     Instance: make_instances,

@@ -19,7 +19,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from billing.models import Invoice, Price, UsageRollup
+from billing.models import Budget, Invoice, Price, UsageRollup
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region
 from provisioning.admission import Ask
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
@@ -431,6 +431,17 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("GET", "usage-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/usage/"),
     ("GET", "usage-detail"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/usage/{w.t1.objects[UsageRollup].pk}/"),
+    ("GET", "budgets-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/budgets/"),
+    ("POST", "budgets-list"): Case(
+        "401 403 403 201 201 403 403 403", lambda w: f"{V1}/budgets/",
+        lambda w: {"team": str(w.t1.team.pk), "amount": "500.00"}),
+    ("GET", "budgets-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/budgets/{w.t1.objects[Budget].pk}/"),
+    ("PATCH", "budgets-detail"): Case(
+        "401 403 403 200 200 403 403 403", lambda w: f"{V1}/budgets/{w.t1.objects[Budget].pk}/",
+        lambda w: {"amount": "2000.00"}),
+    ("DELETE", "budgets-detail"): Case(
+        "401 403 403 204 204 403 403 403", lambda w: f"{V1}/budgets/{w.t1.objects[Budget].pk}/"),
     ("GET", "invoices-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/invoices/"),
     ("GET", "invoices-detail"): Case(
         "401 403 403 200 200 403 200 200", lambda w: f"{V1}/invoices/{w.t1.objects[Invoice].pk}/"),

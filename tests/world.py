@@ -18,7 +18,7 @@ from django.db.models import Max
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from billing.models import Invoice, InvoiceCounter, InvoiceLine, UsageRollup
+from billing.models import Budget, Invoice, InvoiceCounter, InvoiceLine, UsageRollup
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Image, Node, Offering, Region
@@ -157,6 +157,7 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     side.objects[Checkpoint] = lambda: world_checkpoint(side.objects[Volume])
     side.objects[VolumeSnapshot] = lambda: world_snapshot(side.objects[Volume])
     side.objects[Invoice] = lambda: world_invoice(tenant)
+    side.objects[Budget] = lambda: Budget.objects.create(tenant=tenant, amount="1000.00", thresholds=[50, 100])
     side.objects[UsageRollup] = lambda: UsageRollup.objects.create(  # tenant-wide work (no team)
         tenant=tenant, period="day", starts_at=timezone.now().replace(hour=0, minute=0, second=0,
                                                                                   microsecond=0),

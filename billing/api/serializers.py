@@ -6,10 +6,12 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
-from billing.models import Invoice, InvoiceLine, Price, UsageRollup
+from billing import budgets
+from billing.models import Budget, Invoice, InvoiceLine, Price, UsageRollup
 from cloud.models import Offering, Region
 from provisioning.choices import BillingTerm
-from web.api.base import StrictSerializer
+from tenants.models import Team
+from web.api.base import BoundedListField, ScopedRelatedField, StrictIntegerField, StrictSerializer
 
 
 class PriceSerializer(serializers.ModelSerializer):
@@ -75,3 +77,36 @@ class CreditNoteSerializer(StrictSerializer):
     amount = serializers.DecimalField(max_digits=16, decimal_places=2, min_value=Decimal("0.01"),
                                       help_text='A decimal string, e.g. "12.50".')
     reason = serializers.CharField(max_length=400)
+
+
+class BudgetSerializer(serializers.ModelSerializer):
+    team = serializers.UUIDField(source="team_id", read_only=True, allow_null=True)
+    team_name = serializers.CharField(source="team.name", read_only=True, allow_null=True, default=None)
+    spent = serializers.SerializerMethodField(help_text="This month's spend so far, as the ledger has rated it.")
+
+    class Meta:
+        model = Budget
+        fields = ["id", "team", "team_name", "amount", "currency", "thresholds", "hard_stop", "spent", "updated_at"]
+        read_only_fields = fields
+
+    def get_spent(self, budget) -> str:
+        known = self.context.get("spent")
+        if known is not None:
+            return f"{known.get((budget.tenant_id, budget.team_id), 0):.2f}"
+        return f"{budgets.spent(budget.tenant_id, budget.team_id):.2f}"
+
+
+class BudgetWriteSerializer(StrictSerializer):
+    team = ScopedRelatedField(queryset=Team.objects.all(), required=False, allow_null=True,
+                              help_text="Left out: the whole tenant's budget.")
+    amount = serializers.DecimalField(max_digits=14, decimal_places=2, min_value=Decimal("0.01"),
+                                      help_text='The month\'s amount as a decimal string, e.g. "5000.00".')
+    thresholds = BoundedListField(child=StrictIntegerField(min_value=1, max_value=1000), max_length=10,
+                                  default=list, help_text="Percents that notify once each a month, e.g. [50, 80, 100].")
+    hard_stop = serializers.BooleanField(default=False, help_text="Refuse new work once the month's budget is spent.")
+
+    def validate_amount(self, value):
+        if isinstance(self.initial_data.get("amount"), float):
+            raise serializers.ValidationError("Send money as a decimal string ('5000.00'), not a JSON number.",
+                                              code="invalid")
+        return value

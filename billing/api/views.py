@@ -14,9 +14,9 @@ from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from billing import invoices, prices
+from billing import budgets, invoices, prices
 from billing.api import serializers as s
-from billing.models import Invoice, Price, UsageRollup
+from billing.models import Budget, Invoice, Price, UsageRollup
 from core.errors import Conflict, DomainError
 from tenants.permissions import TENANT_REQUIRED
 from web.api.base import PlatformViewSet, ReadMixin, TenantScopedViewSet
@@ -133,3 +133,45 @@ def invoice_csv(invoice: Invoice) -> str:
     for label, value in (("subtotal", invoice.subtotal), ("credits", invoice.credits), ("total", invoice.total)):
         writer.writerow([invoice.number, "", label, "", "", "", "", "", "", "", value, invoice.currency])
     return out.getvalue()
+
+
+class BudgetViewSet(ReadMixin, TenantScopedViewSet):
+    """The tenant's and its teams' monthly budgets: thresholds that notify once, an optional hard stop."""
+
+    policy = "budgets"
+    queryset = Budget.objects.select_related("team")
+    serializer_class = s.BudgetSerializer
+    ordering = ["team__name"]
+
+    def list(self, request, *args, **kwargs):
+        """Each budget with this month's spend so far (read for all of them at once)."""
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        spent = budgets.spent_by_owner({budget.tenant_id for budget in page})
+        data = s.BudgetSerializer(page, many=True, context={**self.get_serializer_context(), "spent": spent}).data
+        return self.get_paginated_response(data)
+
+    @extend_schema(request=s.BudgetWriteSerializer, responses={201: s.BudgetSerializer})
+    def create(self, request):
+        """Set the tenant's budget (no team) or a team's (tenant admins); one each."""
+        data = s.BudgetWriteSerializer(data=request.data, context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        budget = budgets.budget_set(actor=self.principal, **data.validated_data)
+        return Response(s.BudgetSerializer(budget).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.BudgetWriteSerializer, responses=s.BudgetSerializer)
+    def partial_update(self, request, pk=None):
+        """Change the amount, thresholds or hard stop (the team stays)."""
+        budget = self.get_object()
+        data = s.BudgetWriteSerializer(data={"amount": str(budget.amount), "thresholds": budget.thresholds,
+                                             "hard_stop": budget.hard_stop, **request.data},
+                                       context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        attrs = {k: v for k, v in data.validated_data.items() if k != "team"}
+        budget = budgets.budget_set(actor=self.principal, budget=budget, **attrs)
+        return Response(s.BudgetSerializer(budget).data)
+
+    def destroy(self, request, pk=None):
+        """Remove the budget: no more notices, no hard stop."""
+        budget = self.get_object()
+        budgets.budget_delete(actor=self.principal, budget=budget)
+        return Response(status=status.HTTP_204_NO_CONTENT)

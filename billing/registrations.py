@@ -1,0 +1,10 @@
+"""What billing tells the apps below it (which may not import billing): provisioning asks before admitting work."""
+
+from __future__ import annotations
+
+from billing.budgets import budget_stop
+from provisioning.mounts import admission_check
+
+
+def register() -> None:
+    admission_check(budget_stop)
