@@ -30,3 +30,15 @@ def test_an_admin_sees_the_draft_the_invoices_and_prints_one(console, world):
     assert console("t1_member").get("/billing/").status_code == 403
     assert "/billing/" not in console("t1_member").get("/").content.decode()
     assert console("t2_owner").get(f"/billing/invoices/{invoice.pk}/").status_code == 404
+
+
+def test_an_admin_sets_a_budget_on_the_billing_page(console, world):
+    client = console("t1_admin")
+    body = client.post("/billing/budgets/", {"team": world.t1.team.pk, "amount": "750.00", "thresholds": "50, 90",
+                                             "hard_stop": "on"}, follow=True).content.decode()
+    assert "budget is 750.00 a month" in body and "hard stop" in body and "Told at 50, 90 %" in body
+    body = client.post("/billing/budgets/", {"team": world.t1.team.pk, "amount": "lots"}, follow=True).content.decode()
+    assert "Give the amount as a number" in body
+    body = client.post("/billing/budgets/", {"amount": "-5"}, follow=True).content.decode()
+    assert "more than zero" in body
+    assert console("t1_member").post("/billing/budgets/", {"amount": "1"}).status_code == 403
