@@ -92,6 +92,7 @@ class InvoiceViewSet(ReadMixin, TenantScopedViewSet):
             raise DomainError({"month": ["Give the month as YYYY-MM, for example 2026-11."]}, code="invalid") from None
         built = invoices.draft(self.principal.tenant.pk, start)
         data = s.InvoiceSerializer(built.invoice).data
+        data["id"] = None  # a draft is not stored: nothing to fetch by id until the month closes
         data["lines"] = s.InvoiceLineSerializer(built.lines, many=True).data
         return Response(data)
 
