@@ -76,7 +76,8 @@ def meter_window(start: datetime, book: PriceBook) -> int:
     end = start + WINDOW
     rows = [*_gpu_records(start, end, book), *_storage_records(start, end)]
     UsageRecord.objects.bulk_create(rows, ignore_conflicts=True, batch_size=2000)
-    rollup_hours({start})
+    # A storage sample taken early in the window covers the end of the hour before: that hour too.
+    rollup_hours({start} | {hour_floor(row.starts_at) for row in rows})
     return len(rows)
 
 

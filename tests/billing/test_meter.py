@@ -151,6 +151,11 @@ def test_storage_samples_are_rated_at_their_class_price(world, now):
     meter_run(now=now)
     record = UsageRecord.objects.get(resource="storage")
     assert record.quantity == 730 * 3600 and record.amount == shared.price_per_gib_month.quantize(Decimal("0.000001"))
+    # Taken 10 minutes into its window, it covers 50 minutes of the hour before: both hours are rolled up.
+    assert sum(UsageRollup.objects.filter(period="hour", resource="storage").values_list("amount", flat=True)) == \
+        record.amount
+    assert sum(UsageRollup.objects.filter(period="day", resource="storage").values_list("amount", flat=True)) == \
+        record.amount
 
 
 def test_the_reconcile_command_names_a_second_missing_from_the_ledger(world, now):
