@@ -105,7 +105,7 @@ def budgets_check(now: datetime | None = None) -> int:
     return told
 
 
-def budget_stop(*, tenant, team) -> None:
+def budget_stop(*, tenant, team, **_) -> None:
     """Refuse new work of a tenant or team whose budget with a hard stop is spent (registered with provisioning)."""
     mine = Q(team__isnull=True) | Q(team=team) if team is not None else Q(team__isnull=True)
     for budget in Budget.objects.filter(mine, tenant=tenant, hard_stop=True).select_related("team"):

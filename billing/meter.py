@@ -31,6 +31,7 @@ from django.utils import timezone
 from billing.choices import Period, Resource
 from billing.models import MeterState, UsageRecord, UsageRollup
 from billing.prices import PriceBook, gib_hour
+from provisioning.choices import BillingTerm
 from provisioning.models import Allocation
 from storage.models import StorageUsageSample
 
@@ -105,6 +106,9 @@ def _gpu_records(start: datetime, end: datetime, book: PriceBook) -> list[UsageR
             continue
         term = row["reservation__billing_term"]
         price, currency = book.gpu_hour(row["reservation__offering_id"], row["node__region_id"], term, start)
+        if term == BillingTerm.SPOT:  # at the market's price over the hour, where the market has one
+            market = book.spot_average(row["reservation__offering_id"], row["node__region_id"], start, end)
+            price = market if market is not None else price
         key = f"gpu:{row['pk']}:{window}"
         records.append(UsageRecord(
             key=key, subject=key, resource=Resource.GPU, tenant_id=row["reservation__tenant_id"],

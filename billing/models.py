@@ -148,8 +148,31 @@ class MeterState(models.Model):
         return f"metered until {self.metered_until}"
 
 
+
+class SpotPrice(models.Model):
+    """
+    The spot market's price of an offering in a region from ``at`` until the next row (billing.spot):
+    history is kept, so what spot work ran is billed at the prices of its time.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    offering = models.ForeignKey("cloud.Offering", on_delete=models.CASCADE, related_name="+")
+    region = models.ForeignKey("cloud.Region", on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField()
+    per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=4)
+    utilization = models.DecimalField(max_digits=5, decimal_places=4, help_text="Held GPUs of the model / all, 0-1.")
+
+    objects = CatalogueQuerySet.as_manager()  # public, as the price book is
+
+    class Meta:
+        ordering = ["-at"]
+        indexes = [models.Index(fields=["offering", "region", "at"], name="spot_price_at_idx")]
+
+    def __str__(self):
+        return f"{self.offering_id} {self.per_gpu_hour} at {self.at:%Y-%m-%d %H:%M}"
+
 from billing.budget_models import Budget, BudgetCrossing  # noqa: E402 -- the app's models, one module each
 from billing.invoice_models import Invoice, InvoiceCounter, InvoiceLine  # noqa: E402
 
 __all__ = ["Budget", "BudgetCrossing", "Invoice", "InvoiceCounter", "InvoiceLine", "MeterState", "Price",
-           "UsageRecord", "UsageRollup"]
+           "SpotPrice", "UsageRecord", "UsageRollup"]

@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.models import Price
+from billing.spot import SpotHistory
 from cloud.models import Offering
 from core.errors import Conflict, invalid
 from provisioning.usage import price_per_gpu_hour
@@ -29,12 +30,19 @@ class PriceBook:
     """Every price, read once: ``gpu_hour`` answers from memory (the meter rates thousands of records a run)."""
 
     def __init__(self):
+        self.spot = None  # the spot market's history, read at the first spot record
         self.rows: dict[tuple, list[tuple[datetime, Decimal, str]]] = defaultdict(list)
         for row in Price.objects.order_by("effective_from").values_list(
                 "offering_id", "region_id", "term", "effective_from", "per_gpu_hour", "currency"):
             self.rows[row[:3]].append(row[3:])
         self.list_prices = {o["pk"]: o for o in Offering.objects.values(
             "pk", "price_per_gpu_hour", "reserved_discount_pct", "spot_floor_price")}
+
+    def spot_average(self, offering_id, region_id, start: datetime, end: datetime) -> Decimal | None:
+        """The spot market's time-weighted price over ``[start, end)`` (None: no market price then)."""
+        if self.spot is None:
+            self.spot = SpotHistory(since=start)  # the meter goes forward from its first window
+        return self.spot.average(offering_id, region_id, start, end)
 
     def gpu_hour(self, offering_id, region_id, term: str, at: datetime) -> tuple[Decimal, str]:
         """The price per GPU-hour and its currency of ``offering_id`` in ``region_id`` on ``term`` at ``at``."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from billing.budgets import budget_stop
+from billing.spot import spot_admission
 from provisioning.mounts import admission_check
 
 
 def register() -> None:
     admission_check(budget_stop)
+    admission_check(spot_admission)

@@ -30,3 +30,14 @@ def invoices_close() -> dict:
         return close_month(this_month - timedelta(days=1))
     except Conflict as exc:  # not metered yet: tomorrow's pass closes it
         return {"waiting": str(exc)}
+
+
+@shared_task(name="billing.spot_update")
+def spot_update() -> dict:
+    """Set the spot prices from how much is held, evict spot work priced out, prune old history."""
+    from billing.spot import history_prune
+    from billing.spot import spot_update as update
+
+    done = update()
+    done["pruned"] = history_prune()
+    return done

@@ -184,3 +184,7 @@ MERIDIAN_DNS_ZONE = env("MERIDIAN_DNS_ZONE", default="gpu.meridian.example")
 MERIDIAN_METER_RECHECK_HOURS = env.int("MERIDIAN_METER_RECHECK_HOURS", default=48)
 # Invoice numbers: <prefix>-<year>-<sequence>, one gap-free sequence for invoices and credit notes.
 MERIDIAN_INVOICE_PREFIX = env("MERIDIAN_INVOICE_PREFIX", default="MER")
+# The spot market (billing.spot): the share of a region's GPUs of a model held above which the
+# spot price rises from the floor toward the on-demand price, and how long its history is kept.
+MERIDIAN_SPOT_KNEE = env.float("MERIDIAN_SPOT_KNEE", default=0.5)
+MERIDIAN_SPOT_HISTORY_DAYS = env.int("MERIDIAN_SPOT_HISTORY_DAYS", default=400)

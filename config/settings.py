@@ -408,6 +408,9 @@ CELERY_BEAT_SCHEDULE = {
                              "schedule": env.float("MERIDIAN_STORAGE_USAGE_SECONDS", default=300.0)},
     # Billing: the windows that closed since the last run into the usage ledger, then corrections.
     "billing.meter": {"task": "billing.meter", "schedule": env.float("MERIDIAN_METER_SECONDS", default=300.0)},
+    # The spot market: every spot offering's price per region from how much of its GPUs are held.
+    "billing.spot_update": {"task": "billing.spot_update", "schedule": env.float("MERIDIAN_SPOT_SECONDS",
+                                                                                default=300.0)},
     # Last month's invoices, finalized once the meter has recorded all of it.
     "billing.invoices_close": {"task": "billing.invoices_close", "schedule": 3600.0},
     # Checkpoint tiers: scan each policy's file system, demote what it no longer keeps hot.

@@ -90,13 +90,13 @@ ADMISSION: list[Callable[..., None]] = []
 
 
 def admission_check(check: Callable[..., None]) -> Callable[..., None]:
-    """Register ``check(tenant=, team=)``, which raises a DomainError to refuse new work (once)."""
+    """Register ``check(tenant=, team=, ask=)``, which raises a DomainError to refuse new work (once)."""
     if check not in ADMISSION:
         ADMISSION.append(check)
     return check
 
 
-def admission_checks(*, tenant, team) -> None:
-    """Run every registered check of new work by ``team`` of ``tenant`` (under the tenant's lock)."""
+def admission_checks(*, tenant, team, ask) -> None:
+    """Run every registered check of new work (``ask``) by ``team`` of ``tenant`` (under the tenant's lock)."""
     for check in ADMISSION:
-        check(tenant=tenant, team=team)
+        check(tenant=tenant, team=team, ask=ask)

@@ -130,7 +130,7 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
     # not from when it arrived (nothing may be bound to start long ago: allocations._check_fresh).
     now = timezone.now()
     admission.check_quota(tenant=tenant, team=team, ask=ask, window_start=max(ask.requested_start or now, now))
-    admission_checks(tenant=tenant, team=team)
+    admission_checks(tenant=tenant, team=team, ask=ask)
     reservation = Reservation(
         tenant=tenant, team=team, name=ask.name, created_by=actor.user, offering=ask.offering,
         gpu_model=ask.offering.gpu_model, spec=ask.spec, units=ask.units, gpus=ask.gpus,
@@ -394,11 +394,13 @@ def reservation_schedule_many(*, items: list[tuple[Reservation, Placement, Regio
     return moved
 
 
-def reservation_evict(*, victim_id, by: Reservation, at: datetime) -> None:
+def reservation_evict(*, victim_id, by: Reservation | None, at: datetime,
+                      cause: str = "Preempted by higher-priority work") -> None:
     """
-    Preempt a spot reservation for ``by``. A soft victim keeps its capacity until ``at`` (the
-    grace period the planner left it); a hard one loses it at once. Work that has not started
-    ends as ``preempted``; running work is released.
+    Preempt a spot reservation for ``by`` (None: the spot price rose above its max price, ``cause``
+    says so). A soft victim keeps its capacity until ``at`` (the grace period the planner left it);
+    a hard one loses it at once. Work that has not started ends as ``preempted``; running work is
+    released.
     """
     victim = Reservation.objects.select_for_update().get(pk=victim_id)
     if victim.billing_term != BillingTerm.SPOT or victim.state not in (R.SCHEDULED, R.PROVISIONING, R.ACTIVE):
@@ -409,9 +411,9 @@ def reservation_evict(*, victim_id, by: Reservation, at: datetime) -> None:
         at = now  # hard: at once (the planner leaves every victim the soft grace; a later window keeps its start)
     allocation_end(reservation=victim, at=at)
     # The reason names no other reservation: the preemptor may belong to another tenant.
-    why = "Preempted by higher-priority work."
+    why = f"{cause}."
     if at > now:  # soft: say when, here as on the instance (spot/termination-time in its metadata)
-        why = (f"Preempted by higher-priority work: its instances stop at {at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC "
+        why = (f"{cause}: its instances stop at {at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC "
                "(the end of its grace period); save your work before then.")
     if victim.state == R.SCHEDULED and (victim.starts_at is None or victim.starts_at >= at):
         reservation_transition(victim, R.PREEMPTED, reason=why, preempted_by=by)

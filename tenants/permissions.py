@@ -49,6 +49,7 @@ POLICIES: dict[str, dict[str, str]] = {
     "checkpoints": {"read": VIEWER, "write": MEMBER},
     "snapshots": {"read": VIEWER, "write": MEMBER},
     "prices": {"read": ANY, "write": PLATFORM_ADMIN},
+    "spot-prices": {"read": ANY, "write": NOBODY},
     "usage": {"read": VIEWER, "write": NOBODY},
     # An invoice covers every team of the tenant: its admins and owners read it; staff issue credit notes.
     "budgets": {"read": VIEWER, "write": ADMIN},

@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from billing.models import Budget, Invoice, Price, UsageRollup
+from billing.models import Budget, Invoice, Price, SpotPrice, UsageRollup
 from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, Switch
@@ -313,6 +313,13 @@ def make_budgets(world, n):
         Budget.objects.create(tenant=world.t1.tenant, team=team, amount="100.00")
 
 
+def make_spot_prices(world, n):
+    region = Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})[0]
+    SpotPrice.objects.bulk_create(SpotPrice(offering=vm_offering(), region=region, per_gpu_hour="1.1000",
+                                            utilization="0.5000", at=timezone.now() - timedelta(minutes=5 * i))
+                                  for i in range(n))
+
+
 def make_vpcs(world, n):
     """VPCs of t1, each with an instance in it (the list counts live members)."""
     make_instances(world, n)
@@ -363,6 +370,7 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     UsageRollup: make_usage,
     Invoice: make_invoices,
     Budget: make_budgets,
+    SpotPrice: make_spot_prices,
     Reservation: make_reservations,
     Operation: make_operations,
     Instance: make_instances,

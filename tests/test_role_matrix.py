@@ -19,7 +19,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from billing.models import Budget, Invoice, Price, UsageRollup
+from billing.models import Budget, Invoice, Price, SpotPrice, UsageRollup
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region
 from provisioning.admission import Ask
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
@@ -125,6 +125,15 @@ def a_price() -> Price:
     """A price of the VM offering from tomorrow."""
     return Price.objects.create(offering=vm_offering(), term="on_demand", per_gpu_hour="2.00",
                                 effective_from=timezone.now() + timedelta(days=1))
+
+
+def a_spot_price() -> SpotPrice:
+    return SpotPrice.objects.create(offering=vm_offering(), region=first_region(), at=timezone.now(),
+                                    per_gpu_hour="1.2000", utilization="0.6000")
+
+
+def first_region() -> Region:
+    return Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})[0]
 
 
 def held_reservation(w: World):
@@ -428,6 +437,9 @@ MATRIX: dict[tuple[str, str], Case] = {
         lambda w: {"offering": vm_offering().slug, "term": "on_demand", "per_gpu_hour": "2.10",
                    "effective_from": (timezone.now() + timedelta(days=1, seconds=len(unique("t")))).isoformat()}),
     ("GET", "prices-detail"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/prices/{a_price().pk}/"),
+    ("GET", "spot-prices-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/spot-prices/"),
+    ("GET", "spot-prices-detail"): Case(
+        "401 200 200 200 200 200 200 200", lambda w: f"{V1}/spot-prices/{a_spot_price().pk}/"),
     ("GET", "usage-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/usage/"),
     ("GET", "usage-detail"): Case(
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/usage/{w.t1.objects[UsageRollup].pk}/"),

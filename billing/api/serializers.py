@@ -7,7 +7,7 @@ from decimal import Decimal
 from rest_framework import serializers
 
 from billing import budgets
-from billing.models import Budget, Invoice, InvoiceLine, Price, UsageRollup
+from billing.models import Budget, Invoice, InvoiceLine, Price, SpotPrice, UsageRollup
 from cloud.models import Offering, Region
 from provisioning.choices import BillingTerm
 from tenants.models import Team
@@ -110,3 +110,13 @@ class BudgetWriteSerializer(StrictSerializer):
             raise serializers.ValidationError("Send money as a decimal string ('5000.00'), not a JSON number.",
                                               code="invalid")
         return value
+
+
+class SpotPriceSerializer(serializers.ModelSerializer):
+    offering = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    region = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = SpotPrice
+        fields = ["offering", "region", "at", "per_gpu_hour", "utilization"]
+        read_only_fields = fields

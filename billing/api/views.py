@@ -16,7 +16,7 @@ from rest_framework.response import Response
 
 from billing import budgets, invoices, prices
 from billing.api import serializers as s
-from billing.models import Budget, Invoice, Price, UsageRollup
+from billing.models import Budget, Invoice, Price, SpotPrice, UsageRollup
 from core.errors import Conflict, DomainError
 from tenants.permissions import TENANT_REQUIRED
 from web.api.base import PlatformViewSet, ReadMixin, TenantScopedViewSet
@@ -176,3 +176,23 @@ class BudgetViewSet(ReadMixin, TenantScopedViewSet):
         budget = self.get_object()
         budgets.budget_delete(actor=self.principal, budget=budget)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SpotPriceFilterSet(django_filters.FilterSet):
+    offering = django_filters.CharFilter(field_name="offering__slug", max_length=50)
+    region = django_filters.CharFilter(field_name="region__slug", max_length=50)
+    since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
+
+    class Meta:
+        model = SpotPrice
+        fields = ["offering", "region", "since"]
+
+
+class SpotPriceViewSet(ReadMixin, PlatformViewSet):
+    """The spot market's prices, newest first: each from its time until the next, with the utilization behind it."""
+
+    policy = "spot-prices"
+    queryset = SpotPrice.objects.select_related("offering", "region")
+    serializer_class = s.SpotPriceSerializer
+    filterset_class = SpotPriceFilterSet
+    ordering = ["-at"]
