@@ -1,7 +1,8 @@
 """
 The demo world's billing (``make run``): five weeks of finished work by Acme's and Globex's teams
 on the shared hosts, metered into the ledger at once, and last month's invoices closed -- so the
-billing page has an invoice, a credit line where an outage cost hours, and this month's draft.
+billing page has an invoice, a credit line where an outage cost hours, and this month's draft; and the
+spot market's first prices.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from django.utils import timezone
 
 from billing.invoices import close_month, month_bounds
 from billing.meter import hour_floor, meter_run
+from billing.spot import spot_update
 from cloud.models import GPU, Offering
 from provisioning.models import Allocation, Reservation
 from security.models import Incident
@@ -57,4 +59,5 @@ def seed_demo_usage() -> dict:
                                 restored_at=hit.starts_at + timedelta(hours=40))
     metered = meter_run(now=now)
     closed = close_month(this_month - timedelta(days=1), now=now)
+    spot_update(now=now)  # the market's first prices: the beat sets them every few minutes from here
     return {"reservations": made, **metered, **closed}
