@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from uuid import UUID
 
 from django.contrib import messages
 from django.http import HttpResponse
@@ -52,12 +53,14 @@ def billing_home(request):
 @console_page("budgets")
 def budget_save(request):
     """Set the tenant's or a team's budget from the billing page's form (a second one of the same owner changes it)."""
-    team = scoped_or_404(request, Team, "view", pk=request.POST["team"]) if request.POST.get("team") else None
     try:
+        team = scoped_or_404(request, Team, "view", pk=UUID(request.POST["team"])) if request.POST.get("team") \
+            else None
         amount = Decimal(request.POST.get("amount", ""))
         thresholds = [int(t) for t in request.POST.get("thresholds", "").replace(" ", "").split(",") if t]
     except (InvalidOperation, ValueError):
-        messages.error(request, "Give the amount as a number (5000.00) and the thresholds as percents (50, 80, 100).")
+        messages.error(request, "Choose whose budget it is, give the amount as a number (5000.00) and the thresholds "
+                                "as percents (50, 80, 100).")
         return redirect("billing")
     current = scoped(request, Budget).filter(team=team).first()
     try:

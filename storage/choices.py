@@ -2,6 +2,10 @@
 
 from django.db import models
 
+# A volume's or snapshot's name: lower-case letters, digits and dashes (a DNS label), checked by the
+# services whatever door the request came through.
+NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
 
 class StorageKind(models.TextChoices):
     """What a storage class sells (docs/storage.md)."""

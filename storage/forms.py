@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django import forms
 
-from storage.api.serializers import NAME
+from storage.choices import NAME
 from storage.models import StorageClass
 from tenants.forms import TeamChoiceField
 from tenants.models import Team

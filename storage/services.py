@@ -7,6 +7,7 @@ tenant's lock as reservations are -- and leaves the backend's part to the volume
 
 from __future__ import annotations
 
+import re
 import secrets
 
 from django.conf import settings
@@ -24,7 +25,7 @@ from security.audit import audit_record
 from security.audit import snapshot as audit_snapshot
 from security.crypto import encrypt
 from storage import checkpoints, dispatch
-from storage.choices import ATTACHABLE, COUNTED, StorageKind
+from storage.choices import ATTACHABLE, COUNTED, NAME, StorageKind
 from storage.choices import VolumeState as V
 from storage.drivers import StorageDriverError, driver_for
 from storage.models import Checkpoint, StorageClass, Volume, VolumeAttachment, VolumeSnapshot
@@ -50,6 +51,7 @@ def volume_create(*, actor, storage_class: StorageClass, name: str, size_gib: in
     if actor.tenant is None:
         raise Forbidden("Volumes are made inside a tenant; choose one with the X-Meridian-Tenant header.")
     team = team_for(actor, team)
+    _check_name(name)
     if snapshot is not None:
         _check_restorable(snapshot, storage_class, size_gib)
     if not storage_class.is_active:
@@ -199,6 +201,7 @@ def snapshot_create(*, actor, volume: Volume, name: str) -> VolumeSnapshot:
     Take a snapshot of an available block volume or file system (``creating`` until its backend
     has it). It counts against the storage quotas at the volume's size, as a volume does.
     """
+    _check_name(name)
     volume = _locked(volume)
     if volume.storage_class.kind not in ATTACHABLE:
         raise invalid("volume", f"A {volume.storage_class.get_kind_display().lower()} has no snapshots.",
@@ -290,6 +293,12 @@ def storage_in_use(tenant_id, team_id=None, kind: str | None = None) -> int:
         volumes = volumes.filter(storage_class__kind=kind)
         snapshots = snapshots.filter(volume__storage_class__kind=kind)
     return (volumes.aggregate(n=Sum("target_gib"))["n"] or 0) + (snapshots.aggregate(n=Sum("size_gib"))["n"] or 0)
+
+
+def _check_name(name: str) -> None:
+    if not re.fullmatch(NAME, name or ""):
+        raise invalid("name", "Use lower-case letters, digits and dashes, starting and ending with a letter or digit "
+                              "(e.g. checkpoints).", code="invalid")
 
 
 def _check_restorable(snapshot: VolumeSnapshot, storage_class: StorageClass, size_gib: int) -> None:

@@ -6,11 +6,11 @@ from rest_framework import serializers
 
 from provisioning.models import Reservation
 from storage.checkpoints import progress
+from storage.choices import NAME
 from storage.models import Checkpoint, CheckpointPolicy, StorageClass, Volume, VolumeAttachment, VolumeSnapshot
 from tenants.models import Team
 from web.api.base import BoundedListField, ScopedRelatedField, StrictIntegerField, StrictSerializer
 
-NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 MOUNT_PATH = r"^/[A-Za-z0-9._/-]{1,199}$"
 
 

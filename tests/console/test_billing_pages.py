@@ -38,7 +38,9 @@ def test_an_admin_sets_a_budget_on_the_billing_page(console, world):
                                              "hard_stop": "on"}, follow=True).content.decode()
     assert "budget is 750.00 a month" in body and "hard stop" in body and "Told at 50, 90 %" in body
     body = client.post("/billing/budgets/", {"team": world.t1.team.pk, "amount": "lots"}, follow=True).content.decode()
-    assert "Give the amount as a number" in body
+    assert "give the amount as a number" in body
+    body = client.post("/billing/budgets/", {"team": "not-a-team", "amount": "5"}, follow=True).content.decode()
+    assert "Choose whose budget it is" in body
     body = client.post("/billing/budgets/", {"amount": "-5"}, follow=True).content.decode()
     assert "more than zero" in body
     assert console("t1_member").post("/billing/budgets/", {"amount": "1"}).status_code == 403

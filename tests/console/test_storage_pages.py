@@ -156,3 +156,22 @@ def test_checkpoint_tiers_keys_and_a_restore_from_the_page(console, world, class
     refused = client.post(f"/volumes/{fs.pk}/keys/", follow=True).content.decode()
     assert "Access keys open object storage" in refused
     assert console("t1_viewer").post(f"/volumes/{bucket.pk}/keys/").status_code == 403
+
+
+def test_a_snapshot_or_restore_without_a_proper_name_is_refused_and_makes_nothing(console, world, classes):
+    from storage.models import VolumeSnapshot
+    from storage.steps import snapshot_converge
+
+    client = console("t1_member")
+    create(client, storage_class=classes["shared_fs"].pk)
+    volume = Volume.objects.get(name="ckpt")
+    volume_converge(volume.pk)
+    for name in ("", "Bad Name"):
+        body = client.post(f"/volumes/{volume.pk}/snapshot/", {"name": name}, follow=True).content.decode()
+        assert "Use lower-case letters" in body
+    assert not VolumeSnapshot.objects.exists()
+    client.post(f"/volumes/{volume.pk}/snapshot/", {"name": "good"})
+    snapshot = VolumeSnapshot.objects.get()
+    snapshot_converge(snapshot.pk)
+    body = client.post(f"/snapshots/{snapshot.pk}/restore/", {"name": ""}, follow=True).content.decode()
+    assert "Use lower-case letters" in body and Volume.objects.count() == 1
