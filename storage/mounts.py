@@ -51,7 +51,8 @@ def export_report(tenant_id) -> list[dict]:
     held: dict[str, dict | str] = {}
     for backend in {v.storage_class.backend for v in volumes}:
         try:
-            held[backend] = driver_for(backend).exports()
+            held[backend] = driver_for(backend).exports(
+                refs={v.backend_ref for v in volumes if v.storage_class.backend == backend})
         except StorageDriverError as exc:
             held[backend] = str(exc)
     rows = []

@@ -45,8 +45,8 @@ class StorageDriver(Protocol):
     def refs(self) -> set[str]:
         """Every volume the backend holds (to find what a lost step left behind)."""
 
-    def exports(self) -> dict[str, tuple[str, ...]]:
-        """The clients each file system or bucket lets in, by reference, as the backend holds them."""
+    def exports(self, *, refs: set[str]) -> dict[str, tuple[str, ...]]:
+        """The clients each of ``refs`` (file systems, buckets) lets in, as the backend holds it; absent: none held."""
 
     # Files, for checkpoint moves (storage.data): a driver that cannot reach a volume's files
     # (a block volume's pool) does not have them.

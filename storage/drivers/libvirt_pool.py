@@ -83,7 +83,7 @@ class LibvirtPoolStorage:
     def refs(self) -> set[str]:
         return self._on_pool(lambda libvirt, pool: {name for name in pool.listVolumes() if name.startswith("vol-")})
 
-    def exports(self) -> dict[str, tuple[str, ...]]:
+    def exports(self, *, refs: set[str]) -> dict[str, tuple[str, ...]]:
         return {}  # block devices reach only the hosts of the pool, never a network of clients
 
     def _on_pool(self, action):

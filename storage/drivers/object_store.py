@@ -117,10 +117,10 @@ class ObjectStore:
             names = [b["Name"] for b in self.s3.list_buckets().get("Buckets", [])]
         return {name[len(prefix):] for name in names if name.startswith(prefix + "vol-")}
 
-    def exports(self) -> dict[str, tuple[str, ...]]:
-        """Each volume's bucket with the networks its policy lets in (the isolation report)."""
+    def exports(self, *, refs: set[str]) -> dict[str, tuple[str, ...]]:
+        """The networks each of these buckets' policy lets in (one tenant's, for its isolation report)."""
         found = {}
-        for ref in self.refs():
+        for ref in sorted(refs):
             with errors(f"read the policy of {bucket_name(ref)}"):
                 try:
                     policy = json.loads(self.s3.get_bucket_policy(Bucket=bucket_name(ref))["Policy"])

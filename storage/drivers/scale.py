@@ -146,14 +146,14 @@ class StorageScale(MountedFiles):
             url = url.split(API, 1)[1] if API in url else url
         return {name for name in names if name.startswith(PREFIX)}
 
-    def exports(self) -> dict[str, tuple[str, ...]]:
-        """Every NFS export of a volume's fileset, by reference, with the clients it lets in (the isolation report)."""
+    def exports(self, *, refs: set[str]) -> dict[str, tuple[str, ...]]:
+        """The clients the NFS exports of these filesets let in (one list of the exports, however many)."""
         body = self._call("GET", "/nfs/exports", what="list NFS exports")
         found = {}
         for export in body.get("exports", []):
             path = str(export.get("path", "")) if isinstance(export, dict) else ""
             ref = path.rstrip("/").rsplit("/", 1)[-1]
-            if ref.startswith(PREFIX):
+            if ref in refs:
                 found[ref] = tuple(sorted(c.get("clientName", "") for c in export.get("nfsClients", [])
                                           if isinstance(c, dict)))
         return found

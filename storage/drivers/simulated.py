@@ -80,9 +80,10 @@ class SimulatedStorage:
             return Export(target=f"/dev/disk/by-id/virtio-{ref[:20]}")
         return Export(target=f"sim-fs:/{ref}", clients=tuple(state["clients"]))
 
-    def exports(self) -> dict[str, tuple[str, ...]]:
-        """Each file system's and bucket's allowed clients, by reference (the isolation report)."""
-        rows = SimulatedDevice.objects.filter(key__startswith=PREFIX).exclude(state={}).values_list("key", "state")
+    def exports(self, *, refs: set[str]) -> dict[str, tuple[str, ...]]:
+        """These file systems' and buckets' allowed clients, by reference (the isolation report)."""
+        rows = SimulatedDevice.objects.filter(key__in=[PREFIX + ref for ref in refs]).exclude(state={}).values_list(
+            "key", "state")
         return {key.removeprefix(PREFIX): tuple(state.get("clients", ())) for key, state in rows
                 if state.get("kind") in ("shared_fs", "object")}
 

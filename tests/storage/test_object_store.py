@@ -62,7 +62,7 @@ def test_the_bucket_policy_lets_in_only_the_tenants_networks(s3):
     deny = policy["Statement"][0]
     assert deny["Effect"] == "Deny" and deny["Condition"]["NotIpAddress"]["aws:SourceIp"] == [
         "10.8.0.0/24", "10.9.0.0/24", "127.0.0.0/8"]
-    assert driver.exports()[name] == ("10.8.0.0/24", "10.9.0.0/24")
+    assert driver.exports(refs={name})[name] == ("10.8.0.0/24", "10.9.0.0/24")
     driver.delete(ref=name)
 
 

@@ -58,7 +58,8 @@ def digest(path) -> str:
 def test_checkpoints_move_between_a_scale_fileset_and_an_s3_bucket_byte_for_byte(world, emulated, scale, s3):
     fs, cold = made(world, "ckpt", "gpfs"), made(world, "archive", "s3")
     assert fs.backend_ref in scale.cluster.filesets and scale.cluster.quotas[fs.backend_ref] == "100G"
-    assert driver_for("s3").exports()[cold.backend_ref] == ("10.20.0.0/24",)  # the tenant's VPC only, when made
+    # The tenant's VPC only, from the moment it is made.
+    assert driver_for("s3").exports(refs={cold.backend_ref})[cold.backend_ref] == ("10.20.0.0/24",)
     raw = boto3.client("s3", endpoint_url=s3, region_name="us-east-1", aws_access_key_id="platform",
                        aws_secret_access_key="platform-secret")  # noqa: S106 -- the emulator's
     # moto evaluates no aws:SourceIp condition (a Deny that has one denies every object request), so
