@@ -86,8 +86,10 @@ def budgets_check(now: datetime | None = None) -> int:
     now = now or timezone.now()
     month = month_bounds(now)[0].date()
     told = 0
-    for budget in Budget.objects.select_related("tenant", "team"):
-        share = spent(budget.tenant_id, budget.team_id, now) * 100 / budget.amount
+    limits = list(Budget.objects.select_related("tenant", "team"))
+    spends = spent_by_owner({budget.tenant_id for budget in limits}, now)  # one query for every budget
+    for budget in limits:
+        share = spends.get((budget.tenant_id, budget.team_id), Decimal(0)) * 100 / budget.amount
         for threshold in [t for t in budget.thresholds if t <= share]:
             try:
                 with transaction.atomic():

@@ -11,7 +11,9 @@ document, and never changes it again (a correction is a credit note, numbered al
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -198,3 +200,17 @@ def close_month(month_start: datetime, now: datetime | None = None) -> dict:
         finalize(tenant_id, start, now)
         made += not before
     return {"month": f"{start:%Y-%m}", "finalized": made}
+
+
+def invoice_csv(invoice: Invoice) -> str:
+    """The invoice's lines as CSV, one row each, then its totals (the API's and the console's download)."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["number", "line", "kind", "team", "description", "region", "term", "quantity", "unit",
+                     "unit_price", "amount", "currency"])
+    for line in invoice.lines.all():
+        writer.writerow([invoice.number, line.position, line.kind, line.team_name, line.description, line.region,
+                         line.term, line.quantity, line.unit, line.unit_price, line.amount, invoice.currency])
+    for label, value in (("subtotal", invoice.subtotal), ("credits", invoice.credits), ("total", invoice.total)):
+        writer.writerow([invoice.number, "", label, "", "", "", "", "", "", "", value, invoice.currency])
+    return out.getvalue()

@@ -35,6 +35,7 @@ class PriceBook:
         for row in Price.objects.order_by("effective_from").values_list(
                 "offering_id", "region_id", "term", "effective_from", "per_gpu_hour", "currency"):
             self.rows[row[:3]].append(row[3:])
+        self.starts = {key: [row[0] for row in rows] for key, rows in self.rows.items()}
         self.list_prices = {o["pk"]: o for o in Offering.objects.values(
             "pk", "price_per_gpu_hour", "reserved_discount_pct", "spot_floor_price")}
 
@@ -49,7 +50,7 @@ class PriceBook:
         for key in ((offering_id, region_id, term), (offering_id, None, term)):
             rows = self.rows.get(key)
             if rows:
-                i = bisect.bisect_right([r[0] for r in rows], at) - 1
+                i = bisect.bisect_right(self.starts[key], at) - 1
                 if i >= 0:
                     return rows[i][1], rows[i][2]
         offering = self.list_prices[offering_id]

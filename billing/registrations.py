@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from billing.budgets import budget_stop
 from billing.spot import spot_admission
-from provisioning.mounts import admission_check
+from provisioning.admission import admission_check
 
 
 def register() -> None:

@@ -18,7 +18,6 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from billing import budgets, invoices
-from billing.api.views import invoice_csv
 from billing.models import Budget, Invoice
 from core.errors import DomainError
 from tenants.models import Team
@@ -82,7 +81,7 @@ def invoice_page(request, pk):
 @console_page("invoices")
 def invoice_download(request, pk):
     invoice = scoped_or_404(request, Invoice, "view", pk=pk)
-    response = HttpResponse(invoice_csv(invoice), content_type="text/csv; charset=utf-8")
+    response = HttpResponse(invoices.invoice_csv(invoice), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{invoice.number}.csv"'
     return response
 

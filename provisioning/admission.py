@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -329,3 +330,21 @@ def quota_suspects(owners) -> set[tuple]:
                 suspects.add((tenant, team, model))
                 break
     return suspects
+
+
+# What the apps above provisioning check of new work besides quotas (billing: a spent budget with a
+# hard stop, a spot max price below the market): registered when they load, run under the tenant lock.
+ADMISSION: list[Callable[..., None]] = []
+
+
+def admission_check(check: Callable[..., None]) -> Callable[..., None]:
+    """Register ``check(tenant=, team=, ask=)``, which raises a DomainError to refuse new work (once)."""
+    if check not in ADMISSION:
+        ADMISSION.append(check)
+    return check
+
+
+def admission_checks(*, tenant, team, ask) -> None:
+    """Run every registered check of new work (``ask``) by ``team`` of ``tenant`` (under the tenant's lock)."""
+    for check in ADMISSION:
+        check(tenant=tenant, team=team, ask=ask)

@@ -5,9 +5,7 @@ reservation. Storage sits above provisioning, so provisioning asks the sources r
 config drive (``cloud_init``) and the pod spec (``lifecycle.guest_steps``) turn the mounts into
 cloud-init's ``mounts`` and the pod's volumes. So too what a hand-over waits for
 (``handover_wait``): data on its way back to a volume the reservation asked for; and what the VPC
-isolation report shows of the tenant's storage (``isolation_source``): who its exports let in; and
-what else admits new work (``admission_check``): billing refuses it where a budget with a hard stop
-is spent.
+isolation report shows of the tenant's storage (``isolation_source``): who its exports let in.
 """
 
 from __future__ import annotations
@@ -85,18 +83,3 @@ def isolation_rows(tenant_id) -> list[dict]:
     """The storage the tenant's networks reach, each with what its backend lets in now, from every source."""
     return [row for source in REPORTS for row in source(tenant_id)]
 
-
-ADMISSION: list[Callable[..., None]] = []
-
-
-def admission_check(check: Callable[..., None]) -> Callable[..., None]:
-    """Register ``check(tenant=, team=, ask=)``, which raises a DomainError to refuse new work (once)."""
-    if check not in ADMISSION:
-        ADMISSION.append(check)
-    return check
-
-
-def admission_checks(*, tenant, team, ask) -> None:
-    """Run every registered check of new work (``ask``) by ``team`` of ``tenant`` (under the tenant's lock)."""
-    for check in ADMISSION:
-        check(tenant=tenant, team=team, ask=ask)

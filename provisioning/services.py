@@ -38,7 +38,6 @@ from provisioning.lifecycle import dispatch as dispatching
 from provisioning.lifecycle import release as releasing
 from provisioning.lifecycle import steps
 from provisioning.models import Instance, Operation, Reservation
-from provisioning.mounts import admission_checks
 from provisioning.scheduling.free_hint import FREE_HINT
 from provisioning.scheduling.plan_types import Placement, Request
 from provisioning.scheduling.planner import Planner
@@ -130,7 +129,7 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
     # not from when it arrived (nothing may be bound to start long ago: allocations._check_fresh).
     now = timezone.now()
     admission.check_quota(tenant=tenant, team=team, ask=ask, window_start=max(ask.requested_start or now, now))
-    admission_checks(tenant=tenant, team=team, ask=ask)
+    admission.admission_checks(tenant=tenant, team=team, ask=ask)
     reservation = Reservation(
         tenant=tenant, team=team, name=ask.name, created_by=actor.user, offering=ask.offering,
         gpu_model=ask.offering.gpu_model, spec=ask.spec, units=ask.units, gpus=ask.gpus,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv as csv_module
-import io
 from datetime import UTC, datetime
 
 import django_filters
@@ -101,7 +99,7 @@ class InvoiceViewSet(ReadMixin, TenantScopedViewSet):
     def csv(self, request, pk=None):
         """The invoice's lines as CSV (one row per line, then the totals)."""
         invoice = self.get_object()
-        response = HttpResponse(invoice_csv(invoice), content_type="text/csv; charset=utf-8")
+        response = HttpResponse(invoices.invoice_csv(invoice), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="{invoice.number}.csv"'
         return response
 
@@ -122,18 +120,6 @@ class InvoiceViewSet(ReadMixin, TenantScopedViewSet):
         raise Conflict(f"{invoice.number} is final and never changes: a credit note corrects it.",
                        code="invoice_final")
 
-
-def invoice_csv(invoice: Invoice) -> str:
-    out = io.StringIO()
-    writer = csv_module.writer(out)
-    writer.writerow(["number", "line", "kind", "team", "description", "region", "term", "quantity", "unit",
-                     "unit_price", "amount", "currency"])
-    for line in invoice.lines.all():
-        writer.writerow([invoice.number, line.position, line.kind, line.team_name, line.description, line.region,
-                         line.term, line.quantity, line.unit, line.unit_price, line.amount, invoice.currency])
-    for label, value in (("subtotal", invoice.subtotal), ("credits", invoice.credits), ("total", invoice.total)):
-        writer.writerow([invoice.number, "", label, "", "", "", "", "", "", "", value, invoice.currency])
-    return out.getvalue()
 
 
 class BudgetViewSet(ReadMixin, TenantScopedViewSet):
