@@ -2,12 +2,19 @@
 
 from django.db import models
 
+from provisioning.choices import BillingTerm
+
 
 class Resource(models.TextChoices):
     """What a usage record counts."""
 
     GPU = "gpu", "GPU time"
     STORAGE = "storage", "Storage"
+
+
+# A usage record's term: the reservation's billing term, or "committed" for a commitment's capacity.
+COMMITTED = "committed"
+RECORD_TERMS = [*BillingTerm.choices, (COMMITTED, "Committed")]
 
 
 # The unit each resource's quantity is in, and the unit its price is per.

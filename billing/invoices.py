@@ -24,7 +24,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from billing.choices import PRICE_UNITS, DocumentKind, DocumentState, LineKind, Resource
+from billing.choices import COMMITTED, PRICE_UNITS, DocumentKind, DocumentState, LineKind, Resource
 from billing.models import Invoice, InvoiceCounter, InvoiceLine, MeterState, UsageRecord
 from cloud.models import Offering, Region
 from core.errors import Conflict, invalid
@@ -97,7 +97,8 @@ def _names(rows) -> dict[str, dict]:
 
 def _label(row, names) -> str:
     if row["resource"] == Resource.GPU:
-        return names["offering"].get(row["offering_id"], "GPU time")
+        offering = names["offering"].get(row["offering_id"], "GPU time")
+        return f"{offering}, committed capacity" if row["term"] == COMMITTED else offering
     return names["class"].get(row["storage_class_id"], "Storage")
 
 

@@ -28,7 +28,7 @@ from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Su
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
-from billing.choices import Period, Resource
+from billing.choices import COMMITTED, Period, Resource
 from billing.models import MeterState, UsageRecord, UsageRollup
 from billing.prices import PriceBook, gib_hour
 from provisioning.choices import BillingTerm
@@ -104,11 +104,7 @@ def _gpu_records(start: datetime, end: datetime, book: PriceBook) -> list[UsageR
         quantity = gpu_seconds(row, start, end)
         if quantity <= 0:
             continue
-        term = row["reservation__billing_term"]
-        price, currency = book.gpu_hour(row["reservation__offering_id"], row["node__region_id"], term, start)
-        if term == BillingTerm.SPOT:  # at the market's price over the hour, where the market has one
-            market = book.spot_average(row["reservation__offering_id"], row["node__region_id"], start, end)
-            price = market if market is not None else price
+        term, price, currency = gpu_price(row, start, end, book)
         key = f"gpu:{row['pk']}:{window}"
         records.append(UsageRecord(
             key=key, subject=key, resource=Resource.GPU, tenant_id=row["reservation__tenant_id"],
@@ -117,6 +113,22 @@ def _gpu_records(start: datetime, end: datetime, book: PriceBook) -> list[UsageR
             starts_at=max(row["starts_at"], start), ends_at=min(row["ends_at"], end), quantity=quantity,
             unit_price=price, amount=rate(quantity, price), currency=currency))
     return records
+
+
+def gpu_price(row: dict, start: datetime, end: datetime, book: PriceBook) -> tuple[str, Decimal, str]:
+    """
+    The record's term, price per GPU-hour and currency for an allocation (a row of
+    ALLOCATION_COLUMNS) in ``[start, end)``: a commitment's at its rate, spot at the market's
+    average over the window (where the market has one), else the price book's.
+    """
+    if row["reservation_id"] in book.committed:
+        return (COMMITTED, *book.committed[row["reservation_id"]])
+    term = row["reservation__billing_term"]
+    price, currency = book.gpu_hour(row["reservation__offering_id"], row["node__region_id"], term, start)
+    if term == BillingTerm.SPOT:
+        market = book.spot_average(row["reservation__offering_id"], row["node__region_id"], start, end)
+        price = market if market is not None else price
+    return term, price, currency
 
 
 def _storage_records(start: datetime, end: datetime) -> list[UsageRecord]:
@@ -209,8 +221,7 @@ def _correction(subject: str, original, row, difference: Decimal, window: dateti
     """A record of ``difference`` more (or less) of ``subject``, at the price the original was rated at."""
     count = UsageRecord.objects.filter(subject=subject).count()
     if original is None:  # held more than nothing now, recorded nothing: a record of its own
-        term = row["reservation__billing_term"]
-        price, currency = book.gpu_hour(row["reservation__offering_id"], row["node__region_id"], term, window)
+        term, price, currency = gpu_price(row, window, window + WINDOW, book)
         return UsageRecord(key=subject, subject=subject, resource=Resource.GPU, tenant_id=row["reservation__tenant_id"],
                            team_id=row["reservation__team_id"], reservation_id=row["reservation_id"],
                            offering_id=row["reservation__offering_id"], region_id=row["node__region_id"], term=term,

@@ -12,7 +12,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from billing.choices import RESOURCE_UNITS, Period, Resource
+from billing.choices import RECORD_TERMS, RESOURCE_UNITS, Period, Resource
 from cloud.models import CatalogueQuerySet
 from provisioning.choices import BillingTerm
 from tenants.scoping import TenantOwnedModel
@@ -80,7 +80,7 @@ class UsageRecord(TenantOwnedModel):
     storage_class = models.ForeignKey("storage.StorageClass", null=True, blank=True, on_delete=models.PROTECT,
                                       related_name="+", db_constraint=False)
     region = models.ForeignKey("cloud.Region", on_delete=models.PROTECT, related_name="+", db_constraint=False)
-    term = models.CharField(max_length=16, choices=BillingTerm.choices, blank=True)
+    term = models.CharField(max_length=16, choices=RECORD_TERMS, blank=True)
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     quantity = models.DecimalField(max_digits=20, decimal_places=6)
@@ -172,7 +172,8 @@ class SpotPrice(models.Model):
         return f"{self.offering_id} {self.per_gpu_hour} at {self.at:%Y-%m-%d %H:%M}"
 
 from billing.budget_models import Budget, BudgetCrossing  # noqa: E402 -- the app's models, one module each
+from billing.commitment_models import Commitment  # noqa: E402
 from billing.invoice_models import Invoice, InvoiceCounter, InvoiceLine  # noqa: E402
 
-__all__ = ["Budget", "BudgetCrossing", "Invoice", "InvoiceCounter", "InvoiceLine", "MeterState", "Price",
+__all__ = ["Budget", "BudgetCrossing", "Commitment", "Invoice", "InvoiceCounter", "InvoiceLine", "MeterState", "Price",
            "SpotPrice", "UsageRecord", "UsageRollup"]

@@ -16,7 +16,7 @@ from decimal import Decimal
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from billing.models import Price
+from billing.models import Commitment, Price
 from billing.spot import SpotHistory
 from cloud.models import Offering
 from core.errors import Conflict, invalid
@@ -38,6 +38,9 @@ class PriceBook:
         self.starts = {key: [row[0] for row in rows] for key, rows in self.rows.items()}
         self.list_prices = {o["pk"]: o for o in Offering.objects.values(
             "pk", "price_per_gpu_hour", "reserved_discount_pct", "spot_floor_price")}
+        # A commitment's reservation -> (rate, currency): its GPU time is rated at the committed rate.
+        self.committed = {reservation: (rate, currency) for reservation, rate, currency in
+                          Commitment.objects.values_list("reservation_id", "rate", "currency")}
 
     def spot_average(self, offering_id, region_id, start: datetime, end: datetime) -> Decimal | None:
         """The spot market's time-weighted price over ``[start, end)`` (None: no market price then)."""

@@ -44,6 +44,7 @@ class Ask:
     duration: timedelta
     requested_start: datetime | None = None
     billing_term: str = BillingTerm.ON_DEMAND
+    committed: bool = False  # a commitment's capacity (billing.commitments): may last its whole term
     spot_max_price: Decimal | None = None
     eviction_policy: str = "soft"
     urgency: float = 0.5
@@ -134,9 +135,10 @@ def check_never_fits(ask: Ask, now: datetime) -> None:
         raise invalid("offering", "This offering is no longer sold.")
     if ask.duration <= timedelta(0):
         raise invalid("duration_hours", "The duration must be positive.")
-    if ask.duration > settings.MERIDIAN_MAX_RESERVATION_DURATION:
+    if ask.duration > settings.MERIDIAN_MAX_RESERVATION_DURATION and not ask.committed:
         raise invalid("duration_hours", f"A reservation lasts at most {settings.MERIDIAN_MAX_RESERVATION_DURATION.days}"
-                                        " days; split it or ask for a reserved term.", code="duration_too_long")
+                                        " days; split it, or make a commitment (1 to 36 months) for longer.",
+                      code="duration_too_long")
     if ask.requested_start is not None:
         if ask.requested_start < now - settings.MERIDIAN_START_SKEW:
             raise invalid("start", "The window starts in the past.", code="start_in_past")

@@ -53,6 +53,8 @@ class Reservation(TeamOwnedModel):
     ends_at = models.DateTimeField(null=True, blank=True)
     billing_term = models.CharField(max_length=16, choices=BillingTerm.choices, default=BillingTerm.ON_DEMAND)
     spot_max_price = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    committed = models.BooleanField(default=False, help_text="Holds a commitment's capacity for its whole term: it "
+                                                             "may outlast the usual cap and is not released early.")
     eviction_policy = models.CharField(max_length=8, choices=EvictionPolicy.choices, default=EvictionPolicy.SOFT)
     urgency = models.FloatField(default=0.5, validators=[MinValueValidator(0), MaxValueValidator(1)])
     ssh_public_key = models.TextField(blank=True)

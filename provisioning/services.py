@@ -134,7 +134,8 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
         tenant=tenant, team=team, name=ask.name, created_by=actor.user, offering=ask.offering,
         gpu_model=ask.offering.gpu_model, spec=ask.spec, units=ask.units, gpus=ask.gpus,
         regions=[region.slug for region in ask.regions], requested_start=ask.requested_start, duration=ask.duration,
-        billing_term=ask.billing_term, spot_max_price=ask.spot_max_price, eviction_policy=ask.eviction_policy,
+        billing_term=ask.billing_term, committed=ask.committed, spot_max_price=ask.spot_max_price,
+        eviction_policy=ask.eviction_policy,
         urgency=ask.urgency, ssh_public_key=ask.ssh_public_key, vpc=ask.vpc, image=ask.image, public_ip=ask.public_ip,
         user_data=ask.user_data, environment=dict(ask.environment),
     )
@@ -173,7 +174,8 @@ def _place_operation(reservation: Reservation) -> Operation:
 
 
 def _create_event(actor, reservation: Reservation):
-    return audit_event(actor=actor, action="reservation.create", target=reservation,
+    # A commitment's reservation is a consequence of the commitment, audited in the person's name: this is the system's.
+    return audit_event(actor=None if reservation.committed else actor, action="reservation.create", target=reservation,
                        after=reservation_audited(reservation))
 
 
@@ -430,13 +432,16 @@ def reservation_evict(*, victim_id, by: Reservation | None, at: datetime,
 
 
 @transaction.atomic
-def reservation_cancel(*, actor, reservation: Reservation, reason: str = "Cancelled by the tenant.") -> Reservation:
+def reservation_cancel(*, actor, reservation: Reservation, reason: str = "Cancelled by the tenant.",
+                       commitment_ends: bool = False) -> Reservation:
     """
     Cancel a reservation that has not become active: waiting or scheduled ones end ``cancelled``
     and give their capacity back; one being provisioned is released. Active ones are released
     instead (409 says so); ended ones are a 409 naming their state. ``reason`` is its state's reason.
+    A commitment's reservation ends only with its commitment (``commitment_ends``).
     """
     now = timezone.now()
+    _check_not_committed(reservation, commitment_ends)
     if reservation.state == R.ACTIVE:
         raise Conflict("The reservation is active: release it instead of cancelling.", code="invalid_transition",
                        current_state=reservation.state)
@@ -450,14 +455,22 @@ def reservation_cancel(*, actor, reservation: Reservation, reason: str = "Cancel
         state=OperationState.CANCELLED, error="Cancelled before it was placed.")
     if reservation.state == R.RELEASING:
         releasing.release_start(reservation)
-    audit_record(actor=actor, action="reservation.cancel", target=reservation, after=reservation_audited(reservation))
+    audit_record(actor=None if commitment_ends else actor, action="reservation.cancel", target=reservation,
+                 after=reservation_audited(reservation))
     return reservation
+
+
+def _check_not_committed(reservation: Reservation, commitment_ends: bool) -> None:
+    if reservation.committed and not commitment_ends:
+        raise Conflict("This reservation holds a commitment's capacity until its term ends, and is billed until "
+                       "then; it cannot be cancelled or released on its own.", code="commitment_binding")
 
 
 @transaction.atomic
 def reservation_release(*, actor, reservation: Reservation) -> Reservation:
     """Release a scheduled, provisioning or active reservation early: its capacity is free from now."""
     now = timezone.now()
+    _check_not_committed(reservation, False)
     reservation_transition(reservation, R.RELEASING, only_from={R.SCHEDULED, R.PROVISIONING, R.ACTIVE},
                            reason="Released by the tenant.", released_at=now)
     allocation_end(reservation=reservation, at=now)

@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from billing.models import Budget, Invoice, Price, SpotPrice, UsageRollup
+from billing.models import Budget, Commitment, Invoice, Price, SpotPrice, UsageRollup
 from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, Switch
@@ -48,6 +48,7 @@ from tests.world import (
     unique,
     vm_offering,
     world_checkpoint,
+    world_commitment,
     world_invoice,
     world_snapshot,
     world_volume,
@@ -313,6 +314,11 @@ def make_budgets(world, n):
         Budget.objects.create(tenant=world.t1.tenant, team=team, amount="100.00")
 
 
+def make_commitments(world, n):
+    for _ in range(n):
+        world_commitment(world.t1.tenant)
+
+
 def make_spot_prices(world, n):
     region = Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})[0]
     SpotPrice.objects.bulk_create(SpotPrice(offering=vm_offering(), region=region, per_gpu_hour="1.1000",
@@ -370,6 +376,7 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     UsageRollup: make_usage,
     Invoice: make_invoices,
     Budget: make_budgets,
+    Commitment: make_commitments,
     SpotPrice: make_spot_prices,
     Reservation: make_reservations,
     Operation: make_operations,

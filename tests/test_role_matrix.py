@@ -19,7 +19,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from billing.models import Budget, Invoice, Price, SpotPrice, UsageRollup
+from billing.models import Budget, Commitment, Invoice, Price, SpotPrice, UsageRollup
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region
 from provisioning.admission import Ask
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
@@ -98,6 +98,11 @@ def reservation_body(w: World) -> dict:
     small_fleet(4)
     return {"name": "train", "offering": vm_offering().slug, "gpus": 1, "regions": ["us-east-1"],
             "duration_hours": 1}
+
+
+def commitment_body(w: World) -> dict:
+    small_fleet(4)
+    return {"name": "year", "offering": vm_offering().slug, "region": "us-east-1", "gpus": 1, "months": 12}
 
 
 def storage_classes():
@@ -454,6 +459,13 @@ MATRIX: dict[tuple[str, str], Case] = {
         lambda w: {"amount": "2000.00"}),
     ("DELETE", "budgets-detail"): Case(
         "401 403 403 204 204 403 403 403", lambda w: f"{V1}/budgets/{w.t1.objects[Budget].pk}/"),
+    ("GET", "commitments-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/commitments/"),
+    ("POST", "commitments-list"): Case(
+        "401 403 403 201 201 403 403 403", lambda w: f"{V1}/commitments/", commitment_body),
+    ("GET", "commitments-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/commitments/{w.t1.objects[Commitment].pk}/"),
+    ("DELETE", "commitments-detail"): Case(
+        "401 403 403 204 204 403 403 403", lambda w: f"{V1}/commitments/{w.t1.objects[Commitment].pk}/"),
     ("GET", "invoices-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/invoices/"),
     ("GET", "invoices-detail"): Case(
         "401 403 403 200 200 403 200 200", lambda w: f"{V1}/invoices/{w.t1.objects[Invoice].pk}/"),

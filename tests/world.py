@@ -18,7 +18,7 @@ from django.db.models import Max
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from billing.models import Budget, Invoice, InvoiceCounter, InvoiceLine, UsageRollup
+from billing.models import Budget, Commitment, Invoice, InvoiceCounter, InvoiceLine, UsageRollup
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Image, Node, Offering, Region
@@ -158,6 +158,7 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     side.objects[VolumeSnapshot] = lambda: world_snapshot(side.objects[Volume])
     side.objects[Invoice] = lambda: world_invoice(tenant)
     side.objects[Budget] = lambda: Budget.objects.create(tenant=tenant, amount="1000.00", thresholds=[50, 100])
+    side.objects[Commitment] = lambda: world_commitment(tenant)
     side.objects[UsageRollup] = lambda: UsageRollup.objects.create(  # tenant-wide work (no team)
         tenant=tenant, period="day", starts_at=timezone.now().replace(hour=0, minute=0, second=0,
                                                                                   microsecond=0),
@@ -237,6 +238,19 @@ def world_invoice(tenant: Tenant) -> Invoice:
     InvoiceLine.objects.create(invoice=invoice, kind="usage", position=1, description="H100 VM", quantity=10,
                                unit="GPU-hour", unit_price="2.49", amount="24.90")
     return invoice
+
+
+def world_commitment(tenant: Tenant) -> Commitment:
+    """A tenant-wide commitment of 2 GPUs for 3 months from next week, its reservation waiting for its start."""
+    start = timezone.now() + timedelta(days=7)
+    region = Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})[0]
+    reservation = Reservation.objects.create(
+        tenant=tenant, name=unique("committed"), offering=vm_offering(), gpu_model=h100(), units=2, gpus=2,
+        regions=["us-east-1"], requested_start=start, duration=timedelta(days=90), state="queued",
+        billing_term="reserved", committed=True)
+    return Commitment.objects.create(tenant=tenant, name=reservation.name, offering=vm_offering(), region=region,
+                                     gpus=2, months=3, starts_at=start, ends_at=start + timedelta(days=90),
+                                     rate="1.990000", reservation=reservation)
 
 
 def world_snapshot(volume: Volume) -> VolumeSnapshot:

@@ -7,7 +7,8 @@ from decimal import Decimal
 from rest_framework import serializers
 
 from billing import budgets
-from billing.models import Budget, Invoice, InvoiceLine, Price, SpotPrice, UsageRollup
+from billing.models import Budget, Commitment, Invoice, InvoiceLine, Price, SpotPrice, UsageRollup
+from cloud.api.fields import CatalogueSlugField
 from cloud.models import Offering, Region
 from provisioning.choices import BillingTerm
 from tenants.models import Team
@@ -120,3 +121,40 @@ class SpotPriceSerializer(serializers.ModelSerializer):
         model = SpotPrice
         fields = ["offering", "region", "at", "per_gpu_hour", "utilization"]
         read_only_fields = fields
+
+
+class CommitmentSerializer(serializers.ModelSerializer):
+    team = serializers.UUIDField(source="team_id", read_only=True, allow_null=True)
+    team_name = serializers.CharField(source="team.name", read_only=True, allow_null=True, default=None)
+    offering = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    region = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    reservation = serializers.UUIDField(source="reservation_id", read_only=True)
+    reservation_state = serializers.CharField(source="reservation.state", read_only=True,
+                                              help_text="Whether its capacity is placed (scheduled, active) or waits.")
+    term_cost = serializers.SerializerMethodField(help_text="GPUs x hours of the term x rate: what the term costs.")
+
+    class Meta:
+        model = Commitment
+        fields = ["id", "name", "team", "team_name", "offering", "region", "gpus", "months", "starts_at", "ends_at",
+                  "rate", "currency", "term_cost", "reservation", "reservation_state", "cancelled_at", "created_at"]
+        read_only_fields = fields
+
+    def get_term_cost(self, commitment) -> str:
+        hours = Decimal((commitment.ends_at - commitment.starts_at).total_seconds()) / 3600
+        return f"{commitment.gpus * hours * commitment.rate:.2f}"
+
+
+class CommitmentCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=63)
+    team = ScopedRelatedField(queryset=Team.objects.all(), required=False, allow_null=True,
+                              help_text="Left out: the whole tenant's commitment.")
+    offering = CatalogueSlugField(slug_field="slug", asked="offering on sale",
+                                  queryset=Offering.objects.select_related("gpu_model").filter(is_active=True))
+    region = CatalogueSlugField(slug_field="slug", asked="region in service",
+                                queryset=Region.objects.filter(is_active=True))
+    gpus = StrictIntegerField(min_value=1, max_value=100_000,
+                              help_text="GPUs held (a multiple of the offering's unit).")
+    months = StrictIntegerField(min_value=1, max_value=36, help_text="The term: 1 to 36 months.")
+    starts_at = serializers.DateTimeField(required=False, allow_null=True, help_text="Left out: now.")
+    ssh_public_key = serializers.CharField(required=False, allow_blank=True, max_length=16_384,
+                                           help_text="For the instances on the committed capacity.")

@@ -12,9 +12,9 @@ from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from billing import budgets, invoices, prices
+from billing import budgets, commitments, invoices, prices
 from billing.api import serializers as s
-from billing.models import Budget, Invoice, Price, SpotPrice, UsageRollup
+from billing.models import Budget, Commitment, Invoice, Price, SpotPrice, UsageRollup
 from core.errors import Conflict, DomainError
 from tenants.permissions import TENANT_REQUIRED
 from web.api.base import PlatformViewSet, ReadMixin, TenantScopedViewSet
@@ -161,6 +161,28 @@ class BudgetViewSet(ReadMixin, TenantScopedViewSet):
         """Remove the budget: no more notices, no hard stop."""
         budget = self.get_object()
         budgets.budget_delete(actor=self.principal, budget=budget)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class CommitmentViewSet(ReadMixin, TenantScopedViewSet):
+    """The tenant's commitments: N GPUs of an offering in a region for 1-36 months at a fixed rate."""
+
+    policy = "commitments"
+    queryset = Commitment.objects.select_related("team", "offering", "region", "reservation")
+    serializer_class = s.CommitmentSerializer
+    ordering = ["-starts_at"]
+
+    @extend_schema(request=s.CommitmentCreateSerializer, responses={201: s.CommitmentSerializer})
+    def create(self, request):
+        """Commit (tenant admins): its capacity is reserved at once, and billed from when it is placed."""
+        data = s.CommitmentCreateSerializer(data=request.data, context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        commitment = commitments.commitment_create(actor=self.principal, **data.validated_data)
+        return Response(s.CommitmentSerializer(commitment).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        """Cancel a commitment that has not started; a started one is binding (409 ``commitment_binding``)."""
+        commitments.commitment_cancel(actor=self.principal, commitment=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
