@@ -17,9 +17,12 @@ from django.urls import path
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from billing import budgets, invoices
-from billing.models import Budget, Invoice
+from billing import budgets, commitments, invoices
+from billing.models import Budget, Commitment, Invoice
+from billing.prices import PriceBook
+from cloud.models import Offering, Region
 from core.errors import DomainError
+from provisioning.choices import BillingTerm
 from tenants.models import Team
 from web.console import console_page, error_text, scoped, scoped_or_404
 
@@ -45,7 +48,57 @@ def billing_home(request):
     return render(request, "billing/billing.html", {
         "draft": built.invoice, "lines": built.lines, "issued": issued, "month": month,
         "month_over": invoices.month_bounds(month)[1] <= now, "budgets": limits,
-        "teams": scoped(request, Team).order_by("name")})
+        "teams": scoped(request, Team).order_by("name"), "now": now,
+        "commitments": scoped(request, Commitment).select_related("team", "offering", "region", "reservation"),
+        "committable": _committable(now), "regions": Region.objects.filter(is_active=True).order_by("slug")})
+
+
+def _committable(now) -> list[tuple[Offering, object]]:
+    """The offerings a commitment may hold, each with its reserved price per GPU-hour (where no region has its own)."""
+    book = PriceBook()
+    offerings = Offering.objects.filter(is_active=True, slots_per_gpu=1).select_related("gpu_model").order_by("name")
+    return [(offering, book.gpu_hour(offering.pk, None, BillingTerm.RESERVED, now)[0]) for offering in offerings]
+
+
+@require_POST
+@console_page("commitments")
+def commitment_save(request):
+    """Commit from the billing page's form: offering, region, GPUs, months, and a start (now when left empty)."""
+    form = request.POST
+    try:
+        offering = Offering.objects.get(slug=form.get("offering", ""), is_active=True)
+        region = Region.objects.get(slug=form.get("region", ""), is_active=True)
+        team = scoped_or_404(request, Team, "view", pk=UUID(form["team"])) if form.get("team") else None
+        gpus, months = int(form.get("gpus", "")), int(form.get("months", ""))
+        starts_at = (datetime.strptime(form["starts_at"], "%Y-%m-%d").replace(tzinfo=UTC)
+                     if form.get("starts_at") else None)
+    except (Offering.DoesNotExist, Region.DoesNotExist, ValueError):
+        messages.error(request, "Choose an offering and a region, and give the GPUs and months as whole numbers "
+                                "(the start, if any, as a date).")
+        return redirect("billing")
+    try:
+        made = commitments.commitment_create(actor=request.principal, name=form.get("name", ""), offering=offering,
+                                             region=region, gpus=gpus, months=months, starts_at=starts_at, team=team)
+    except DomainError as exc:
+        messages.error(request, error_text(exc))
+    else:
+        messages.success(request, f"{made.name}: {made.gpus} GPUs of {offering.name} in {region.slug} for "
+                                  f"{made.months} months at {made.rate} {made.currency} per GPU-hour, until "
+                                  f"{made.ends_at:%b %d, %Y}.")
+    return redirect("billing")
+
+
+@require_POST
+@console_page("commitments")
+def commitment_cancel(request, pk):
+    commitment = scoped_or_404(request, Commitment, "change", pk=pk)
+    try:
+        commitments.commitment_cancel(actor=request.principal, commitment=commitment)
+    except DomainError as exc:
+        messages.error(request, error_text(exc))
+    else:
+        messages.success(request, f"{commitment.name} is cancelled: it had not started, so nothing is billed.")
+    return redirect("billing")
 
 
 @require_POST
@@ -89,6 +142,8 @@ def invoice_download(request, pk):
 urlpatterns = [
     path("billing/", billing_home, name="billing"),
     path("billing/budgets/", budget_save, name="budget-save"),
+    path("billing/commitments/", commitment_save, name="commitment-save"),
+    path("billing/commitments/<uuid:pk>/cancel/", commitment_cancel, name="commitment-cancel"),
     path("billing/invoices/<uuid:pk>/", invoice_page, name="invoice"),
     path("billing/invoices/<uuid:pk>/csv/", invoice_download, name="invoice-csv"),
 ]

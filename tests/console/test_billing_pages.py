@@ -7,7 +7,9 @@ from django.utils import timezone
 
 from billing import invoices
 from billing.meter import meter_run
+from billing.models import Commitment
 from tests.billing.test_meter import ran
+from tests.world import small_fleet, vm_offering
 
 pytestmark = pytest.mark.django_db
 
@@ -44,3 +46,27 @@ def test_an_admin_sets_a_budget_on_the_billing_page(console, world):
     body = client.post("/billing/budgets/", {"amount": "-5"}, follow=True).content.decode()
     assert "more than zero" in body
     assert console("t1_member").post("/billing/budgets/", {"amount": "1"}).status_code == 403
+
+
+def test_an_admin_commits_on_the_billing_page_and_cancels_one_not_started(console, world):
+    small_fleet(4)
+    client = console("t1_admin")
+    body = client.get("/billing/").content.decode()
+    assert "No commitment yet" in body and vm_offering().name in body and "USD/GPU-h" in body
+    later = (timezone.now() + timedelta(days=5)).strftime("%Y-%m-%d")
+    body = client.post("/billing/commitments/", {"name": "year-one", "offering": vm_offering().slug,
+                                                 "region": "us-east-1", "gpus": "2", "months": "12",
+                                                 "starts_at": later}, follow=True).content.decode()
+    assert "year-one: 2 GPUs of" in body and "for 12 months at" in body and "Cancel</button>" in body
+    body = client.post("/billing/commitments/", {"name": "huge", "offering": vm_offering().slug,
+                                                 "region": "us-east-1", "gpus": "9999", "months": "1"},
+                       follow=True).content.decode()
+    assert "a commitment holds at most that many" in body
+    body = client.post("/billing/commitments/", {"name": "x", "offering": "nope", "region": "us-east-1",
+                                                 "gpus": "2", "months": "1"}, follow=True).content.decode()
+    assert "Choose an offering and a region" in body
+    made = Commitment.objects.get(name="year-one")
+    assert console("t2_owner").post(f"/billing/commitments/{made.pk}/cancel/").status_code == 404
+    body = client.post(f"/billing/commitments/{made.pk}/cancel/", follow=True).content.decode()
+    assert "year-one is cancelled" in body
+    assert console("t1_member").post("/billing/commitments/", {"name": "m"}).status_code == 403
