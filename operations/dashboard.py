@@ -13,6 +13,8 @@ from decimal import Decimal
 
 from django.db.models import Case, CharField, Count, Q, Sum, Value, When
 
+from billing import spend as ledger
+from billing.models import UsageRollup
 from provisioning import usage
 from provisioning.choices import ReservationState as R
 from provisioning.models import Reservation
@@ -45,8 +47,12 @@ def summary(request, *, now: datetime) -> dict:
                              .values_list("team__name", "stage").annotate(gpus=Sum("gpus"))):
         by_team[team or "Tenant-wide"][held] += gpus or 0
     states = dict(reservations.values_list("state").annotate(n=Count("pk")).values_list("state", "n"))
-    month = usage.month_so_far(reservations, now)
+    rollups = scoped(request, UsageRollup)
+    if team_id:
+        rollups = rollups.filter(team_id=team_id)
+    month = ledger.month_so_far(rollups, now)
     spend = month.spend
+    metered_until = ledger.metered_until()
     daily = usage.daily_gpu_hours(reservations, now, days=CHART_DAYS)
     return {
         "gpus_by_team": dict(sorted(by_team.items())),
@@ -55,8 +61,9 @@ def summary(request, *, now: datetime) -> dict:
         "gpus_reserved": sum(v["reserved"] for v in by_team.values()),
         "states": [(state, label, states.get(state, 0)) for state, label in R.choices if states.get(state)],
         "spend": spend,
+        "metered_until": metered_until,
         "storage": _storage(request, now, team_id),
-        "projection": (projection := month_end_projection(spend, now)),
+        "projection": (projection := month_end_projection(spend, metered_until or now)),
         "spend_chart": spend_chart(month, now, projection),
         "chart": chart(daily),
         "incidents": list(scoped(request, Incident).filter(resolved_at__isnull=True)[:10]),

@@ -128,22 +128,6 @@ class MonthSoFar:
     cumulative: dict[str, list[Decimal]]
 
 
-def month_so_far(reservations, now: datetime) -> MonthSoFar:
-    """Month-to-date spend, and its day-by-day running totals per team, from one read of the holds."""
-    start = month_start(now)
-    days = [start + timedelta(days=d) for d in range((now - start).days + 1)]
-    held = holds(reservations, since=start, now=now)
-    cumulative: dict[str, list[Decimal]] = {}
-    for team in sorted({h.team for h in held}):
-        mine = [h for h in held if h.team == team]
-        running, series = Decimal("0"), []
-        for day in days:
-            running += sum((h.cost_within(day, min(day + timedelta(days=1), now)) for h in mine), Decimal("0"))
-            series.append(running)
-        cumulative[team] = series
-    return MonthSoFar(spend=_spend_of(held, since=start, until=now), days=days, cumulative=cumulative)
-
-
 def daily_gpu_hours(reservations, now: datetime, days: int = 14) -> list[tuple[datetime, float]]:
     """GPU-hours held per UTC day over the last ``days`` days, oldest first (today so far last)."""
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)

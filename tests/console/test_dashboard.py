@@ -1,8 +1,8 @@
 """The dashboard and the switchers: scoped like the API, and staff land on the fleet."""
 
-import pytest
+from decimal import Decimal
 
-from tests.provisioning.pipeline import reserve_on_small_fleet
+import pytest
 
 pytestmark = pytest.mark.django_db
 
@@ -128,27 +128,31 @@ def test_a_line_chart_says_each_lines_last_value_and_projection():
     assert ">$0<" in svg and ">$25<" in svg and ">$50<" in svg  # the y-axis ticks
 
 
-def test_spend_adds_up_day_by_day_per_team_and_is_charted(console, world, steps):
+def test_the_dashboards_spend_is_the_ledgers_added_up_day_by_day_per_team_and_charted(console, world):
     from datetime import timedelta
 
     from django.utils import timezone
 
-    from provisioning.models import Allocation, Reservation
-    from provisioning.usage import month_so_far, month_start, month_to_date
+    from billing import budgets, invoices
+    from billing.meter import meter_run
+    from billing.models import UsageRollup
+    from billing.spend import month_so_far
+    from provisioning.usage import month_start
+    from tests.billing.test_meter import ran
 
-    pk = reserve_on_small_fleet(world, hours=4)
-    steps.run()
     now = timezone.now()
-    held_since = max(month_start(now), now - timedelta(hours=2))
-    Allocation.objects.filter(reservation_id=pk).update(starts_at=held_since)
-    reservations = Reservation.objects.filter(tenant=world.t1.tenant)
-    month = month_so_far(reservations, now)
-    days, totals = month.days, month.cumulative
-    assert days[0] == month_start(now) and len(days) == (now - month_start(now)).days + 1
-    spend = month_to_date(reservations, now)
-    assert month.spend == spend and spend.amount > 0
-    assert {team: series[-1] for team, series in totals.items()} == spend.by_team  # today's end is the total
-    for series in totals.values():
+    start = month_start(now)
+    ran(world, start=start, end=start + timedelta(hours=2), gpus=2)  # the month's first two hours
+    ran(world, start=start + timedelta(hours=1), end=start + timedelta(hours=3), gpus=1)
+    meter_run(now=start + timedelta(hours=4))
+    month = month_so_far(UsageRollup.objects.filter(tenant=world.t1.tenant), now)
+    assert month.days[0] == start and len(month.days) == (now - start).days + 1
+    assert month.spend.gpu_hours == 6.0 and month.spend.amount == Decimal("14.94")  # 6 GPU-hours at 2.49
+    assert month.spend.amount == budgets.spent(world.t1.tenant.pk, now=now)
+    assert month.spend.amount == invoices.draft(world.t1.tenant.pk, now, now).invoice.subtotal
+    assert {team: series[-1] for team, series in month.cumulative.items()} == month.spend.by_team
+    for series in month.cumulative.values():
         assert all(a <= b for a, b in zip(series, series[1:], strict=False))  # never goes down
     page = console("t1_owner").get("/").content.decode()
-    assert 'id="spend-chart"' in page and "Spend in " in page
+    assert 'id="spend-chart"' in page and "Spend in " in page and "$14.94" in page
+    assert "$14.94" not in console("t2_owner").get("/").content.decode()
