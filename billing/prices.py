@@ -14,11 +14,13 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from billing.models import Commitment, Price
+from billing.models import Commitment, Price, SpotPrice
 from billing.spot import SpotHistory
 from cloud.models import Offering
+from cloud.pricing import ON_DEMAND, RESERVED, SPOT
 from core.errors import Conflict, invalid
 from provisioning.usage import price_per_gpu_hour
 from security.audit import audit_record
@@ -38,9 +40,15 @@ class PriceBook:
         self.starts = {key: [row[0] for row in rows] for key, rows in self.rows.items()}
         self.list_prices = {o["pk"]: o for o in Offering.objects.values(
             "pk", "price_per_gpu_hour", "reserved_discount_pct", "spot_floor_price")}
-        # A commitment's reservation -> (rate, currency): its GPU time is rated at the committed rate.
-        self.committed = {reservation: (rate, currency) for reservation, rate, currency in
-                          Commitment.objects.values_list("reservation_id", "rate", "currency")}
+        self._committed = None
+
+    @property
+    def committed(self) -> dict:
+        """A commitment's reservation -> (rate, currency): its GPU time is rated at the committed rate (read once)."""
+        if self._committed is None:
+            self._committed = {reservation: (rate, currency) for reservation, rate, currency in
+                               Commitment.objects.values_list("reservation_id", "rate", "currency")}
+        return self._committed
 
     def spot_average(self, offering_id, region_id, start: datetime, end: datetime) -> Decimal | None:
         """The spot market's time-weighted price over ``[start, end)`` (None: no market price then)."""
@@ -59,6 +67,29 @@ class PriceBook:
         offering = self.list_prices[offering_id]
         return price_per_gpu_hour(term, offering["price_per_gpu_hour"], offering["reserved_discount_pct"],
                                   offering["spot_floor_price"]), "USD"
+
+
+def prices_now(offerings, region, at: datetime) -> dict:
+    """
+    What new work pays per GPU-hour per term (cloud.pricing's answer): the price book's on-demand
+    and reserved prices, and spot at the market's latest price in ``region`` (its floor where the
+    market has none, or no region is named).
+    """
+    book = PriceBook()
+    market = {}
+    if region is not None:
+        latest = (SpotPrice.objects.filter(offering=OuterRef("pk"), region=region, at__lte=at).order_by("-at")
+                  .values("per_gpu_hour")[:1])
+        market = dict(Offering.objects.filter(pk__in=[o.pk for o in offerings if o.spot_available])
+                      .annotate(market=Subquery(latest)).filter(market__isnull=False).values_list("pk", "market"))
+    region_id = getattr(region, "pk", None)
+    answer = {}
+    for offering in offerings:
+        prices = {term: book.gpu_hour(offering.pk, region_id, term, at)[0] for term in (ON_DEMAND, RESERVED)}
+        if offering.spot_available:
+            prices[SPOT] = market.get(offering.pk, book.gpu_hour(offering.pk, region_id, SPOT, at)[0])
+        answer[offering.pk] = prices
+    return answer
 
 
 def gib_hour(price_per_gib_month: Decimal) -> Decimal:

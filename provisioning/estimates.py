@@ -13,13 +13,13 @@ from decimal import Decimal
 from django.db.models import Q, Sum
 
 from cloud.choices import pool_of
+from cloud.pricing import prices_now
 from provisioning.admission import Ask, quota_headroom
 from provisioning.capacity import availability
 from provisioning.choices import BillingTerm
 from provisioning.choices import ReservationState as R
 from provisioning.models import Reservation
 from provisioning.scheduling.queue import free_enough_at
-from provisioning.usage import price_per_gpu_hour
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,9 @@ def estimate(*, ask: Ask, tenant, team, now: datetime) -> Estimate:
     available = {r.slug: per_region.get(r.slug, {}).get("units", 0) for r in ask.regions}
     fits_now = next((slug for slug, units in available.items() if units >= ask.units), None)
 
-    price = price_per_gpu_hour(ask.billing_term, offering.price_per_gpu_hour, offering.reserved_discount_pct,
-                               offering.spot_floor_price)
+    # The price book's price in the preferred region (spot: the market's latest), as the meter will rate it.
+    price = prices_now([offering], region=ask.regions[0] if ask.regions else None, at=now)[offering.pk].get(
+        ask.billing_term, offering.price_per_gpu_hour)
     if ask.billing_term == BillingTerm.SPOT and ask.spot_max_price is not None:
         price = min(price, ask.spot_max_price)
     hours = Decimal(str(ask.duration.total_seconds() / 3600))

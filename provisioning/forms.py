@@ -7,10 +7,12 @@ a reservation made in the browser is checked exactly like one made with curl.
 from __future__ import annotations
 
 from django import forms
+from django.utils import timezone
 from rest_framework import serializers
 
 from cloud.choices import OfferingKind
 from cloud.models import Image, Offering, Region
+from cloud.pricing import ON_DEMAND, prices_now
 from core.errors import DomainError
 from provisioning.admission import best_offering_for_spec, count_field
 from provisioning.api.serializers import ReservationCreateSerializer, validate_ssh_public_key
@@ -72,8 +74,10 @@ class ReservationForm(forms.Form):
         self.fields["name"].required = not for_estimate
         offerings = Offering.objects.filter(is_active=True).select_related("gpu_model").order_by("kind", "name")
         self.offerings = {o.slug: o for o in offerings}
+        prices = prices_now(offerings, at=timezone.now())  # the price book's on-demand price, as it will be billed
         self.fields["offering"].choices = [("", "Choose an offering")] + [
-            (o.slug, f"{o.name} · {o.get_kind_display()} · ${o.price_per_gpu_hour:.2f}/GPU-h") for o in offerings]
+            (o.slug, f"{o.name} · {o.get_kind_display()} · ${prices[o.pk][ON_DEMAND]:.2f}/GPU-h on demand")
+            for o in offerings]
         regions = [(r.slug, region_label(r)) for r in Region.objects.filter(is_active=True).order_by("slug")]
         self.fields["region"].choices = regions
         self.fields["burst_regions"].choices = regions

@@ -1,6 +1,7 @@
 """
-The "Reserve GPUs" page's cards: one per GPU model and offering kind, with the list price per
-GPU-hour by billing term and what is free now per region (as the offerings API counts it:
+The "Reserve GPUs" page's cards: one per GPU model and offering kind, with the price per GPU-hour
+that applies now by billing term (the price book's, where no region has its own: ``cloud.pricing``)
+and what is free now per region (as the offerings API counts it:
 ``provisioning.capacity.availability``). Three queries however many offerings and regions.
 """
 
@@ -9,8 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from django.utils import timezone
+
 from cloud.choices import OfferingKind
 from cloud.models import Offering, Region
+from cloud.pricing import ON_DEMAND, RESERVED, SPOT, prices_now
 from provisioning.capacity import availability
 
 
@@ -37,18 +41,17 @@ def gpu_cards() -> list[Card]:
                      .order_by("-gpu_model__memory_gib", "gpu_model__name", "kind", "gpus_per_unit", "slots_per_gpu"))
     regions = list(Region.objects.filter(is_active=True).order_by("slug"))
     free = availability(offerings)
+    prices = prices_now(offerings, at=timezone.now())
     cards: dict[tuple, Card] = {}
     for offering in offerings:
         model = offering.gpu_model
         card = cards.setdefault((model.pk, offering.kind), Card(
             gpu_model=model.name, memory_gib=model.memory_gib, kind=offering.kind,
             kind_label=offering.get_kind_display()))
-        price = offering.price_per_gpu_hour
+        price = prices[offering.pk]
         card.offerings.append({
-            "slug": offering.slug, "name": offering.name, "size": _size(offering), "on_demand": price,
-            "reserved": (price * (1 - offering.reserved_discount_pct / 100)).quantize(Decimal("0.01")),
-            "spot_from": offering.spot_floor_price if offering.spot_available else None,
-            "free": free.get(offering.pk, {})})
+            "slug": offering.slug, "name": offering.name, "size": _size(offering), "on_demand": price[ON_DEMAND],
+            "reserved": price[RESERVED], "spot_from": price.get(SPOT), "free": free.get(offering.pk, {})})
     for card in cards.values():
         for region in regions:
             # Servers for bare metal; GPUs free on the shared hosts otherwise (every size draws on the same ones).

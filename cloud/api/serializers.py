@@ -8,6 +8,7 @@ from rest_framework import serializers
 from cloud.choices import NodePool, SwitchTier
 from cloud.guids import normal_guid
 from cloud.models import GPU, Fabric, GPUModel, HCAPort, Node, Offering, Region
+from cloud.pricing import list_prices
 from web.api.base import SLUG_PATTERN as SLUG
 from web.api.base import BoundedListField, StrictIntegerField, StrictModelSerializer, StrictSerializer
 
@@ -45,15 +46,23 @@ class OfferingSerializer(StrictModelSerializer):
     gpu_model = serializers.SlugRelatedField(slug_field="slug", queryset=GPUModel.objects.all())
     reserved_price_per_gpu_hour = serializers.DecimalField(max_digits=8, decimal_places=4, read_only=True)
     availability = serializers.SerializerMethodField()
+    prices = serializers.SerializerMethodField(
+        help_text="Per term, what a GPU-hour costs now where a region has no price of its own (the price book; "
+                  "spot: its floor, the market's price is per region at /spot-prices/).")
 
     class Meta:
         model = Offering
         fields = ["id", "slug", "name", "kind", "gpu_model", "gpus_per_unit", "slots_per_gpu", "isolation_mode",
                   "price_per_gpu_hour", "reserved_discount_pct", "reserved_price_per_gpu_hour", "spot_available",
                   "spot_floor_price", "is_active", "no_show_grace_minutes", "no_show_warning_minutes",
-                  "release_grace_minutes", "availability", "created_at"]
+                  "release_grace_minutes", "availability", "prices", "created_at"]
         read_only_fields = ["id", "created_at"]
         validators = []
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "string", "format": "decimal"}})
+    def get_prices(self, offering) -> dict:
+        known = self.context.get("prices", {}).get(offering.pk)
+        return {term: f"{price:.4f}" for term, price in (known or list_prices(offering)).items()}
 
     @extend_schema_field(RegionAvailabilitySerializer(many=True))
     def get_availability(self, offering):

@@ -4,9 +4,13 @@ reservation's page with its score and progress, and cancel/extend/release -- sco
 """
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
+from billing.models import Price, SpotPrice
+from cloud.models import Region
 from provisioning.models import Reservation
 from security.models import AuditEvent
 from tests.world import small_fleet, vm_offering
@@ -535,3 +539,26 @@ def test_nodes_being_attested_are_not_counted_free(console, world, fleet):
         Operation.objects.create(node=node, kind="attest", step="verify", state="running")
     body = client.post("/reservations/estimate/", form(offering=bare_metal.slug, count=1)).content.decode()
     assert "0 nodes free" in body and "Queued" in body
+
+
+def test_the_form_and_the_catalogue_show_the_price_book_price_that_will_apply(console, world, fleet):
+    offering, region = vm_offering(), Region.objects.get(slug="us-east-1")
+    past = timezone.now() - timedelta(hours=1)
+    Price.objects.create(offering=offering, term="on_demand", per_gpu_hour="3.100000", effective_from=past)
+    Price.objects.create(offering=offering, region=region, term="on_demand", per_gpu_hour="2.900000",
+                         effective_from=past)
+    Price.objects.create(offering=offering, term="on_demand", per_gpu_hour="9.000000",
+                         effective_from=timezone.now() + timedelta(days=3))  # not yet
+    client = console("t1_member")
+    page = client.get("/reservations/new/").content.decode()
+    assert f"{offering.name} · VM · $3.10/GPU-h on demand" in page or '<td class="num">$3.10</td>' in page
+    body = client.post("/reservations/estimate/", form(count=2, duration_hours=3)).content.decode()
+    assert "$17.40" in body and "$2.90 per GPU-hour" in body  # us-east-1's own price: 2 GPUs x 3 h x 2.90
+    listed = world.client("t1_viewer").get(f"/api/v1/offerings/{offering.pk}/").json()
+    assert listed["prices"]["on_demand"] == "3.1000" and listed["price_per_gpu_hour"] == "2.4900"
+    offering.spot_available, offering.spot_floor_price = True, Decimal("1.0000")
+    offering.save()  # through the model: the catalogue's cache hears of it
+    SpotPrice.objects.create(offering=offering, region=region, at=past, per_gpu_hour="1.7500", utilization="0.6")
+    body = client.post("/reservations/estimate/", form(count=2, duration_hours=3, billing_term="spot",
+                                                       spot_max_price="2.00")).content.decode()
+    assert "$1.75 per GPU-hour" in body  # the market's price now, under the max
