@@ -10,6 +10,7 @@ class Resource(models.TextChoices):
 
     GPU = "gpu", "GPU time"
     STORAGE = "storage", "Storage"
+    ADDRESS = "address", "Public addresses"
 
 
 # A usage record's term: the reservation's billing term, or "committed" for a commitment's capacity.
@@ -18,8 +19,8 @@ RECORD_TERMS = [*BillingTerm.choices, (COMMITTED, "Committed")]
 
 
 # The unit each resource's quantity is in, and the unit its price is per.
-RESOURCE_UNITS = {Resource.GPU: "GPU-seconds", Resource.STORAGE: "GiB-seconds"}
-PRICE_UNITS = {Resource.GPU: "GPU-hour", Resource.STORAGE: "GiB-hour"}
+RESOURCE_UNITS = {Resource.GPU: "GPU-seconds", Resource.STORAGE: "GiB-seconds", Resource.ADDRESS: "address-seconds"}
+PRICE_UNITS = {Resource.GPU: "GPU-hour", Resource.STORAGE: "GiB-hour", Resource.ADDRESS: "address-hour"}
 
 
 class Period(models.TextChoices):

@@ -99,6 +99,8 @@ def _label(row, names) -> str:
     if row["resource"] == Resource.GPU:
         offering = names["offering"].get(row["offering_id"], "GPU time")
         return f"{offering}, committed capacity" if row["term"] == COMMITTED else offering
+    if row["resource"] == Resource.ADDRESS:
+        return "Public IPv4 addresses"
     return names["class"].get(row["storage_class_id"], "Storage")
 
 

@@ -7,6 +7,8 @@ a time, once the window is over.
   the reservation's offering, region and term when the window began.
 - Storage: each storage usage sample taken in the window (``storage.usage``), in GiB-seconds,
   keyed ``storage:<sample>``, at its class's price.
+- Public addresses: each public IPv4 address's overlap with the window, in address-seconds, keyed
+  ``address:<assignment>:<window start>``, at MERIDIAN_PUBLIC_ADDRESS_HOUR_PRICE.
 
 A window is written in one transaction with its rollups and the meter's mark, so a worker killed
 mid-run leaves the window unwritten, and the next run writes it; the keys are unique, so a window
@@ -24,15 +26,16 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Sum, Value
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Q, Sum, Value
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from billing.choices import COMMITTED, Period, Resource
 from billing.models import MeterState, UsageRecord, UsageRollup
 from billing.prices import PriceBook, gib_hour
+from cloud.models import Region
 from provisioning.choices import BillingTerm
-from provisioning.models import Allocation
+from provisioning.models import AddressAssignment, Allocation
 from storage.models import StorageUsageSample
 
 log = logging.getLogger(__name__)
@@ -75,7 +78,7 @@ def meter_run(now: datetime | None = None, *, max_windows: int | None = None) ->
 def meter_window(start: datetime, book: PriceBook) -> int:
     """Write the window ``[start, start + 1 h)``'s records (ones written already stay) and rollups; returns how many."""
     end = start + WINDOW
-    rows = [*_gpu_records(start, end, book), *_storage_records(start, end)]
+    rows = [*_gpu_records(start, end, book), *_storage_records(start, end), *_address_records(start, end)]
     UsageRecord.objects.bulk_create(rows, ignore_conflicts=True, batch_size=2000)
     # A storage sample taken early in the window covers the end of the hour before: that hour too.
     rollup_hours({start} | {hour_floor(row.starts_at) for row in rows})
@@ -147,6 +150,28 @@ def _storage_records(start: datetime, end: datetime) -> list[UsageRecord]:
             storage_class_id=sample["storage_class_id"], region_id=sample["storage_class__region_id"],
             starts_at=sample["at"] - timedelta(seconds=sample["seconds"]), ends_at=sample["at"], quantity=quantity,
             unit_price=price.quantize(Decimal("0.00000001"), ROUND_HALF_EVEN), amount=rate(quantity, price)))
+    return records
+
+
+def _address_records(start: datetime, end: datetime) -> list[UsageRecord]:
+    window, price = int(start.timestamp()), Decimal(settings.MERIDIAN_PUBLIC_ADDRESS_HOUR_PRICE)
+    regions = dict(Region.objects.values_list("slug", "pk"))
+    records = []
+    held = (AddressAssignment.objects.filter(kind=AddressAssignment.Kind.PUBLIC, assigned_at__lt=end)
+            .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))
+            .values("pk", "tenant_id", "region", "assigned_at", "released_at", "instance__reservation_id",
+                    "instance__reservation__team_id"))
+    for row in held.iterator(chunk_size=5000):
+        since, until = max(row["assigned_at"], start), min(row["released_at"] or end, end)
+        quantity = Decimal(str((until - since).total_seconds())).quantize(PLACES, ROUND_HALF_EVEN)
+        if quantity <= 0 or row["region"] not in regions:
+            continue
+        key = f"address:{row['pk']}:{window}"
+        records.append(UsageRecord(
+            key=key, subject=key, resource=Resource.ADDRESS, tenant_id=row["tenant_id"],
+            team_id=row["instance__reservation__team_id"], reservation_id=row["instance__reservation_id"],
+            region_id=regions[row["region"]], starts_at=since, ends_at=until, quantity=quantity, unit_price=price,
+            amount=rate(quantity, price)))
     return records
 
 

@@ -182,6 +182,8 @@ MERIDIAN_DNS_ZONE = env("MERIDIAN_DNS_ZONE", default="gpu.meridian.example")
 # Billing (billing.meter): how far back each meter run looks again for what changed after it was
 # recorded (an allocation found to have ended earlier), and how often the beat runs the meter.
 MERIDIAN_METER_RECHECK_HOURS = env.int("MERIDIAN_METER_RECHECK_HOURS", default=48)
+# What a public IPv4 address costs per hour it is held (the meter's "address" records), in USD.
+MERIDIAN_PUBLIC_ADDRESS_HOUR_PRICE = env("MERIDIAN_PUBLIC_ADDRESS_HOUR_PRICE", default="0.005")
 # Invoice numbers: <prefix>-<year>-<sequence>, one gap-free sequence for invoices and credit notes.
 MERIDIAN_INVOICE_PREFIX = env("MERIDIAN_INVOICE_PREFIX", default="MER")
 # The spot market (billing.spot): the share of a region's GPUs of a model held above which the

@@ -16,15 +16,15 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from billing import meter
+from billing import invoices, meter
 from billing.meter import hour_floor, meter_recheck, meter_run
 from billing.models import MeterState, Price, UsageRecord, UsageRollup
 from billing.reconcile import reconcile
 from cloud.models import GPU, Region
-from provisioning.models import Allocation, Reservation
+from provisioning.models import AddressAssignment, Allocation, Instance, Reservation
 from storage.catalogue import default_storage_classes
 from storage.models import StorageUsageSample
-from tests.world import h100, small_fleet, unique, vm_offering
+from tests.world import fleet_node, h100, small_fleet, unique, vm_offering
 
 pytestmark = pytest.mark.django_db
 
@@ -156,6 +156,26 @@ def test_storage_samples_are_rated_at_their_class_price(world, now):
         record.amount
     assert sum(UsageRollup.objects.filter(period="day", resource="storage").values_list("amount", flat=True)) == \
         record.amount
+
+
+def test_public_addresses_are_billed_for_each_second_held_and_private_ones_not(world, now):
+    reservation = ran(world, start=now - timedelta(hours=2), end=now, gpus=1)
+    instance = Instance.objects.create(tenant=world.t1.tenant, reservation=reservation, node=fleet_node(), index=0,
+                                       kind="vm", state="active", name=unique("vm"))
+    for kind, address in (("public", "198.18.0.7"), ("private", "10.64.0.7")):
+        AddressAssignment.objects.create(tenant=world.t1.tenant, instance=instance, region="us-east-1", kind=kind,
+                                         address=address)
+    AddressAssignment.objects.update(assigned_at=now - timedelta(hours=1, minutes=30),
+                                     released_at=now - timedelta(minutes=15))
+    meter_run(now=now)
+    records = UsageRecord.objects.filter(resource="address").order_by("starts_at")
+    assert [r.quantity for r in records] == [1800, 2700]  # 30 minutes of one window, 45 of the next
+    assert {r.unit_price for r in records} == {Decimal("0.005")} and records[0].reservation_id == reservation.pk
+    assert sum(r.amount for r in records) == Decimal("0.006250")  # 1.25 address-hours at 0.005
+    lines = invoices.draft(world.t1.tenant.pk, records[1].starts_at, now).lines
+    assert any(line.description == "Public IPv4 addresses" and line.unit == "address-hour" for line in lines)
+    meter_run(now=now + timedelta(hours=1))
+    assert UsageRecord.objects.filter(resource="address").count() == 2  # released: nothing more
 
 
 def test_the_reconcile_command_names_a_second_missing_from_the_ledger(world, now):
