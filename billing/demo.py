@@ -1,8 +1,9 @@
 """
 The demo world's billing (``make run``): five weeks of finished work by Acme's and Globex's teams
 on the shared hosts, metered into the ledger at once, and last month's invoices closed -- so the
-billing page has an invoice, a credit line where an outage cost hours, and this month's draft; and the
-spot market's first prices.
+billing page has an invoice, a credit line where an outage cost hours, and this month's draft; the
+spot market's first prices; and Acme's Language models team's commitment: a year of 8 H100s in the
+first region, its capacity placed at once and billed from the first metered hour.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from billing.commitments import commitment_create
 from billing.invoices import close_month, month_bounds
 from billing.meter import hour_floor, meter_run
 from billing.spot import spot_update
 from cloud.models import GPU, Offering
 from provisioning.models import Allocation, Reservation
 from security.models import Incident
-from tenants.models import Team
+from tenants.choices import TenantRole
+from tenants.models import Membership, Team
+from tenants.scoping import Principal
 
 DAYS = 35
 
@@ -60,4 +64,17 @@ def seed_demo_usage() -> dict:
     metered = meter_run(now=now)
     closed = close_month(this_month - timedelta(days=1), now=now)
     spot_update(now=now)  # the market's first prices: the beat sets them every few minutes from here
-    return {"reservations": made, **metered, **closed}
+    committed = seed_demo_commitment(offering, gpus[0].node.region)
+    return {"reservations": made, "commitment": committed, **metered, **closed}
+
+
+def seed_demo_commitment(offering: Offering, region) -> bool:
+    """Alice commits Acme's Language models team to 8 GPUs of ``offering`` for 12 months, from now."""
+    team = Team.objects.filter(tenant__slug="acme", slug="nlp").select_related("tenant").first()
+    owner = Membership.objects.filter(tenant__slug="acme", role=TenantRole.OWNER).select_related("user").first()
+    if team is None or owner is None:
+        return False
+    actor = Principal(user=owner.user, tenant=team.tenant, role=TenantRole.OWNER)
+    commitment_create(actor=actor, name="nlp-training-year", offering=offering, region=region, gpus=8, months=12,
+                      team=team)
+    return True
