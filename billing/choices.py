@@ -42,3 +42,4 @@ class LineKind(models.TextChoices):
     USAGE = "usage", "Usage"
     SLA_CREDIT = "sla_credit", "SLA credit"
     ADJUSTMENT = "adjustment", "Adjustment"
+    PREPAID = "prepaid", "Prepaid credit"

@@ -16,7 +16,7 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.conf import settings
@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from billing import credits
 from billing.choices import COMMITTED, PRICE_UNITS, DocumentKind, DocumentState, LineKind, Resource
 from billing.models import Invoice, InvoiceCounter, InvoiceLine, MeterState, UsageRecord
 from cloud.models import Offering, Region
@@ -76,12 +77,15 @@ def draft(tenant_id, month_start: datetime, now: datetime | None = None) -> Draf
     credit = _sla_credit(tenant_id, start, min(end, now), gpu)
     if credit is not None:
         lines.append(credit)
+    prepaid = _prepaid(tenant_id, start, end, sum((line.amount for line in lines), Decimal(0)))
+    if prepaid is not None:
+        lines.append(prepaid)
     for position, line in enumerate(lines, start=1):
         line.position = position
     subtotal = sum((line.amount for line in lines if line.kind == LineKind.USAGE), Decimal(0))
-    credits = sum((line.amount for line in lines if line.kind != LineKind.USAGE), Decimal(0))
-    invoice = Invoice(tenant_id=tenant_id, period_start=start, period_end=end, subtotal=subtotal, credits=credits,
-                      total=subtotal + credits, currency=rows[0]["currency"] if rows else "USD")
+    credited = sum((line.amount for line in lines if line.kind != LineKind.USAGE), Decimal(0))
+    invoice = Invoice(tenant_id=tenant_id, period_start=start, period_end=end, subtotal=subtotal, credits=credited,
+                      total=subtotal + credited, currency=rows[0]["currency"] if rows else "USD")
     return Draft(invoice, lines)
 
 
@@ -116,6 +120,29 @@ def _sla_credit(tenant_id, since: datetime, until: datetime, gpu_amount: Decimal
         kind=LineKind.SLA_CREDIT, description=f"SLA credit: {shown(figures.availability, 3)} % available against "
                                               f"{shown(figures.target, 3)} %, {figures.credit_percent} % of GPU usage",
         quantity=Decimal(0), unit_price=Decimal(0), amount=-cents(gpu_amount * figures.credit_percent / 100))
+
+
+def credit_balance(tenant_id, now: datetime | None = None) -> credits.Balance:
+    """The tenant's prepaid credit now: granted, taken by final invoices, and by the months not closed yet so far."""
+    now = now or timezone.now()
+    start, _ = month_bounds(now)
+    previous, _ = month_bounds(start - timedelta(days=1))
+    months = [start]
+    if not Invoice.objects.filter(tenant_id=tenant_id, kind=DocumentKind.INVOICE, period_start=previous).exists():
+        months.insert(0, previous)  # last month is not closed yet: its draft draws on the credit too
+    return credits.balance(tenant_id, [draft(tenant_id, month, now) for month in months])
+
+
+def _prepaid(tenant_id, start: datetime, end: datetime, due: Decimal) -> InvoiceLine | None:
+    """What the month draws on the tenant's prepaid credit, as a negative line (None: no credit, or nothing due)."""
+    if due <= 0:
+        return None
+    left = credits.available(tenant_id, start, end)
+    if left <= 0:
+        return None
+    taken = min(left, due)
+    return InvoiceLine(kind=LineKind.PREPAID, description=f"Prepaid credit ({cents(left - taken):,} left after this)",
+                       quantity=Decimal(0), unit_price=Decimal(0), amount=-taken)
 
 
 @transaction.atomic

@@ -173,7 +173,8 @@ class SpotPrice(models.Model):
 
 from billing.budget_models import Budget, BudgetCrossing  # noqa: E402 -- the app's models, one module each
 from billing.commitment_models import Commitment  # noqa: E402
+from billing.credit_models import CreditGrant  # noqa: E402
 from billing.invoice_models import Invoice, InvoiceCounter, InvoiceLine  # noqa: E402
 
-__all__ = ["Budget", "BudgetCrossing", "Commitment", "Invoice", "InvoiceCounter", "InvoiceLine", "MeterState", "Price",
-           "SpotPrice", "UsageRecord", "UsageRollup"]
+__all__ = ["Budget", "BudgetCrossing", "Commitment", "CreditGrant", "Invoice", "InvoiceCounter", "InvoiceLine",
+           "MeterState", "Price", "SpotPrice", "UsageRecord", "UsageRollup"]

@@ -1,19 +1,23 @@
 """
 The ledger's check (``manage.py billing_reconcile``): every allocation-second of a period is in
 exactly one usage record's count -- its record plus its corrections add up to what the allocation
-held in each window, no more, no less -- and the rollups add up to the ledger.
+held in each window, no more, no less -- the rollups add up to the ledger, and each final invoice of
+the period bills what the ledger rated: its usage lines are the ledger's sums rounded once per line,
+its total those less its credit lines.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
 
 from django.db.models import Sum
 
-from billing.choices import Period
+from billing.choices import DocumentKind, DocumentState, Period
+from billing.invoices import GROUP, cents, month_bounds
 from billing.meter import ALLOCATION_COLUMNS, WINDOW, gpu_seconds, hour_floor, usage_by_subject
-from billing.models import UsageRecord, UsageRollup
+from billing.models import Invoice, UsageRecord, UsageRollup
 from provisioning.models import Allocation
 
 
@@ -39,4 +43,25 @@ def reconcile(since: datetime, until: datetime) -> list[str]:
         n=Sum("amount"))["n"]
     if since == since.replace(hour=0) and until == until.replace(hour=0) and (ledger or 0) != (rolled or 0):
         problems.append(f"the daily rollups add up to {rolled or 0}, the ledger to {ledger or 0}")
+    return problems + invoice_problems(since, until)
+
+
+def invoice_problems(since: datetime, until: datetime) -> list[str]:
+    """Each final invoice of a month inside ``[since, until)`` whose usage or total is not the ledger's."""
+    problems = []
+    finals = (Invoice.objects.filter(kind=DocumentKind.INVOICE, state=DocumentState.FINAL, period_start__gte=since,
+                                     period_end__lte=until)
+              .annotate(lines_sum=Sum("lines__amount")))
+    for month_start in sorted({invoice.period_start for invoice in finals}):
+        start, end = month_bounds(month_start)
+        rated: dict = defaultdict(Decimal)
+        for row in (UsageRecord.objects.filter(starts_at__gte=start, starts_at__lt=end)
+                    .values("tenant_id", *GROUP).annotate(a=Sum("amount")).order_by()):
+            rated[row["tenant_id"]] += cents(row["a"])
+        for invoice in (i for i in finals if i.period_start == month_start):
+            if invoice.subtotal != rated.get(invoice.tenant_id, Decimal(0)):
+                problems.append(f"{invoice.number}: bills {invoice.subtotal} of usage, the ledger rated "
+                                f"{rated.get(invoice.tenant_id, Decimal(0))}")
+            if invoice.total != (invoice.lines_sum or Decimal(0)):
+                problems.append(f"{invoice.number}: totals {invoice.total}, its lines add up to {invoice.lines_sum}")
     return problems

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from billing import budgets, commitments, invoices
-from billing.models import Budget, Commitment, Invoice
+from billing.models import Budget, Commitment, CreditGrant, Invoice
 from billing.prices import PriceBook
 from cloud.models import Offering, Region
 from core.errors import DomainError
@@ -50,7 +50,8 @@ def billing_home(request):
         "month_over": invoices.month_bounds(month)[1] <= now, "budgets": limits,
         "teams": scoped(request, Team).order_by("name"), "now": now,
         "commitments": scoped(request, Commitment).select_related("team", "offering", "region", "reservation"),
-        "committable": _committable(now), "regions": Region.objects.filter(is_active=True).order_by("slug")})
+        "committable": _committable(now), "regions": Region.objects.filter(is_active=True).order_by("slug"),
+        "credit": invoices.credit_balance(tenant.pk, now) if scoped(request, CreditGrant).exists() else None})
 
 
 def _committable(now) -> list[tuple[Offering, object]]:

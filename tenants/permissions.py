@@ -54,6 +54,7 @@ POLICIES: dict[str, dict[str, str]] = {
     # An invoice covers every team of the tenant: its admins and owners read it; staff issue credit notes.
     "budgets": {"read": VIEWER, "write": ADMIN},
     "commitments": {"read": VIEWER, "write": ADMIN},
+    "credits": {"read": ADMIN, "write": NOBODY, "create": PLATFORM_ADMIN},
     "invoices": {"read": ADMIN, "write": NOBODY, "credit_notes": PLATFORM_ADMIN, "partial_update": ADMIN},
     "storage-classes": {"read": ANY, "write": PLATFORM_ADMIN},
     "regions": {"read": ANY, "write": PLATFORM_ADMIN},

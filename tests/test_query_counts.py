@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from billing.models import Budget, Commitment, Invoice, Price, SpotPrice, UsageRollup
+from billing.models import Budget, Commitment, CreditGrant, Invoice, Price, SpotPrice, UsageRollup
 from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, Switch
@@ -319,6 +319,11 @@ def make_commitments(world, n):
         world_commitment(world.t1.tenant)
 
 
+def make_credit_grants(world, n):
+    CreditGrant.objects.bulk_create(CreditGrant(tenant=world.t1.tenant, amount="10.00", note=f"grant {i}",
+                                                granted_at=timezone.now()) for i in range(n))
+
+
 def make_spot_prices(world, n):
     region = Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})[0]
     SpotPrice.objects.bulk_create(SpotPrice(offering=vm_offering(), region=region, per_gpu_hour="1.1000",
@@ -377,6 +382,7 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     Invoice: make_invoices,
     Budget: make_budgets,
     Commitment: make_commitments,
+    CreditGrant: make_credit_grants,
     SpotPrice: make_spot_prices,
     Reservation: make_reservations,
     Operation: make_operations,

@@ -19,7 +19,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from billing.models import Budget, Commitment, Invoice, Price, SpotPrice, UsageRollup
+from billing.models import Budget, Commitment, CreditGrant, Invoice, Price, SpotPrice, UsageRollup
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region
 from provisioning.admission import Ask
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
@@ -466,6 +466,13 @@ MATRIX: dict[tuple[str, str], Case] = {
         "401 200 200 200 200 404 200 200", lambda w: f"{V1}/commitments/{w.t1.objects[Commitment].pk}/"),
     ("DELETE", "commitments-detail"): Case(
         "401 403 403 204 204 403 403 403", lambda w: f"{V1}/commitments/{w.t1.objects[Commitment].pk}/"),
+    ("GET", "credits-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/credits/"),
+    ("POST", "credits-list"): Case(
+        "401 403 403 403 403 403 403 201", lambda w: f"{V1}/credits/",
+        lambda w: {"tenant": w.t1.tenant.slug, "amount": "1000.00", "note": "Prepayment"}),
+    ("GET", "credits-detail"): Case(
+        "401 403 403 200 200 403 200 200", lambda w: f"{V1}/credits/{w.t1.objects[CreditGrant].pk}/"),
+    ("GET", "credits-balance"): Case("401 403 403 200 200 403 400 400", lambda w: f"{V1}/credits/balance/"),
     ("GET", "invoices-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/invoices/"),
     ("GET", "invoices-detail"): Case(
         "401 403 403 200 200 403 200 200", lambda w: f"{V1}/invoices/{w.t1.objects[Invoice].pk}/"),

@@ -18,7 +18,7 @@ from django.db.models import Max
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from billing.models import Budget, Commitment, Invoice, InvoiceCounter, InvoiceLine, UsageRollup
+from billing.models import Budget, Commitment, CreditGrant, Invoice, InvoiceCounter, InvoiceLine, UsageRollup
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Image, Node, Offering, Region
@@ -159,6 +159,8 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     side.objects[Invoice] = lambda: world_invoice(tenant)
     side.objects[Budget] = lambda: Budget.objects.create(tenant=tenant, amount="1000.00", thresholds=[50, 100])
     side.objects[Commitment] = lambda: world_commitment(tenant)
+    side.objects[CreditGrant] = lambda: CreditGrant.objects.create(tenant=tenant, amount="500.00", note="Prepayment",
+                                                                   granted_at=timezone.now())
     side.objects[UsageRollup] = lambda: UsageRollup.objects.create(  # tenant-wide work (no team)
         tenant=tenant, period="day", starts_at=timezone.now().replace(hour=0, minute=0, second=0,
                                                                                   microsecond=0),

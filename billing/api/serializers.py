@@ -7,11 +7,11 @@ from decimal import Decimal
 from rest_framework import serializers
 
 from billing import budgets
-from billing.models import Budget, Commitment, Invoice, InvoiceLine, Price, SpotPrice, UsageRollup
+from billing.models import Budget, Commitment, CreditGrant, Invoice, InvoiceLine, Price, SpotPrice, UsageRollup
 from cloud.api.fields import CatalogueSlugField
 from cloud.models import Offering, Region
 from provisioning.choices import BillingTerm
-from tenants.models import Team
+from tenants.models import Team, Tenant
 from web.api.base import BoundedListField, ScopedRelatedField, StrictIntegerField, StrictSerializer
 
 
@@ -158,3 +158,34 @@ class CommitmentCreateSerializer(StrictSerializer):
     starts_at = serializers.DateTimeField(required=False, allow_null=True, help_text="Left out: now.")
     ssh_public_key = serializers.CharField(required=False, allow_blank=True, max_length=16_384,
                                            help_text="For the instances on the committed capacity.")
+
+
+class CreditGrantSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = CreditGrant
+        fields = ["id", "tenant", "amount", "currency", "note", "granted_at"]
+        read_only_fields = fields
+
+
+class CreditGrantCreateSerializer(StrictSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", queryset=Tenant.objects.all())
+    amount = serializers.DecimalField(max_digits=14, decimal_places=2, min_value=Decimal("0.01"),
+                                      help_text='As a decimal string, e.g. "10000.00".')
+    note = serializers.CharField(max_length=200)
+
+    def validate_amount(self, value):
+        if isinstance(self.initial_data.get("amount"), float):
+            raise serializers.ValidationError("Send money as a decimal string ('10000.00'), not a JSON number.",
+                                              code="invalid")
+        return value
+
+
+class CreditBalanceSerializer(serializers.Serializer):
+    granted = serializers.DecimalField(max_digits=16, decimal_places=2)
+    taken = serializers.DecimalField(max_digits=16, decimal_places=2, help_text="By final invoices.")
+    pending = serializers.DecimalField(max_digits=16, decimal_places=2,
+                                       help_text="By the months not closed yet, as metered so far.")
+    remaining = serializers.DecimalField(max_digits=16, decimal_places=2)
+    currency = serializers.CharField()

@@ -12,9 +12,9 @@ from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from billing import budgets, commitments, invoices, prices
+from billing import budgets, commitments, credits, invoices, prices
 from billing.api import serializers as s
-from billing.models import Budget, Commitment, Invoice, Price, SpotPrice, UsageRollup
+from billing.models import Budget, Commitment, CreditGrant, Invoice, Price, SpotPrice, UsageRollup
 from core.errors import Conflict, DomainError
 from tenants.permissions import TENANT_REQUIRED
 from web.api.base import PlatformViewSet, ReadMixin, TenantScopedViewSet
@@ -184,6 +184,34 @@ class CommitmentViewSet(ReadMixin, TenantScopedViewSet):
         """Cancel a commitment that has not started; a started one is binding (409 ``commitment_binding``)."""
         commitments.commitment_cancel(actor=self.principal, commitment=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class CreditViewSet(ReadMixin, TenantScopedViewSet):
+    """Prepaid credit granted to the tenant (platform admins grant it); ``balance`` is what is left now."""
+
+    policy = "credits"
+    queryset = CreditGrant.objects.select_related("tenant")
+    serializer_class = s.CreditGrantSerializer
+    ordering = ["-granted_at"]
+
+    @extend_schema(request=s.CreditGrantCreateSerializer, responses={201: s.CreditGrantSerializer})
+    def create(self, request):
+        """Grant a tenant prepaid credit from now (platform admins)."""
+        data = s.CreditGrantCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        grant = credits.credit_grant(actor=self.principal, at=timezone.now(), **data.validated_data)
+        return Response(s.CreditGrantSerializer(grant).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=s.CreditBalanceSerializer)
+    @action(detail=False, methods=["get"])
+    def balance(self, request):
+        """Granted, taken by final invoices, drawn by this month so far, and what is left: a real-time burndown."""
+        if self.principal.tenant is None:
+            raise DomainError(TENANT_REQUIRED, code="tenant_required")
+        left = invoices.credit_balance(self.principal.tenant.pk)
+        return Response(s.CreditBalanceSerializer({"granted": left.granted, "taken": left.taken,
+                                                   "pending": left.pending, "remaining": left.remaining,
+                                                   "currency": left.currency}).data)
 
 
 class SpotPriceFilterSet(django_filters.FilterSet):

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from billing import invoices
 from billing.meter import meter_run
-from billing.models import Commitment
+from billing.models import Commitment, CreditGrant
 from tests.billing.test_meter import ran
 from tests.world import small_fleet, vm_offering
 
@@ -70,3 +70,11 @@ def test_an_admin_commits_on_the_billing_page_and_cancels_one_not_started(consol
     body = client.post(f"/billing/commitments/{made.pk}/cancel/", follow=True).content.decode()
     assert "year-one is cancelled" in body
     assert console("t1_member").post("/billing/commitments/", {"name": "m"}).status_code == 403
+
+
+def test_the_billing_page_shows_the_prepaid_credit_left(console, world):
+    assert "Prepaid credit" not in console("t1_admin").get("/billing/").content.decode()
+    CreditGrant.objects.create(tenant=world.t1.tenant, amount="250.00", note="Prepayment", granted_at=timezone.now())
+    body = console("t1_admin").get("/billing/").content.decode()
+    assert "Prepaid credit" in body and "250.00 USD left" in body
+    assert "Prepaid credit" not in console("t2_owner").get("/billing/").content.decode()
