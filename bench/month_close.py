@@ -43,8 +43,7 @@ def month() -> tuple[datetime, datetime]:
 
 def fleet_and_work(start: datetime, end: datetime) -> int:
     """The fleet, the tenants and a month of back-to-back reservations on every GPU; returns how many."""
-    from billing.models import (Commitment, Invoice, InvoiceCounter, InvoiceLine, MeterState, UsageRecord,
-                                UsageRollup)
+    from billing.models import Commitment, Invoice, InvoiceCounter, InvoiceLine, MeterState, UsageRecord, UsageRollup
     from cloud.models import GPU, Offering, Region
     from config.demo import seed_demo
     from provisioning.models import Allocation, Reservation
