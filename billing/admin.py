@@ -2,7 +2,8 @@ from django import forms
 from django.contrib import admin
 from django.utils import timezone
 
-from billing.models import Invoice, Price
+from billing.credits import credit_grant
+from billing.models import Commitment, CreditGrant, Invoice, Price
 from billing.prices import price_add
 
 
@@ -41,14 +42,7 @@ class PriceAdmin(admin.ModelAdmin):
         obj.pk = added.pk
 
 
-@admin.register(Invoice)
-class InvoiceAdmin(admin.ModelAdmin):
-    """Read-only: invoices close by themselves; a correction is a credit note (the API)."""
-
-    list_display = ["number", "kind", "tenant", "period_start", "total", "currency", "finalized_at"]
-    list_filter = ["kind", "state"]
-    readonly_fields = [f.name for f in Invoice._meta.fields]
-
+class ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
@@ -57,3 +51,40 @@ class InvoiceAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(ReadOnlyAdmin):
+    """Read-only: invoices close by themselves; a correction is a credit note (the API)."""
+
+    list_display = ["number", "kind", "tenant", "period_start", "total", "currency", "finalized_at"]
+    list_filter = ["kind", "state"]
+    readonly_fields = [f.name for f in Invoice._meta.fields]
+
+
+@admin.register(Commitment)
+class CommitmentAdmin(ReadOnlyAdmin):
+    """Read-only: tenants commit through the API or the console; a started one is binding."""
+
+    list_display = ["name", "tenant", "gpus", "offering", "region", "starts_at", "ends_at", "rate", "cancelled_at"]
+    list_filter = ["region", "offering"]
+    readonly_fields = [f.name for f in Commitment._meta.fields]
+
+
+@admin.register(CreditGrant)
+class CreditGrantAdmin(admin.ModelAdmin):
+    """Grants are added, never changed: a correction is a credit note or another grant."""
+
+    list_display = ["tenant", "amount", "currency", "note", "granted_at"]
+    fields = ["tenant", "amount", "note"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields if obj is not None else []
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        """Through the service, which audits it."""
+        obj.pk = credit_grant(actor=request.user, tenant=obj.tenant, amount=obj.amount, note=obj.note,
+                              at=timezone.now()).pk

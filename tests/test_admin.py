@@ -69,3 +69,16 @@ def test_staff_add_prices_for_the_future_only_in_the_admin(world):
     future = {**form, "effective_from_0": f"{later:%Y-%m-%d}", "effective_from_1": "00:00:00"}
     assert client.post("/admin/billing/price/add/", future).status_code == 302
     assert Price.objects.count() == 1 and AuditEvent.objects.filter(action="price.add").count() == 1
+
+
+def test_staff_grant_prepaid_credit_in_the_admin_through_the_audited_service(world):
+    from billing.models import CreditGrant
+    from security.models import AuditEvent
+
+    client = Client()
+    client.force_login(world.users["platform_admin"])
+    answer = client.post("/admin/billing/creditgrant/add/", {"tenant": world.t1.tenant.pk, "amount": "500.00",
+                                                               "note": "Prepayment"})
+    assert answer.status_code == 302, answer.content[:500]
+    assert CreditGrant.objects.get().amount == 500 and AuditEvent.objects.filter(action="credit.grant").count() == 1
+    assert client.get("/admin/billing/commitment/").status_code == 200
