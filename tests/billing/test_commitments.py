@@ -20,6 +20,7 @@ from billing.meter import hour_floor, meter_run
 from billing.models import Commitment, Price, UsageRecord
 from cloud.models import GPU, Region
 from provisioning.models import Allocation, Reservation
+from provisioning.scheduling.scheduler import run_cycle
 from security.models import AuditEvent
 from tests.billing.test_meter import ran
 from tests.world import small_fleet, vm_offering
@@ -139,3 +140,18 @@ def test_months_are_calendar_months():
     from datetime import UTC, datetime
     assert add_months(datetime(2027, 1, 31, tzinfo=UTC), 1) == datetime(2027, 2, 28, tzinfo=UTC)
     assert add_months(datetime(2027, 11, 15, tzinfo=UTC), 36) == datetime(2030, 11, 15, tzinfo=UTC)
+
+
+def test_the_scheduler_places_a_commitment_queued_behind_busy_gpus_for_its_whole_term(world, fleet):
+    owner = world.client("t1_owner")
+    busy = owner.post("/api/v1/reservations/", {"name": "busy", "offering": vm_offering().slug, "gpus": fleet,
+                                                "regions": ["us-east-1"], "duration_hours": 2}, format="json")
+    assert busy.status_code == 201 and busy.json()["state"] == "scheduled", busy.content
+    made = owner.post(URL, body(months=6), format="json").json()
+    assert made["reservation_state"] == "queued"  # the fleet is held: it waits, and is not billed meanwhile
+    owner.post(f"/api/v1/reservations/{busy.json()['id']}/cancel/")
+    run_cycle()
+    reservation = Reservation.objects.get(pk=made["reservation"])
+    assert reservation.state == "scheduled"
+    held = Allocation.objects.filter(reservation=reservation)
+    assert held.count() == 2 and all(a.ends_at - a.starts_at > timedelta(days=150) for a in held)
