@@ -52,6 +52,8 @@ def available(tenant_id, month_start: datetime, month_end: datetime) -> Decimal:
     """What a month's invoice may draw: credit granted before its end, less what earlier final invoices took."""
     granted = (CreditGrant.objects.filter(tenant_id=tenant_id, granted_at__lt=month_end)
                .aggregate(n=Sum("amount"))["n"] or Decimal(0))
+    if not granted:
+        return Decimal(0)  # most tenants: one query
     return max(granted - _taken(tenant_id, before=month_start), Decimal(0))
 
 

@@ -16,6 +16,7 @@ from security.api.views import AuditEventViewSet
 from storage.api import views as storage_api
 from tenants.api import views as tenants
 from web.api.base import PrincipalMixin
+from webhooks.api import views as webhooks_api
 
 # The endpoints beside the router's resources, by the name the root lists them under.
 PLAIN_ENDPOINTS = {"me": "me", "audit-chain": "audit-chain", "invitations/accept": "invitation-accept",
@@ -67,6 +68,8 @@ router.register("invoices", billing_api.InvoiceViewSet, basename="invoices")
 router.register("budgets", billing_api.BudgetViewSet, basename="budgets")
 router.register("commitments", billing_api.CommitmentViewSet, basename="commitments")
 router.register("credits", billing_api.CreditViewSet, basename="credits")
+router.register("webhooks", webhooks_api.WebhookEndpointViewSet, basename="webhooks")
+router.register("webhook-deliveries", webhooks_api.WebhookDeliveryViewSet, basename="webhook-deliveries")
 router.register("spot-prices", billing_api.SpotPriceViewSet, basename="spot-prices")
 router.register("regions", cloud.RegionViewSet, basename="regions")
 router.register("gpu-models", cloud.GPUModelViewSet, basename="gpu-models")

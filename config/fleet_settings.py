@@ -190,3 +190,12 @@ MERIDIAN_INVOICE_PREFIX = env("MERIDIAN_INVOICE_PREFIX", default="MER")
 # spot price rises from the floor toward the on-demand price, and how long its history is kept.
 MERIDIAN_SPOT_KNEE = env.float("MERIDIAN_SPOT_KNEE", default=0.5)
 MERIDIAN_SPOT_HISTORY_DAYS = env.int("MERIDIAN_SPOT_HISTORY_DAYS", default=400)
+# Webhooks (webhooks.delivery): the first retry's delay (doubling after, 6 h at most), attempts before a
+# delivery fails, failed deliveries in a row before an endpoint is disabled, how long a rotated secret
+# still signs, how long events and finished deliveries are kept, and (development) http to loopback.
+MERIDIAN_WEBHOOK_RETRY_SECONDS = env.float("MERIDIAN_WEBHOOK_RETRY_SECONDS", default=30.0)
+MERIDIAN_WEBHOOK_MAX_ATTEMPTS = env.int("MERIDIAN_WEBHOOK_MAX_ATTEMPTS", default=10)
+MERIDIAN_WEBHOOK_DISABLE_AFTER = env.int("MERIDIAN_WEBHOOK_DISABLE_AFTER", default=5)
+MERIDIAN_WEBHOOK_SECRET_OVERLAP_HOURS = env.int("MERIDIAN_WEBHOOK_SECRET_OVERLAP_HOURS", default=24)
+MERIDIAN_WEBHOOK_KEEP_DAYS = env.int("MERIDIAN_WEBHOOK_KEEP_DAYS", default=30)
+MERIDIAN_WEBHOOK_ALLOW_LOOPBACK = env.bool("MERIDIAN_WEBHOOK_ALLOW_LOOPBACK", default=False)

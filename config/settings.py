@@ -81,6 +81,7 @@ INSTALLED_APPS = [
     "provisioning",
     "storage",
     "billing",
+    "webhooks",
     "operations",
     "config",
 ]
@@ -411,6 +412,11 @@ CELERY_BEAT_SCHEDULE = {
     # The spot market: every spot offering's price per region from how much of its GPUs are held.
     "billing.spot_update": {"task": "billing.spot_update", "schedule": env.float("MERIDIAN_SPOT_SECONDS",
                                                                                 default=300.0)},
+    # Webhooks: events fanned out to their endpoints' deliveries; due retries queued; old ones pruned.
+    "webhooks.dispatch": {"task": "webhooks.dispatch", "schedule": env.float("MERIDIAN_WEBHOOK_DISPATCH_SECONDS",
+                                                                          default=5.0)},
+    "webhooks.sweep": {"task": "webhooks.sweep", "schedule": 30.0},
+    "webhooks.prune": {"task": "webhooks.prune", "schedule": 86400.0},
     # Last month's invoices, finalized once the meter has recorded all of it.
     "billing.invoices_close": {"task": "billing.invoices_close", "schedule": 3600.0},
     # Checkpoint tiers: scan each policy's file system, demote what it no longer keeps hot.

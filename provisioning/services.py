@@ -44,7 +44,12 @@ from provisioning.scheduling.planner import Planner
 from provisioning.scheduling.priority import ScoreInputs, Weights, score
 from provisioning.scheduling.snapshot import load_snapshot, request_for
 from provisioning.scheduling.team_record import team_inputs, team_inputs_recent
-from provisioning.transitions import RESERVATION_TRANSITIONS, reservation_audited, reservation_transition
+from provisioning.transitions import (
+    RESERVATION_TRANSITIONS,
+    reservation_audited,
+    reservation_transition,
+    reservations_changed,
+)
 from security.audit import audit_event, audit_record, audit_record_many
 from security.models import AuditEvent
 from tenants.models import Tenant
@@ -151,6 +156,7 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
         return reservation
     reservation.state, reservation.state_reason = R.QUEUED, "Waiting for the scheduler."
     reservation.save(force_insert=True)
+    reservations_changed([reservation])
     insert_objects(_place_operation(reservation), _create_event(actor, reservation))
     _keep_keys(reservation, ask)
     if ask.requested_start is None or ask.requested_start <= now:
@@ -257,6 +263,7 @@ def _store_scheduled(reservation: Reservation, placement: Placement, *, region: 
         reservation.scheduled_at = None
         reservation.starts_at = reservation.ends_at = reservation.region = None
         return False
+    reservations_changed([reservation])
     dispatching.provision_when_due([reservation])
     return True
 
@@ -391,6 +398,7 @@ def reservation_schedule_many(*, items: list[tuple[Reservation, Placement, Regio
         state=OperationState.SUCCEEDED).update(state=OperationState.SUCCEEDED, progress=100)
     audit_record_many(actor=None, action="reservation.schedule",
                       changes=[(reservation, reservation_audited(reservation)) for reservation in moved])
+    reservations_changed(moved)
     dispatching.provision_when_due(moved)
     return moved
 

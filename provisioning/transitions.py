@@ -13,6 +13,7 @@ from core.transitions import compare_and_set
 from provisioning.choices import ReservationState as R
 from provisioning.choices import VPCState as V
 from security.audit import snapshot
+from tenants.events import Happened, emit_many
 
 if TYPE_CHECKING:
     from provisioning.models import Reservation
@@ -68,6 +69,15 @@ def reservation_transition(reservation: Reservation, target: str, *, only_from=N
     )
     for name, value in {"state": target, **changes}.items():
         setattr(reservation, name, value)
+    reservations_changed([reservation])
+
+
+def reservations_changed(reservations) -> None:
+    """Tell the tenants' webhooks of the reservations' states as they now are (``reservation.state`` events)."""
+    emit_many(Happened(tenant_id=r.tenant_id, team_id=r.team_id, type="reservation.state", data={
+        "reservation": str(r.pk), "name": r.name, "state": r.state, "reason": r.state_reason,
+        "starts_at": r.starts_at.isoformat() if r.starts_at else None,
+        "ends_at": r.ends_at.isoformat() if r.ends_at else None}) for r in reservations)
 
 
 def reservation_audited(reservation: Reservation) -> dict:

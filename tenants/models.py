@@ -535,3 +535,30 @@ class SSHKey(TenantOwnedModel):
     @property
     def authorized_keys_line(self) -> str:
         return f"{self.public_key} {self.comment}".strip()
+
+
+
+class Event(TenantOwnedModel):
+    """
+    Something a tenant may be told of outside Meridian (``tenants.events``; webhooks send it): written
+    in the transaction of the change it reports, so a rolled-back change tells nobody and a committed
+    one is picked up (``dispatched_at``) by the webhooks' dispatcher.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                             db_constraint=False)
+    type = models.CharField(max_length=64, help_text="Dotted: 'reservation.state', 'budget.crossed'.")
+    data = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+
+    team_path = "team"
+
+    class Meta:
+        indexes = [models.Index(fields=["id"], condition=Q(dispatched_at__isnull=True), name="event_undispatched_idx"),
+                   models.Index(fields=["created_at"], name="event_created_idx")]
+
+    def __str__(self):
+        return f"{self.type} {self.public_id}"

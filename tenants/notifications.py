@@ -1,7 +1,8 @@
 """
 In-app notifications (DESIGN.md "Money and messages"): a list per tenant and user, shown in the
 console and the API. Services write them inside the transaction of the change they report, so a
-rolled-back change never notifies; outbound delivery (webhooks, e-mail) comes later.
+rolled-back change never notifies. Each is also an event of its kind for the tenant's webhooks
+(``tenants.events``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from security.audit import audit_record
+from tenants.events import Happened, emit_many
 from tenants.models import Notification, Team, Tenant, User
 from tenants.scoping import CHANGE, Principal
 
@@ -37,6 +39,7 @@ def notify(tenant: Tenant, *, user: User | None = None, team: Team | None = None
                                 link=link, key=key)
     if not key:
         notification.save(force_insert=True)
+        _tell([notification])
         return notification
     return notification if notify_once([notification]) else None
 
@@ -56,7 +59,15 @@ def notify_once(notifications: list[Notification]) -> int:
         n.title = n.title[:TITLE_MAX]
     if new:
         Notification.objects.bulk_create(new, ignore_conflicts=True)
+        _tell(new)
     return len(new)
+
+
+def _tell(notifications: list[Notification]) -> None:
+    """Each notification as an event of its kind, for the tenant's webhooks."""
+    emit_many(Happened(tenant_id=n.tenant_id, team_id=n.team_id, type=n.kind, data={
+        "notification": str(n.pk), "title": n.title, "body": n.body, "link": n.link,
+        "user": str(n.user_id) if n.user_id else None}) for n in notifications)
 
 
 @transaction.atomic

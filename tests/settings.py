@@ -13,6 +13,7 @@ os.environ.setdefault("MERIDIAN_ENCRYPTION_KEYS", "kJ0Qv1CSYVzQxUOq9tJ8Y2m6TqkJ7
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-only-secret-key-that-is-long-enough-for-django-checks-0123456789")
 os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
 os.environ.setdefault("MERIDIAN_SECURE_TRANSPORT", "0")
+os.environ.setdefault("MERIDIAN_WEBHOOK_ALLOW_LOOPBACK", "1")  # receivers in the tests listen on 127.0.0.1
 
 from config.settings import *  # noqa: E402,F403
 

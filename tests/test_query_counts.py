@@ -54,6 +54,7 @@ from tests.world import (
     world_volume,
 )
 from web.api.base import PlatformViewSet
+from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 SMALL, LARGE = 2, 20
 
@@ -324,6 +325,20 @@ def make_credit_grants(world, n):
                                                 granted_at=timezone.now()) for i in range(n))
 
 
+def make_webhook_endpoints(world, n):
+    WebhookEndpoint.objects.bulk_create(WebhookEndpoint(tenant=world.t1.tenant, url=f"http://127.0.0.1:9/{i}",
+                                                        event_types=["*"], secret="whsec_q") for i in range(n))
+
+
+def make_webhook_deliveries(world, n):
+    endpoint = WebhookEndpoint.objects.create(tenant=world.t1.tenant, url="http://127.0.0.1:9/d", event_types=["*"],
+                                              secret="whsec_q")
+    for i in range(n):
+        made = WebhookDelivery.objects.create(tenant=world.t1.tenant, endpoint=endpoint, event_id=uuid.uuid4(),
+                                              event_type="webhook.ping", payload={}, next_attempt_at=timezone.now())
+        WebhookAttempt.objects.create(delivery=made, status_code=500 + i)
+
+
 def make_spot_prices(world, n):
     region = Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})[0]
     SpotPrice.objects.bulk_create(SpotPrice(offering=vm_offering(), region=region, per_gpu_hour="1.1000",
@@ -383,6 +398,8 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     Budget: make_budgets,
     Commitment: make_commitments,
     CreditGrant: make_credit_grants,
+    WebhookEndpoint: make_webhook_endpoints,
+    WebhookDelivery: make_webhook_deliveries,
     SpotPrice: make_spot_prices,
     Reservation: make_reservations,
     Operation: make_operations,

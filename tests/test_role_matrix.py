@@ -48,6 +48,7 @@ from tenants.models import (
 from tenants.scoping import Principal
 from tests.routes import SAFE, api_routes
 from tests.world import PERSONAS, World, fleet_node, small_fleet, ssh_key, team_record, unique, vm_offering
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 V1 = "/api/v1"
 
@@ -473,6 +474,30 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("GET", "credits-detail"): Case(
         "401 403 403 200 200 403 200 200", lambda w: f"{V1}/credits/{w.t1.objects[CreditGrant].pk}/"),
     ("GET", "credits-balance"): Case("401 403 403 200 200 403 400 400", lambda w: f"{V1}/credits/balance/"),
+    ("GET", "webhooks-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/webhooks/"),
+    ("POST", "webhooks-list"): Case(
+        "401 403 403 201 201 403 403 403", lambda w: f"{V1}/webhooks/",
+        lambda w: {"url": "http://127.0.0.1:9/hooks", "event_types": ["reservation.*"]}),
+    ("GET", "webhooks-event-types"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/webhooks/event-types/"),
+    ("GET", "webhooks-detail"): Case(
+        "401 403 403 200 200 403 200 200", lambda w: f"{V1}/webhooks/{w.t1.objects[WebhookEndpoint].pk}/"),
+    ("PATCH", "webhooks-detail"): Case(
+        "401 403 403 200 200 403 403 403", lambda w: f"{V1}/webhooks/{w.t1.objects[WebhookEndpoint].pk}/",
+        lambda w: {"description": "CI receiver"}),
+    ("DELETE", "webhooks-detail"): Case(
+        "401 403 403 204 204 403 403 403", lambda w: f"{V1}/webhooks/{w.t1.objects[WebhookEndpoint].pk}/"),
+    ("POST", "webhooks-rotate-secret"): Case(
+        "401 403 403 200 200 403 403 403",
+        lambda w: f"{V1}/webhooks/{w.t1.objects[WebhookEndpoint].pk}/rotate-secret/"),
+    ("POST", "webhooks-ping"): Case(
+        "401 403 403 202 202 403 403 403", lambda w: f"{V1}/webhooks/{w.t1.objects[WebhookEndpoint].pk}/ping/"),
+    ("GET", "webhook-deliveries-list"): Case(
+        "401 403 403 200 200 403 200 200", lambda w: f"{V1}/webhook-deliveries/"),
+    ("GET", "webhook-deliveries-detail"): Case(
+        "401 403 403 200 200 403 200 200", lambda w: f"{V1}/webhook-deliveries/{w.t1.objects[WebhookDelivery].pk}/"),
+    ("POST", "webhook-deliveries-redeliver"): Case(
+        "401 403 403 202 202 403 403 403",
+        lambda w: f"{V1}/webhook-deliveries/{w.t1.objects[WebhookDelivery].pk}/redeliver/"),
     ("GET", "invoices-list"): Case("401 403 403 200 200 403 200 200", lambda w: f"{V1}/invoices/"),
     ("GET", "invoices-detail"): Case(
         "401 403 403 200 200 403 200 200", lambda w: f"{V1}/invoices/{w.t1.objects[Invoice].pk}/"),

@@ -9,6 +9,7 @@ platform_approver, platform_admin. ``t2_owner`` exists too, to act as tenant B w
 from __future__ import annotations
 
 import itertools
+import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -46,6 +47,7 @@ from tenants.models import (
     User,
 )
 from tenants.scoping import Principal
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 PERSONAS = [
     "anon", "t1_viewer", "t1_member", "t1_admin", "t1_owner", "t2_member", "platform_approver", "platform_admin",
@@ -161,6 +163,11 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     side.objects[Commitment] = lambda: world_commitment(tenant)
     side.objects[CreditGrant] = lambda: CreditGrant.objects.create(tenant=tenant, amount="500.00", note="Prepayment",
                                                                    granted_at=timezone.now())
+    side.objects[WebhookEndpoint] = lambda: WebhookEndpoint.objects.create(
+        tenant=tenant, url="http://127.0.0.1:9/hooks", event_types=["*"], secret="whsec_world")
+    side.objects[WebhookDelivery] = lambda: WebhookDelivery.objects.create(
+        tenant=tenant, endpoint=side.objects[WebhookEndpoint], event_id=uuid.uuid4(), event_type="webhook.ping",
+        payload={"type": "webhook.ping"}, state="failed", next_attempt_at=timezone.now())
     side.objects[UsageRollup] = lambda: UsageRollup.objects.create(  # tenant-wide work (no team)
         tenant=tenant, period="day", starts_at=timezone.now().replace(hour=0, minute=0, second=0,
                                                                                   microsecond=0),

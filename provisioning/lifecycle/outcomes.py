@@ -36,6 +36,7 @@ from provisioning.lifecycle.replacement import (
 from provisioning.lifecycle.steps import NodeFault, instances_abandon
 from provisioning.models import Instance, Operation, Reservation
 from provisioning.networks.ports import ports_abandon
+from provisioning.transitions import reservations_changed
 from security.audit import audit_record, audit_record_many
 from security.models import Incident
 
@@ -118,6 +119,7 @@ def _provisioned_many(operations: list[Operation]) -> None:
     activated = [operation.reservation for operation in operations if operation.reservation_id in moving]
     for reservation in activated:
         reservation.state, reservation.state_reason, reservation.state_changed_at = R.ACTIVE, "", now
+    reservations_changed(activated)
     audit_record_many(actor=None, action="reservation.active",
                       changes=[(reservation, {"state": R.ACTIVE}) for reservation in activated])
     notices.reservations_notify(activated, notices.READY)

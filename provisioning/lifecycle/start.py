@@ -25,6 +25,7 @@ from provisioning.lifecycle import dispatch as dispatching
 from provisioning.lifecycle import moves
 from provisioning.lifecycle.steps import PIPELINES
 from provisioning.models import Allocation, Instance, Operation, Reservation
+from provisioning.transitions import reservations_changed
 from security.audit import audit_record_many
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,9 @@ def provision_start_many(reservation_ids, *, now=None, also=()) -> list[Operatio
         state=R.PROVISIONING, state_reason="Provisioning.", state_changed_at=now)
     if moved != len(ready):
         raise Conflict("A reservation moved on while provisioning started.", code="invalid_transition")
+    for reservation in ready:
+        reservation.state, reservation.state_reason, reservation.state_changed_at = R.PROVISIONING, "Provisioning.", now
+    reservations_changed(ready)
     operations = Operation.objects.bulk_create([
         Operation(tenant_id=r.tenant_id, reservation=r, kind=OperationKind.PROVISION,
                   step=PIPELINES[(OperationKind.PROVISION, r.offering.kind)][0].name) for r in ready])

@@ -109,6 +109,8 @@ class Command(BaseCommand):
         env.setdefault("MERIDIAN_PUBLIC_URL", base_url)
         # The local run serves plain HTTP; HTTPS-only cookies and redirects would lock the browser out.
         env.setdefault("MERIDIAN_SECURE_TRANSPORT", "0")
+        # A webhook receiver on this machine can be tried out (production refuses loopback and http).
+        env.setdefault("MERIDIAN_WEBHOOK_ALLOW_LOOPBACK", "1")
         if host not in LOOPBACK and "DJANGO_ALLOWED_HOSTS" not in os.environ:
             env["DJANGO_ALLOWED_HOSTS"] = ",".join(["127.0.0.1", "localhost", host])
         env["PYTHONUNBUFFERED"] = "1"
