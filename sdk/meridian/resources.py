@@ -17,8 +17,8 @@ class Collection:
     """A collection of the API (``path``): ``ops`` of list/get/create/update/delete, and actions."""
 
     def __init__(self, client, path: str, ops: str = "lg", actions: dict | None = None,
-                 list_actions: dict | None = None):
-        self.client, self.path, self.ops = client, path, ops
+                 list_actions: dict | None = None, idempotent: bool = False):
+        self.client, self.path, self.ops, self.idempotent = client, path, ops, idempotent
         self.actions, self.list_actions = actions or {}, list_actions or {}
         for name, (method, suffix) in self.actions.items():
             setattr(self, name, self._detail_action(method, suffix))
@@ -33,8 +33,11 @@ class Collection:
         return self.client.request("GET", f"{self.path}/{id}/")
 
     def create(self, **body) -> dict:
-        """Create (with an Idempotency-Key: retried after a network error, it still makes one)."""
-        return self.client.request("POST", f"{self.path}/", json=body, idempotent_create=True)
+        """
+        Create. Where the API honours an Idempotency-Key (reservations, VPCs, volumes, snapshots)
+        one is sent, and a create whose answer was lost is sent again with it: it still makes one.
+        """
+        return self.client.request("POST", f"{self.path}/", json=body, idempotent_create=self.idempotent)
 
     def update(self, id, **changes) -> dict:
         return self.client.request("PATCH", f"{self.path}/{id}/", json=changes)
@@ -102,14 +105,14 @@ def attach(client) -> None:
     c.offerings = Collection(c, "offerings", "lgcu")
     c.regions = Collection(c, "regions", "lgcu")
     c.gpu_models = Collection(c, "gpu-models", "lgcu")
-    c.reservations = Waitable(c, "reservations", "lgc", actions={
+    c.reservations = Waitable(c, "reservations", "lgc", idempotent=True, actions={
         "cancel": (POST, "cancel"), "release": (POST, "release"), "extend": (POST, "extend"),
         "score": (GET, "score"), "usage": (GET, "usage"), "telemetry": (GET, "telemetry"),
         "receipts": (GET, "receipts"), "contact": (POST, "contact"), "hold": (POST, "hold"),
         "let_go": (POST, "let-go"), "operator_cancel": (POST, "operator-cancel"), "priority": (POST, "priority")})
     c.operations = Waitable(c, "operations")
     c.instances = Collection(c, "instances", actions={"console": (GET, "console")})
-    c.vpcs = Waitable(c, "vpcs", "lgcd", actions={"isolation_report": (GET, "isolation-report"),
+    c.vpcs = Waitable(c, "vpcs", "lgcd", idempotent=True, actions={"isolation_report": (GET, "isolation-report"),
                                                    "members": (GET, "members")})
     c.ssh_keys = Collection(c, "ssh-keys", "lgcd")
     c.images = Collection(c, "images", "lgcd", actions={"deprecate": (POST, "deprecate")})
@@ -124,11 +127,11 @@ def attach(client) -> None:
                                  list_actions={"read_all": (POST, "read-all")})
     c.high_priority = Collection(c, "high-priority-applications", "lgc", actions={
         "review": (POST, "review"), "withdraw": (POST, "withdraw")})
-    c.volumes = Waitable(c, "volumes", "lgcd", actions={
+    c.volumes = Waitable(c, "volumes", "lgcd", idempotent=True, actions={
         "attach": (POST, "attach"), "detach": (POST, "detach"), "resize": (POST, "resize"),
         "credentials": (POST, "credentials"), "checkpoint_policy": (GET, "checkpoint-policy"),
         "set_checkpoint_policy": (PUT, "checkpoint-policy")})
-    c.snapshots = Waitable(c, "snapshots", "lgcd")
+    c.snapshots = Waitable(c, "snapshots", "lgcd", idempotent=True)
     c.checkpoints = Collection(c, "checkpoints", actions={"restore": (POST, "restore")})
     c.storage_classes = Collection(c, "storage-classes")
     c.prices = Collection(c, "prices", "lgc")

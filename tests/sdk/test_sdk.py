@@ -11,6 +11,7 @@ import httpx
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 from meridian import Client, Invalid, NotFound
+from meridian.errors import Unreachable
 from meridian.resources import operations
 
 from provisioning.models import Reservation
@@ -107,3 +108,20 @@ def test_pages_are_one_iterator_and_configuration_comes_from_the_environment(mon
     assert [r["id"] for r in client.regions.list()] == [1, 2, 3]
     assert asked[0].headers["Authorization"] == "Bearer mrd_env" and asked[0].headers["X-Meridian-Tenant"] == "acme"
     assert str(asked[0].url).startswith("http://env.invalid/api/v1/regions/")
+
+
+def test_a_create_the_api_cannot_replay_is_not_sent_again_after_a_network_error(monkeypatch):
+    sent = []
+
+    def drop(request):
+        sent.append(request)
+        raise httpx.ConnectError("connection refused", request=request)
+
+    monkeypatch.setattr("meridian.client.time.sleep", lambda s: None)
+    client = Client("http://sdk.invalid", token="t", transport=httpx.MockTransport(drop))
+    with pytest.raises(Unreachable):
+        client.ssh_keys.create(name="laptop", public_key="ssh-ed25519 AAAA")
+    assert len(sent) == 1 and "Idempotency-Key" not in sent[0].headers
+    with pytest.raises(Unreachable):
+        client.reservations.create(name="x")
+    assert len(sent) == 1 + 5 and len({r.headers["Idempotency-Key"] for r in sent[1:]}) == 1
