@@ -210,6 +210,7 @@ def context(request) -> dict:
         "is_staff_view": principal.is_platform,
         "sees_audit": may(principal, "audit-events", write=False),
         "sees_billing": may(principal, "invoices", write=False),
+        "sees_webhooks": may(principal, "webhooks", write=False),
         "staff": principal.platform_role != PlatformRole.NONE,
     }
 
