@@ -201,7 +201,8 @@ def main():
         draft.append((time.perf_counter() - began) * 1000)
     print(f"reads, p95 over {len(sample)} tenants: month-to-date spend {p95(spend):.1f} ms, "
           f"the month's invoice draft {p95(draft):.1f} ms (target 50 ms)")
-    drop_database(DB)
+    if not os.environ.get("BENCH_KEEP"):
+        drop_database(DB)
     print("RESULT " + json.dumps({
         "reservations": made, "records": records, "close_s": round(close_s, 1),
         **{k: round(v, 1) for k, v in timings.items()}, "invoices": closed["finalized"],

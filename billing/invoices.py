@@ -21,7 +21,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from billing import credits
@@ -32,6 +32,7 @@ from core.errors import Conflict, invalid
 from provisioning.models import Reservation
 from provisioning.sla.accounting import shown, sla_for_tenants
 from security.audit import audit_record
+from security.models import Incident
 from storage.models import StorageClass
 from tenants.models import Team
 
@@ -110,7 +111,7 @@ def _label(row, names) -> str:
 
 def _sla_credit(tenant_id, since: datetime, until: datetime, gpu_amount: Decimal) -> InvoiceLine | None:
     """The month's SLA credit as a negative line (its percent of the GPU lines), or None when none is due."""
-    if gpu_amount <= 0 or until <= since:
+    if gpu_amount <= 0 or until <= since or not _had_outages(tenant_id, since, until):
         return None
     figures = sla_for_tenants(Reservation.objects.all(), tenant_ids=[tenant_id], month=since.date(),
                               now=until)[tenant_id]
@@ -120,6 +121,16 @@ def _sla_credit(tenant_id, since: datetime, until: datetime, gpu_amount: Decimal
         kind=LineKind.SLA_CREDIT, description=f"SLA credit: {shown(figures.availability, 3)} % available against "
                                               f"{shown(figures.target, 3)} %, {figures.credit_percent} % of GPU usage",
         quantity=Decimal(0), unit_price=Decimal(0), amount=-cents(gpu_amount * figures.credit_percent / 100))
+
+
+def _had_outages(tenant_id, since: datetime, until: datetime) -> bool:
+    """
+    Whether an incident touched the tenant's work in the period (one EXISTS): without one its
+    availability is 100 % and no credit is due, so most drafts skip the SLA's computation.
+    """
+    return (Incident.objects.filter(reservation_id__in=Reservation.objects.filter(tenant_id=tenant_id).values("pk"))
+            .filter(Q(impact_started_at__lt=until) | Q(impact_started_at__isnull=True, detected_at__lt=until))
+            .exclude(restored_at__lte=since).exclude(restored_at__isnull=True, resolved_at__lte=since).exists())
 
 
 def credit_balance(tenant_id, now: datetime | None = None) -> credits.Balance:
