@@ -67,6 +67,27 @@ class IsolationMode(models.TextChoices):
     EXCLUSIVE = "exclusive", "Exclusive GPU"
     MIG = "mig", "MIG partition"
     SHARED = "shared", "Shared with a memory cap"
+    TIME_SLICED = "time_sliced", "Time-sliced with a memory cap"
+
+
+class TimeSliceClass(models.TextChoices):
+    """
+    How long each task's turn on a time-sliced GPU lasts. Tasks of different classes never share
+    a GPU: a training task's long slices would stall a real-time task's requests.
+    """
+
+    REALTIME = "realtime", "Real-time inference (~1 ms slices)"
+    BATCH = "batch", "Batch inference (~5 ms slices)"
+    TRAINING = "training", "Training (~50 ms slices)"
+
+
+# The slice length each class asks of the driver, in milliseconds.
+TIME_SLICE_MS = {TimeSliceClass.REALTIME: 1, TimeSliceClass.BATCH: 5, TimeSliceClass.TRAINING: 50}
+# At most this many tasks share one time-sliced GPU.
+MAX_TASKS_PER_GPU = 8
+# A time-sliced task's memory cap is this share of its stretch of the GPU's memory: the rest is
+# headroom for its CUDA context and the driver's state when the GPU switches between tasks.
+TIME_SLICE_MEMORY_SHARE = 0.9
 
 
 def pool_of(kind: str) -> str:

@@ -11,7 +11,17 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from cloud.choices import GPUState, Health, IsolationMode, NodePool, NodeState, OfferingKind, SwitchTier
+from cloud.choices import (
+    MAX_TASKS_PER_GPU,
+    GPUState,
+    Health,
+    IsolationMode,
+    NodePool,
+    NodeState,
+    OfferingKind,
+    SwitchTier,
+    TimeSliceClass,
+)
 from security.crypto import EncryptedTextField
 from tenants.scoping import PlatformQuerySet
 
@@ -314,6 +324,8 @@ class GPUTelemetry(models.Model):
     # NVLink links active and present (None: no NVLink, or not offered by the driver).
     nvlink_up = models.PositiveSmallIntegerField(null=True)
     nvlink_total = models.PositiveSmallIntegerField(null=True)
+    # The compute time slice in force on the GPU (None: the driver's default, or not readable).
+    time_slice_ms = models.PositiveSmallIntegerField(null=True)
     xids = models.JSONField(default=list)
     source = models.CharField(max_length=8, choices=TelemetrySource.choices, default=TelemetrySource.AGENT)
 
@@ -437,6 +449,10 @@ class Offering(models.Model):
         default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
     )
     isolation_mode = models.CharField(max_length=16, choices=IsolationMode.choices, default=IsolationMode.EXCLUSIVE)
+    time_slice_class = models.CharField(
+        max_length=16, choices=TimeSliceClass.choices, blank=True, default="", db_default="",
+        help_text="Time-sliced offerings: the slice length of the GPUs its tasks share (one class a GPU).",
+    )
     price_per_gpu_hour = models.DecimalField(
         max_digits=8, decimal_places=4, validators=[MinValueValidator(0), MaxValueValidator(10_000)]
     )
@@ -481,6 +497,15 @@ class Offering(models.Model):
                 violation_error_message="Only single-GPU container offerings may be fractional.",
             ),
             models.CheckConstraint(
+                condition=(Q(isolation_mode=IsolationMode.TIME_SLICED, kind=OfferingKind.CONTAINER, gpus_per_unit=1,
+                             slots_per_gpu__gte=2, slots_per_gpu__lte=MAX_TASKS_PER_GPU)
+                           & ~Q(time_slice_class=""))
+                | (~Q(isolation_mode=IsolationMode.TIME_SLICED) & Q(time_slice_class="")),
+                name="offering_time_slices_shape",
+                violation_error_message=f"A time-sliced offering is a single-GPU container shared by 2 to "
+                                        f"{MAX_TASKS_PER_GPU} tasks of one slice class; only it has a class.",
+            ),
+            models.CheckConstraint(
                 condition=Q(spot_available=False) | Q(spot_floor_price__isnull=False),
                 name="offering_spot_needs_floor",
                 violation_error_message="A spot variant needs a floor price.",
@@ -502,11 +527,25 @@ class Offering(models.Model):
         super().clean()
         if self.isolation_mode == IsolationMode.MIG and self.gpu_model_id and not self.gpu_model.supports_mig:
             raise ValidationError({"isolation_mode": f"{self.gpu_model} does not support MIG."})
+        self._clean_time_slices()
         if self.spot_available and self.spot_floor_price is None:
             raise ValidationError({"spot_floor_price": "A spot variant needs a floor price."})
         floor, price = self.spot_floor_price, self.price_per_gpu_hour
         if floor is not None and price is not None and floor > price:
             raise ValidationError({"spot_floor_price": "The spot floor cannot exceed the on-demand price."})
+
+
+    def _clean_time_slices(self) -> None:
+        if self.isolation_mode != IsolationMode.TIME_SLICED:
+            if self.time_slice_class:
+                raise ValidationError({"time_slice_class": "Only a time-sliced offering has a slice class."})
+            return
+        if not self.time_slice_class:
+            raise ValidationError({"time_slice_class": "A time-sliced offering needs a slice class."})
+        if self.kind != OfferingKind.CONTAINER or self.gpus_per_unit != 1:
+            raise ValidationError({"isolation_mode": "Only single-GPU container offerings may be time-sliced."})
+        if not 2 <= (self.slots_per_gpu or 0) <= MAX_TASKS_PER_GPU:
+            raise ValidationError({"slots_per_gpu": f"A time-sliced GPU is shared by 2 to {MAX_TASKS_PER_GPU} tasks."})
 
 
 class LeaderLease(models.Model):
@@ -523,73 +562,4 @@ class LeaderLease(models.Model):
         return f"{self.name} led by {self.holder} until {self.expires_at:%H:%M:%S}"
 
 
-class ImageQuerySet(models.QuerySet):
-    def visible_to(self, principal, action="view"):
-        """
-        Staff see every image (platform admins change them); a tenant's principals see the public
-        images and their tenant's own (deleted ones no more), and change only their tenant's own.
-        """
-        if principal is None:
-            return self.none()
-        if principal.is_platform:
-            return self.all() if (action == "view" or principal.is_platform_admin) else self.none()
-        if principal.tenant is None:
-            return self.none()
-        own = Q(tenant_id=principal.tenant.pk)
-        if action == "view":
-            return self.filter(own | Q(tenant__isnull=True)).exclude(state=Image.State.DELETED)
-        return self.filter(own)
-
-
-class Image(models.Model):
-    """
-    What an instance boots (a Glance-like catalogue): a bare-metal OS, a VM disk or a container
-    image, public (the platform's) or a tenant's own, available in some regions. Instances of a
-    reservation that names none get the default of their offering's kind.
-    """
-
-    class State(models.TextChoices):
-        IMPORTING = "importing", "Importing"
-        ACTIVE = "active", "Active"
-        DEPRECATED = "deprecated", "Deprecated (no new reservations)"
-        DELETED = "deleted", "Deleted"
-
-    class Architecture(models.TextChoices):
-        X86_64 = "x86_64", "x86-64"
-        AARCH64 = "aarch64", "Arm64"
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey("tenants.Tenant", null=True, blank=True, on_delete=models.CASCADE,
-                               related_name="images", help_text="The tenant whose image it is; empty: public.")
-    name = models.CharField(max_length=100)
-    kind = models.CharField(max_length=16, choices=OfferingKind.choices,
-                            help_text="What it boots: bare_metal (an OS), vm (a disk) or container.")
-    os = models.CharField(max_length=64, help_text="e.g. ubuntu-24.04")
-    cuda_version = models.CharField(max_length=16, blank=True)
-    driver_version = models.CharField(max_length=32, blank=True)
-    architecture = models.CharField(max_length=16, choices=Architecture.choices, default=Architecture.X86_64)
-    size_bytes = models.BigIntegerField(validators=[MinValueValidator(1)])
-    sha256 = models.CharField(max_length=64, help_text="The image's SHA-256, 64 hex digits.")
-    source_url = models.CharField(max_length=500, help_text="Where a driver fetches it (https://, or a registry "
-                                                            "reference for a container image).")
-    regions = models.JSONField(default=list, help_text="Slugs of the regions that hold it.")
-    state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
-    login_user = models.CharField(max_length=32, default="ubuntu", help_text="The user one logs in as.")
-    is_default = models.BooleanField(default=False, help_text="The default of its kind (public images only).")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    objects = ImageQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["kind", "name"]
-        constraints = [
-            models.UniqueConstraint(fields=["name"], condition=Q(tenant__isnull=True), name="public_image_name_unique"),
-            models.UniqueConstraint(fields=["tenant", "name"], condition=Q(tenant__isnull=False),
-                                    name="tenant_image_name_unique"),
-            models.UniqueConstraint(fields=["kind"], condition=Q(is_default=True), name="one_default_image_per_kind"),
-            models.CheckConstraint(condition=Q(is_default=False) | Q(tenant__isnull=True),
-                                   name="default_image_is_public"),
-        ]
-
-    def __str__(self):
-        return self.name
+from cloud.image_models import Image, ImageQuerySet  # noqa: E402, F401 -- the app's models, one module each

@@ -79,6 +79,13 @@ def offerings_for(model: GPUModel) -> list[dict]:
         {"slug": f"ct-{short}x1", "name": f"Container 1x {model.name}", "kind": OfferingKind.CONTAINER,
          "gpus_per_unit": 1, **base, **spot},
     ]
+    for klass, ms, n in (("realtime", 1, 4), ("batch", 5, 4), ("training", 50, 2)):
+        rows.append({
+            "slug": f"ct-{short}-ts-{klass}-{n}",
+            "name": f"Container, time-sliced 1/{n} of {model.name} ({klass}, {ms} ms slices)",
+            "kind": OfferingKind.CONTAINER, "gpus_per_unit": 1, "slots_per_gpu": n,
+            "isolation_mode": IsolationMode.TIME_SLICED, "time_slice_class": klass, **base,
+        })
     if model.supports_mig:
         slice_gib = model.memory_gib // model.mig_max_instances
         rows.append({

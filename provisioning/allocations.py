@@ -98,6 +98,11 @@ def _check_no_overlap_sqlite(assignments: list[Assignment], starts_at: datetime,
             memory_clash |= Q(gpu_id=gpu_id, mem_lo__lt=hi, mem_hi__gt=lo)
     if overlapping(by_gpu, starts_at, ends_at).filter(memory_clash).exists():
         raise CapacityTaken()
+    # allocation_one_slice_class: time-sliced slots of two classes never share a GPU at once.
+    for a in assignments:
+        if a.share_class and overlapping([a.gpu_id], starts_at, ends_at).exclude(share_class="").exclude(
+                share_class=a.share_class).exists():
+            raise CapacityTaken()
 
 
 def allocation_bind(
@@ -136,7 +141,7 @@ def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> i
         for b in bindings:
             _check_no_overlap_sqlite(b.assignments, b.starts_at, b.ends_at)
         _check_disjoint(bindings)
-    rows = [(b.reservation.pk, a.gpu_id, a.node_id, a.mem_lo, a.mem_hi, b.starts_at, b.ends_at)
+    rows = [(b.reservation.pk, a.gpu_id, a.node_id, a.mem_lo, a.mem_hi, b.starts_at, b.ends_at, a.share_class)
             for b in bindings for a in b.assignments]
     try:
         with transaction.atomic(savepoint=False):  # on a clash: marked for rollback, up to the caller's savepoint
@@ -156,7 +161,7 @@ def allocation_bind_many(bindings: list[Binding], *, checked: bool = False) -> i
         raise
 
 
-INSERTED_COLUMNS = ("reservation_id", "gpu_id", "node_id", "mem_lo", "mem_hi", "starts_at", "ends_at")
+INSERTED_COLUMNS = ("reservation_id", "gpu_id", "node_id", "mem_lo", "mem_hi", "starts_at", "ends_at", "share_class")
 
 
 def _insert(rows: list[tuple]) -> None:
@@ -174,7 +179,7 @@ def bound_clause(*, reservation: Reservation, assignments: list[Assignment], sta
     two such inserts meet on their first shared GPU rather than each holding one the other needs.
     """
     db = connections[DEFAULT_DB_ALIAS]  # the connection itself: every use of the proxy is a lookup
-    fields = [Allocation._meta.get_field(name) for name in ("gpu", "node", "mem_lo", "mem_hi")]
+    fields = [Allocation._meta.get_field(name) for name in ("gpu", "node", "mem_lo", "mem_hi", "share_class")]
     ordered = sorted(assignments, key=lambda a: str(a.gpu_id))
     arrays = [[field.get_db_prep_save(getattr(a, field.attname), db) for a in ordered] for field in fields]
     prep = {name: Allocation._meta.get_field(name).get_db_prep_save(value, db)
@@ -184,8 +189,8 @@ def bound_clause(*, reservation: Reservation, assignments: list[Assignment], sta
     types = ", ".join(f"%s::{field.db_type(db)}[]" for field in fields)
     # Only quoted names and types from the model's metadata are formatted in; every value is a parameter.
     sql = (f"bound AS (INSERT INTO {qn(Allocation._meta.db_table)} ({columns}) "  # noqa: S608
-           f"SELECT %s, u.gpu, u.node, u.lo, u.hi, %s, %s "
-           f"FROM unnest({types}) WITH ORDINALITY AS u(gpu, node, lo, hi, n) ORDER BY u.n "
+           f"SELECT %s, u.gpu, u.node, u.lo, u.hi, %s, %s, u.klass "
+           f"FROM unnest({types}) WITH ORDINALITY AS u(gpu, node, lo, hi, klass, n) ORDER BY u.n "
            "ON CONFLICT DO NOTHING RETURNING 1)")
     return sql, [prep["reservation"], prep["starts_at"], prep["ends_at"], *arrays]
 
@@ -205,12 +210,13 @@ def _check_disjoint(bindings: list[Binding]) -> None:
     by_gpu: dict = {}
     for b in bindings:
         for a in b.assignments:
-            by_gpu.setdefault(a.gpu_id, []).append((b.starts_at, b.ends_at, a.mem_lo, a.mem_hi))
+            by_gpu.setdefault(a.gpu_id, []).append((b.starts_at, b.ends_at, a.mem_lo, a.mem_hi, a.share_class))
     for held in by_gpu.values():
-        for i, (start, end, lo, hi) in enumerate(held):
-            if any(start < other_end and other_start < end and lo < other_hi and other_lo < hi
-                   for other_start, other_end, other_lo, other_hi in held[i + 1:]):
-                raise CapacityTaken("The plan gives one GPU's memory twice.")
+        for i, (start, end, lo, hi, klass) in enumerate(held):
+            if any(start < other_end and other_start < end
+                   and ((lo < other_hi and other_lo < hi) or (klass and other and klass != other))
+                   for other_start, other_end, other_lo, other_hi, other in held[i + 1:]):
+                raise CapacityTaken("The plan gives one GPU's memory twice, or to two slice classes at once.")
 
 
 def allocation_end(*, reservation: Reservation, at: datetime) -> int:

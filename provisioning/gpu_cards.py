@@ -65,6 +65,8 @@ def gpu_cards() -> list[Card]:
 
 
 def _size(offering) -> str:
+    if offering.time_slice_class:
+        return f"1/{offering.slots_per_gpu} GPU, time-sliced for {offering.time_slice_class} work"
     if offering.slots_per_gpu > 1:
         return f"1/{offering.slots_per_gpu} GPU"
     if offering.kind == OfferingKind.BARE_METAL:

@@ -176,6 +176,9 @@ class Allocation(models.Model):
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     # The signed attestation receipt (a JWT) of the node this GPU was handed over on.
+    # Time-sliced slots: the slice class of the GPU they share. Two classes never overlap in time on
+    # one GPU (the allocation_one_slice_class constraint), whatever memory each covers.
+    share_class = models.CharField(max_length=16, blank=True, default="", db_default="")
     attestation_receipt = models.TextField(blank=True, db_default="")  # COPY (allocations.py) leaves it out
     archived = models.BooleanField(default=False, db_default=False)  # COPY leaves it out too
 

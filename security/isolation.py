@@ -11,7 +11,9 @@ one owner; a GPU nobody holds has none. The verdicts:
   GPU) -> kill the process;
 - ``over_cap``: an owner's processes together hold more memory than its slot -> stop its
   container (its processes on that GPU are killed);
-- ``wrong_mig_layout``: a MIG GPU not in the layout its owners were given -> quarantine the GPU.
+- ``wrong_mig_layout``: a MIG GPU not in the layout its owners were given -> quarantine the GPU;
+- ``wrong_time_slice``: a time-sliced GPU whose slice length is not its owners' class (the agent
+  could not set it) -> reported: a performance matter, not a breach of memory isolation.
 
 Compliant processes are never touched; an owner sees only its own (the agent reports violations
 to the control plane, which tells each tenant about its own instances only).
@@ -24,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 EXCLUSIVE, MIG, SHARED = "exclusive", "mig", "shared"
-KILL_PROCESS, STOP_CONTAINER, QUARANTINE_GPU = "kill_process", "stop_container", "quarantine_gpu"
+KILL_PROCESS, STOP_CONTAINER, QUARANTINE_GPU, REPORT = "kill_process", "stop_container", "quarantine_gpu", "report"
 
 
 @dataclass(frozen=True)
@@ -33,15 +35,18 @@ class GPUPolicy:
     mode: str = EXCLUSIVE
     owners: Mapping[str, int | None] = field(default_factory=dict)  # owner -> memory cap (MiB) or None
     mig_layout: str | None = None  # MIG: the layout the GPU must have, e.g. "7x1g.10gb"
+    time_slice_ms: int | None = None  # time-sliced: the slice length its owners' class asks for
 
     @classmethod
     def from_dict(cls, data: Mapping) -> GPUPolicy:
+        slice_ms = data.get("time_slice_ms")
         return cls(index=int(data["index"]), mode=str(data.get("mode", EXCLUSIVE)),
                    owners={str(k): (None if v is None else int(v)) for k, v in dict(data.get("owners", {})).items()},
-                   mig_layout=data.get("mig_layout"))
+                   mig_layout=data.get("mig_layout"), time_slice_ms=None if slice_ms is None else int(slice_ms))
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "mode": self.mode, "owners": dict(self.owners), "mig_layout": self.mig_layout}
+        return {"index": self.index, "mode": self.mode, "owners": dict(self.owners), "mig_layout": self.mig_layout,
+                "time_slice_ms": self.time_slice_ms}
 
 
 @dataclass(frozen=True)
@@ -64,9 +69,17 @@ class Violation:
         return {**asdict(self), "pids": list(self.pids)}
 
 
-def evaluate(policy: GPUPolicy, processes: list[Process], mig_layout: str | None = None) -> list[Violation]:
-    """Every violation of ``policy`` on one GPU by what runs on it (``mig_layout``: what the GPU has now)."""
+def evaluate(policy: GPUPolicy, processes: list[Process], mig_layout: str | None = None,
+             time_slice_ms: int | None = None) -> list[Violation]:
+    """
+    Every violation of ``policy`` on one GPU by what runs on it (``mig_layout``, ``time_slice_ms``:
+    what the GPU has now).
+    """
     found = []
+    if policy.time_slice_ms and policy.owners and time_slice_ms != policy.time_slice_ms:
+        found.append(Violation(policy.index, "wrong_time_slice", REPORT,
+                               f"the GPU runs {time_slice_ms or 'the default'} ms slices, not the "
+                               f"{policy.time_slice_ms} ms its tasks' class asks for"))
     # A layout is enforced once the GPU has been handed over in it (policy.mig_layout set).
     if policy.mode == MIG and policy.owners and policy.mig_layout and mig_layout != policy.mig_layout:
         found.append(Violation(policy.index, "wrong_mig_layout", QUARANTINE_GPU,

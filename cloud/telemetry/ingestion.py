@@ -57,6 +57,7 @@ READINGS = {
     "processes": (int, 32_767),
     "nvlink_up": (int, MAX_NVLINKS),
     "nvlink_total": (int, MAX_NVLINKS),
+    "time_slice_ms": (int, 10_000),
 }
 SAMPLE_FIELDS = (
     "utilization_pct",
@@ -79,6 +80,7 @@ LATEST_FIELDS = (
     "processes",
     "nvlink_up",
     "nvlink_total",
+    "time_slice_ms",
     "xids",
     "source",
 )
@@ -460,6 +462,7 @@ _SAMPLE_COLUMNS = {
     "processes": "int2",
     "nvlink_up": "int2",
     "nvlink_total": "int2",
+    "time_slice_ms": "int2",
 }
 _SAMPLE_SELECT = ", ".join(f"(e->>{i})::{kind} AS {name}" for i, (name, kind) in enumerate(_SAMPLE_COLUMNS.items(), 1))
 # One statement for a heartbeat, its rows passed as two JSON arrays (one parameter each, cheap to

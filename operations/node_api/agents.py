@@ -17,7 +17,7 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from cloud import telemetry
-from cloud.choices import GPUState, IsolationMode
+from cloud.choices import TIME_SLICE_MEMORY_SHARE, TIME_SLICE_MS, GPUState, IsolationMode
 from cloud.models import GPU, Node, Offering
 from cloud.telemetry import NODE_KNOWN_COLUMNS, Checked, known_from_columns, write_params, write_sql
 from core.db import fast_cursor
@@ -424,13 +424,16 @@ def _policy(gpus: list, live: list) -> list[dict]:
     modes: dict[str, str] = {}
     layouts: dict[str, str] = {}
     aliases: dict[str, dict] = {}  # GPU -> {the runtime's id of an owner: the owner}
-    for name, state, runtime_uid, devices, offering_id, slots_per_gpu, isolation_mode in live:
+    slices: dict[str, int] = {}  # GPU -> the slice length (ms) of its time-sliced owners' class
+    for name, state, runtime_uid, devices, offering_id, slots_per_gpu, isolation_mode, slice_class in live:
         for device in devices:
             gpu = device["gpu_id"]
-            owners.setdefault(gpu, {})[name] = device["mem_hi"] - device["mem_lo"] if slots_per_gpu > 1 else None
+            owners.setdefault(gpu, {})[name] = _memory_cap(device, slots_per_gpu, isolation_mode)
             if runtime_uid:
                 aliases.setdefault(gpu, {})[runtime_uid] = name
-            modes[gpu] = {IsolationMode.MIG: MIG, IsolationMode.SHARED: SHARED}.get(isolation_mode, EXCLUSIVE)
+            modes[gpu] = _MODES.get(isolation_mode, EXCLUSIVE)
+            if slice_class:
+                slices[gpu] = TIME_SLICE_MS[slice_class]
             if isolation_mode == IsolationMode.MIG and state == InstanceState.ACTIVE:
                 # Enforced once handed over: until then provisioning is still cutting the GPU. The
                 # offering is read as far as the layout needs (its other fields load when read).
@@ -446,10 +449,23 @@ def _policy(gpus: list, live: list) -> list[dict]:
             "mode": modes.get(gpu, EXCLUSIVE),
             "owners": owners.get(gpu, {}),
             "mig_layout": layouts.get(gpu),
+            "time_slice_ms": slices.get(gpu),
             "aliases": aliases.get(gpu, {}),
         }
         for gpu, index in gpus
     ]
+
+
+# A time-sliced GPU is shared with memory caps too: the watchdog holds each task to its cap.
+_MODES = {IsolationMode.MIG: MIG, IsolationMode.SHARED: SHARED, IsolationMode.TIME_SLICED: SHARED}
+
+
+def _memory_cap(device: dict, slots_per_gpu: int, isolation_mode: str) -> int | None:
+    """An owner's cap on a shared GPU (MiB): its slot, less the headroom a time-sliced task leaves; None: whole."""
+    if slots_per_gpu == 1:
+        return None
+    width = device["mem_hi"] - device["mem_lo"]
+    return int(width * TIME_SLICE_MEMORY_SHARE) if isolation_mode == IsolationMode.TIME_SLICED else width
 
 
 _LIVE = (InstanceState.PROVISIONING, InstanceState.ACTIVE)
@@ -458,7 +474,7 @@ _DESIRED_COLUMNS = (  # the node as %(node)s
     "(SELECT json_agg(json_build_array(g.id, g.index) ORDER BY g.index) "  # noqa: S608 -- our own names
     f"FROM {GPU._meta.db_table} g WHERE g.node_id = %(node)s)::text, "
     "(SELECT json_agg(json_build_array(i.name, i.state, i.runtime_uid, i.devices, o.id, o.slots_per_gpu, "
-    "o.isolation_mode) ORDER BY i.reservation_id, i.index) "
+    "o.isolation_mode, o.time_slice_class) ORDER BY i.reservation_id, i.index) "
     f"FROM {Instance._meta.db_table} i JOIN {Reservation._meta.db_table} r ON r.id = i.reservation_id "
     f"JOIN {Offering._meta.db_table} o ON o.id = r.offering_id "
     f"WHERE i.node_id = %(node)s AND i.state IN ({', '.join(repr(str(s)) for s in _LIVE)}))::text, "
@@ -475,7 +491,7 @@ _CREDENTIAL_TURN_SQL = (
 def _desired(node: Node) -> tuple[list, list, bool]:
     """
     The node's GPUs as (id, index) by index, its live instances as (name, state, runtime_uid,
-    devices, offering id, slots_per_gpu, isolation_mode), and whether commands wait for its agent:
+    devices, offering id, slots_per_gpu, isolation_mode, time_slice_class), and whether commands wait for its agent:
     one prepared statement on PostgreSQL (every heartbeat asks it).
     """
     if connection.vendor != "postgresql":
@@ -491,6 +507,7 @@ def _desired(node: Node) -> tuple[list, list, bool]:
                 "reservation__offering_id",
                 "reservation__offering__slots_per_gpu",
                 "reservation__offering__isolation_mode",
+                "reservation__offering__time_slice_class",
             )
         )
         return gpus, live, AgentCommand.objects.filter(node=node, state__in=_WAITING).exists()

@@ -44,6 +44,11 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--mig-command", default="", help="How a real GPU is cut into a MIG layout, {index} and {layout} filled in."
     )
+    parser.add_argument(
+        "--time-slice-command", default="",
+        help='How a real GPU is put on a time slice, {index} and {level} (1 short, 2 medium, 3 long) or {ms} '
+             'filled in, e.g. "nvidia-smi compute-policy -i {index} --set-timeslice={level}".',
+    )
     parser.add_argument("--gpus", type=int, default=8, help="Simulated GPUs (the simulated NVML backend).")
     parser.add_argument("--memory-mib", type=int, default=81920, help="Memory of each simulated GPU (81920).")
     parser.add_argument(
@@ -63,6 +68,7 @@ def main(argv=None) -> None:
         host = {
             "scrub_command": shlex.split(args.scrub_command) or None,
             "mig_command": shlex.split(args.mig_command) or None,
+            "time_slice_command": shlex.split(args.time_slice_command) or None,
             "ports": SysfsPorts(),
         }
     else:

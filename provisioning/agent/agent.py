@@ -16,6 +16,7 @@ import urllib.request
 
 from provisioning.agent.nvml import NVMLReadError
 from provisioning.agent.signing import signed_headers
+from provisioning.agent.time_slices import TimeSlicer
 from security.isolation import KILL_PROCESS, STOP_CONTAINER, GPUPolicy, Process, evaluate
 
 log = logging.getLogger("meridian.agent")
@@ -81,6 +82,7 @@ class Agent:
         baseline_mib: int = 1024,
         mig_command: list[str] | None = None,
         ports=None,
+        time_slice_command: list[str] | None = None,
     ):
         self.control_plane, self.nvml, self.version = control_plane, nvml, version
         self.ports = ports
@@ -101,6 +103,7 @@ class Agent:
         # How a real GPU is cut into a MIG layout ({index}, {layout}), and what each GPU was cut into.
         self.mig_command = mig_command
         self.mig_layouts: dict[int, str] = {}
+        self.slicer = TimeSlicer(nvml, time_slice_command)
 
     def run_once(self) -> int:
         """
@@ -212,6 +215,7 @@ class Agent:
                     "processes": None if processes is None else len(processes),
                     "nvlink_up": links.get("up"),
                     "nvlink_total": links.get("total"),
+                    "time_slice_ms": self.slicer.in_force(index),
                 }
                 # Last: a reading failing above loses no XID.
                 sample["xids"] = (self.unsent_xids.pop(gpu["uuid"], []) + (nvml.xids(index) or []))[:MAX_XIDS]
@@ -305,7 +309,10 @@ class Agent:
                 )
                 for p in (self.nvml.processes(gpu.index) or [])
             ]
-            violations = evaluate(gpu, processes, mig_layout=self.current_layout(gpu.index))
+            if gpu.time_slice_ms and gpu.owners:
+                self.slicer.apply(gpu.index, gpu.time_slice_ms)  # what stays wrong is reported below
+            violations = evaluate(gpu, processes, mig_layout=self.current_layout(gpu.index),
+                                  time_slice_ms=self.slicer.in_force(gpu.index))
             for violation in violations:
                 if violation.action in (KILL_PROCESS, STOP_CONTAINER):
                     for pid in violation.pids:

@@ -48,6 +48,8 @@ class NVMLBackend(Protocol):
     - ``nvlinks(index)``: NVLink links active (up) and present (total); None without NVLink.
     - ``versions()``: driver, nvml, cuda_driver.
     - ``vbios(index)``, ``mig_mode(index)`` -> (current, pending) as booleans.
+    - ``time_slice(index)``: the compute time slice in force in ms (None: the driver's default,
+      or not readable on this host).
     - ``scrub(index, mem_lo, mem_hi)``: True when the range holds nothing of a tenant's afterwards.
     """
 
@@ -76,6 +78,8 @@ class NVMLBackend(Protocol):
     def vbios(self, index: int) -> str | None: ...
 
     def mig_mode(self, index: int) -> tuple[bool, bool] | None: ...
+
+    def time_slice(self, index: int) -> int | None: ...
 
     def scrub(self, index: int, mem_lo: int, mem_hi: int) -> bool: ...
 
@@ -134,6 +138,7 @@ class SimulatedGPU:
     pending_xids: list[int] = field(default_factory=list)  # raised, not yet read by ``xids``
     nvlinks: int | None = 18  # links present (an SXM H100 has 18); None: a GPU without NVLink
     nvlinks_down: set = field(default_factory=set)  # link numbers down
+    time_slice_ms: int | None = None  # None: the driver's default
 
 
 IDLE_C, FULL_LOAD_C, IDLE_W = 32, 68, 70.0
@@ -244,6 +249,9 @@ class SimulatedNVML:
 
     def mig_mode(self, index: int) -> tuple[bool, bool] | None:
         return self.gpus[index].mig
+
+    def time_slice(self, index: int) -> int | None:
+        return self.gpus[index].time_slice_ms
 
     def scrub(self, index: int, mem_lo: int, mem_hi: int) -> bool:
         """Clear the range; True when nothing is left in it (a real scrub resets and re-reads)."""
@@ -548,6 +556,18 @@ class RealNVML:
         current, pending = modes
         enabled = self._nvml.NVML_DEVICE_MIG_ENABLE
         return current == enabled, pending == enabled
+
+    def time_slice(self, index: int) -> int | None:
+        """
+        NVML's documented read of the time slice (the vGPU scheduler state, in ns) on a host whose
+        driver offers it; elsewhere (no vGPU manager) NOT_SUPPORTED, read as None: the default.
+        """
+        try:
+            state = self._device("time slice", "nvmlDeviceGetVgpuSchedulerState", index)
+        except (NVMLReadError, AttributeError):  # no vGPU scheduler on this host, or an older library
+            return None
+        slice_ns = getattr(getattr(getattr(state, "schedulerParams", None), "vgpuSchedData", None), "timeslice", 0)
+        return max(1, round(slice_ns / 1_000_000)) if slice_ns else None
 
     def scrub(self, index: int, mem_lo: int, mem_hi: int) -> bool:
         """

@@ -7,7 +7,8 @@ No Django here. ``provisioning.scheduling.scheduler`` loads a Snapshot from the 
 
 Capacity is per GPU and per stretch of its memory: a whole-GPU allocation covers the GPU's whole
 memory ``[0, memory_mib)``; slot ``k`` of a fractional offering cut into ``n`` slots covers
-``[k * memory_mib // n, (k + 1) * memory_mib // n)``. Two allocations conflict when they are on
+``[k * memory_mib // n, (k + 1) * memory_mib // n)``; a time-sliced slot is such a slot that also
+carries its slice class, and slots of two classes never share a GPU. Two allocations conflict when they are on
 the same GPU, their memory ranges overlap, and their time ranges ``[start, end)`` overlap.
 """
 
@@ -35,6 +36,7 @@ class Busy(NamedTuple):
     mem_hi: int
     preemptible: bool = False  # spot: may be evicted by higher-priority demand
     priority: float = 0.0  # the holder's score, to pick the cheapest victims
+    share_class: str = ""  # a time-sliced slot's slice class
 
 
 @dataclass
@@ -91,6 +93,8 @@ class Request:
     eviction_grace: timedelta = timedelta(0)
     # Only this fabric (the reservation's VPC lives there); None: any fabric of the region.
     fabric_id: UUID | None = None
+    # Time-sliced slots: their slice class; they share GPUs only with slots of the same class and size.
+    share_class: str = ""
 
     @property
     def total_gpus(self) -> int:
@@ -103,6 +107,7 @@ class Assignment:
     gpu_id: UUID
     mem_lo: int
     mem_hi: int
+    share_class: str = ""
 
 
 @dataclass(frozen=True)

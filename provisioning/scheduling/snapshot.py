@@ -245,6 +245,7 @@ def request_for(reservation: Reservation, now: datetime) -> Request:
         may_preempt=reservation.billing_term != BillingTerm.SPOT,
         eviction_grace=settings.MERIDIAN_SPOT_GRACE,
         fabric_id=reservation.vpc.fabric_id if reservation.vpc_id else None,
+        share_class=offering.time_slice_class,
     )
 
 
@@ -264,10 +265,11 @@ def window_allocations(now: datetime, until: datetime, gpus=None, node_ids=None)
             in_window = in_window.filter(node_id__in=list(node_ids))
         rows = in_window.order_by("starts_at").values_list(
             "gpu_id", "reservation_id", "starts_at", "ends_at", "mem_lo", "mem_hi", "reservation__billing_term",
-            "reservation__score")
-        rows = ((g, r, s, e, lo, hi, term == BillingTerm.SPOT, score) for g, r, s, e, lo, hi, term, score in rows)
-    for gpu_id, reservation_id, start, end, lo, hi, spot, score in rows:
-        busy[gpu_id].append(Busy(reservation_id, start, end, lo, hi, spot, score))
+            "reservation__score", "share_class")
+        rows = ((g, r, s, e, lo, hi, term == BillingTerm.SPOT, score, klass)
+                for g, r, s, e, lo, hi, term, score, klass in rows)
+    for gpu_id, reservation_id, start, end, lo, hi, spot, score, klass in rows:
+        busy[gpu_id].append(Busy(reservation_id, start, end, lo, hi, spot, score, klass))
     return busy
 
 
@@ -285,7 +287,8 @@ def _window_rows_postgresql(now: datetime, until: datetime, gpus, node_ids=None)
         on_gpus, params = on_gpus + "AND a.node_id = ANY(%s) ", [*params, list(node_ids)]
     # Only the models' table names and the ORM's own SQL are formatted in; every value is a parameter.
     sql = (f"SELECT a.gpu_id, a.reservation_id, (EXTRACT(EPOCH FROM a.starts_at) * 1000000)::bigint, "  # noqa: S608
-           f"(EXTRACT(EPOCH FROM a.ends_at) * 1000000)::bigint, a.mem_lo, a.mem_hi, r.billing_term = %s, r.score "
+           f"(EXTRACT(EPOCH FROM a.ends_at) * 1000000)::bigint, a.mem_lo, a.mem_hi, r.billing_term = %s, r.score, "
+           f"a.share_class "
            f"FROM {a} a JOIN {r} r ON r.id = a.reservation_id WHERE a.ends_at > %s AND a.starts_at < %s "
            f"AND NOT a.archived {on_gpus}"
            f"ORDER BY a.starts_at")
@@ -293,8 +296,8 @@ def _window_rows_postgresql(now: datetime, until: datetime, gpus, node_ids=None)
         cursor.execute(sql, [BillingTerm.SPOT, now, until, *params])
         rows = cursor.fetchall()
     micro = timedelta(microseconds=1)
-    return ((g, rid, EPOCH + s * micro, EPOCH + e * micro, lo, hi, spot, score)
-            for g, rid, s, e, lo, hi, spot, score in rows)
+    return ((g, rid, EPOCH + s * micro, EPOCH + e * micro, lo, hi, spot, score, klass)
+            for g, rid, s, e, lo, hi, spot, score, klass in rows)
 
 
 # VMs and containers: the best-fitting hosts (fewest free GPUs that still hold a unit) and a few more.

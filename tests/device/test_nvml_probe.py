@@ -67,6 +67,7 @@ def summary(nvml) -> dict:
     readings = {gpu["index"]: {"memory": nvml.memory(gpu["index"]), "processes": nvml.processes(gpu["index"]),
                                "ecc": nvml.ecc(gpu["index"]), "xid": nvml.xid_errors(gpu["index"]),
                                "vbios": nvml.vbios(gpu["index"]), "mig_mode": nvml.mig_mode(gpu["index"]),
+                               "time_slice_ms": nvml.time_slice(gpu["index"]),
                                "nvlinks": nvml.nvlinks(gpu["index"])}
                 for gpu in gpus}
     return {"versions": nvml.versions(), "gpus": [{**gpu, **readings[gpu["index"]]} for gpu in gpus]}
@@ -98,6 +99,8 @@ def test_error_counters_are_counts_or_absent(summary):
         assert gpu["ecc"] is None or all(isinstance(n, int) and n >= 0 for n in gpu["ecc"].values()), gpu["ecc"]
         assert gpu["xid"] is None or set(gpu["xid"]) == XID_KEYS, gpu["xid"]
         assert gpu["mig_mode"] is None or all(isinstance(mode, bool) for mode in gpu["mig_mode"])
+        # Without a vGPU manager the driver's default slice is in force and not readable: None.
+        assert gpu["time_slice_ms"] is None or gpu["time_slice_ms"] >= 1
 
 
 def test_nvlinks_are_counted_or_absent(summary):

@@ -53,11 +53,14 @@ def table() -> list[dict]:
          "fields": {pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0, pynvml.NVML_FI_DEV_RETIRED_PENDING: 0,
                     pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0, pynvml.NVML_FI_DEV_REMAPPED_FAILURE: 0},
          "utilization": 37, "temperature": 54, "power": 412_345, "xid_events": None,
+         "scheduler": SimpleNamespace(schedulerParams=SimpleNamespace(vgpuSchedData=SimpleNamespace(
+             timeslice=5_000_000))),  # a vGPU host: 5 ms slices, in ns
          "nvlink": [pynvml.NVML_FEATURE_ENABLED] * 17 + [pynvml.NVML_FEATURE_DISABLED]},  # 18 links, one down
         {"uuid": b"GPU-11111111-aaaa-bbbb-cccc-111111111111", "name": b"NVIDIA A10", "serial": not_supported(),
          "vbios": b"94.02.5C.00.01", "memory": (22731 * MIB, 0), "ecc": not_supported(), "mig": not_supported(),
          "compute": [], "graphics": not_supported(), "fields": {pynvml.NVML_FI_DEV_REMAPPED_PENDING: 0},
          "utilization": not_supported(), "temperature": 61, "power": not_supported(), "xid_events": not_supported(),
+         "scheduler": not_supported(),
          "nvlink": not_supported()},  # a PCIe card: no NVLink
     ]
 
@@ -88,6 +91,7 @@ class FakeNVML:
             "nvmlDeviceGetSerial": device("serial"),
             "nvmlDeviceGetVbiosVersion": device("vbios"),
             "nvmlDeviceGetMigMode": device("mig"),
+            "nvmlDeviceGetVgpuSchedulerState": device("scheduler"),
             "nvmlDeviceGetComputeRunningProcesses": device("compute"),
             "nvmlDeviceGetGraphicsRunningProcesses": device("graphics"),
             "nvmlDeviceGetMemoryInfo": device("memory", lambda m: pynvml.c_nvmlMemory_t(
@@ -168,6 +172,11 @@ def test_processes_are_none_when_neither_list_is_supported(fake, real):
     assert real.processes(1) is None
 
 
+def test_the_time_slice_is_read_where_the_driver_offers_it_and_the_default_elsewhere(real):
+    assert real.time_slice(0) == 5
+    assert real.time_slice(1) is None  # no vGPU scheduler: the driver's default, not readable
+
+
 def test_memory_ecc_vbios_mig_and_versions(real):
     assert real.memory(0) == {"total_mib": 81559, "used_mib": 2048, "free_mib": 79511}
     assert real.ecc(0) == {"corrected": 3, "uncorrected": 0}
@@ -217,10 +226,11 @@ def test_the_agent_samples_every_gpu_through_the_real_backend(fake, real):
     assert samples == [
         {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000000", "utilization_pct": 37, "memory_used_mib": 2048,
          "memory_total_mib": 81559, "temperature_c": 54, "power_w": 412.3, "ecc_corrected": 3, "ecc_uncorrected": 0,
-         "processes": 2, "nvlink_up": 17, "nvlink_total": 18, "xids": [79]},
+         "processes": 2, "nvlink_up": 17, "nvlink_total": 18, "time_slice_ms": 5, "xids": [79]},
         {"uuid": "GPU-11111111-aaaa-bbbb-cccc-111111111111", "utilization_pct": None, "memory_used_mib": 0,
          "memory_total_mib": 22731, "temperature_c": 61, "power_w": None, "ecc_corrected": None,
-         "ecc_uncorrected": None, "processes": 0, "nvlink_up": None, "nvlink_total": None, "xids": []},
+         "ecc_uncorrected": None, "processes": 0, "nvlink_up": None, "nvlink_total": None, "time_slice_ms": None,
+         "xids": []},
     ]
 
 

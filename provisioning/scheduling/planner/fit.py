@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 from uuid import UUID
 
-from provisioning.scheduling.planner.state import GpuState, NodeState, Pool, slot_range
+from provisioning.scheduling.planner.state import GpuState, NodeState, Pool, layout_key, slot_range
 
 T = TypeVar("T")
 
@@ -167,13 +167,14 @@ def vm_units(pool: Pool, units: int, per_unit: int, s: int, e: int) -> Fit | Sho
 # Fractional containers: slots bin-packed onto GPUs already cut the same way
 #
 
-def slot_units(pool: Pool, units: int, n: int, s: int, e: int) -> Fit | Shortfall:
+def slot_units(pool: Pool, units: int, n: int, s: int, e: int, share_class: str = "") -> Fit | Shortfall:
     """
     ``units`` slots of an ``n``-way layout: first the free slots of GPUs already carrying slots of
     that layout (fullest GPU first), then whole free GPUs started on the best-fitting node.
+    Time-sliced slots (``share_class``) join only GPUs carrying slots of their size and class.
     """
     shared = []
-    for gpu in pool.layout_gpus.get(n, ()):
+    for gpu in pool.layout_gpus.get(layout_key(n, share_class), ()):
         free = gpu.free_slots(s, e, n)
         if free:
             shared.append((len(free), gpu, free))

@@ -176,7 +176,7 @@ class Planner:
         if self._may_evict(request):
             evicting = (self.capacity.victims_below(request.priority), request.eviction_grace)
         return (request.kind, request.gpu_model_ids, request.regions, request.fabric_id, request.gpus_per_unit,
-                request.slots_per_gpu, request.on_demand, s, evicting)
+                request.slots_per_gpu, request.share_class, request.on_demand, s, evicting)
 
     @staticmethod
     def _may_evict(request: Request) -> bool:
@@ -215,7 +215,7 @@ class Planner:
         if request.kind == BARE_METAL:
             return gang(pool, request.units, request.gpus_per_unit, s, e)
         if request.slots_per_gpu > 1:
-            return slot_units(pool, request.units, request.slots_per_gpu, s, e)
+            return slot_units(pool, request.units, request.slots_per_gpu, s, e, request.share_class)
         return vm_units(pool, request.units, request.gpus_per_unit, s, e)
 
     @staticmethod
@@ -262,7 +262,8 @@ class Planner:
                 return None  # even every eligible victim's GPUs would not be enough
             return gang_evicting(pool, request.units, request.gpus_per_unit, s, e, request.priority, priority_of)
         if request.slots_per_gpu > 1:
-            return slots_evicting(pool, request.units, request.slots_per_gpu, s, e, request.priority, priority_of)
+            return slots_evicting(pool, request.units, request.slots_per_gpu, s, e, request.priority, priority_of,
+                                  request.share_class)
         if sum(n.free_count(s, e) for n in pool.nodes) + held < request.units * request.gpus_per_unit:
             return None
         return vm_evicting(pool, request.units, request.gpus_per_unit, s, e, request.priority, priority_of,
@@ -298,7 +299,7 @@ class Planner:
         for v in victims:
             cap.evict(v, at)
         for gpu, lo, hi in fit.picks:
-            cap.add(gpu, Entry(s, e, lo, hi, rid))
+            cap.add(gpu, Entry(s, e, lo, hi, rid, share_class=request.share_class))
         if guard:
             after = cap.free_at(group, s)
             if after < kept and after < before:
@@ -311,7 +312,8 @@ class Planner:
             region=region,
             start=cap.time(s),
             end=cap.time(e),
-            assignments=tuple(Assignment(g.node.node_id, g.gpu_id, lo, hi) for g, lo, hi in fit.picks),
+            assignments=tuple(Assignment(g.node.node_id, g.gpu_id, lo, hi, request.share_class)
+                              for g, lo, hi in fit.picks),
             leaves=len({g.node.leaf.leaf_id for g, _, _ in fit.picks}),
             evictions=evictions,
         )

@@ -16,7 +16,7 @@ from typing import TypeVar
 from uuid import UUID
 
 from provisioning.scheduling.planner.fit import Fit, Pick
-from provisioning.scheduling.planner.state import GpuState, NodeState, Pool, slot_range
+from provisioning.scheduling.planner.state import GpuState, NodeState, Pool, layout_key, slot_range
 
 T = TypeVar("T")
 Victims = frozenset[UUID]
@@ -160,12 +160,13 @@ def vm_evicting(pool: Pool, units: int, per_unit: int, s: int, e: int, priority:
 
 
 def slots_evicting(pool: Pool, units: int, n: int, s: int, e: int, priority: float,
-                   priority_of: Mapping[UUID, float]) -> Fit | None:
-    """``units`` slots of an ``n``-way layout anywhere in the pool, at the fewest victims."""
+                   priority_of: Mapping[UUID, float], share_class: str = "") -> Fit | None:
+    """``units`` slots of an ``n``-way layout (of a slice class, if any) anywhere in the pool, at the fewest victims."""
     options = []
+    key = layout_key(n, share_class)
     for node in pool.nodes:
         for g in node.gpus:
-            if g.layouts - {n}:
+            if g.layouts - {key}:
                 continue  # cut another way: slots of two layouts are not mixed on one GPU
             for k in range(n):
                 lo, hi = slot_range(g.memory, n, k)

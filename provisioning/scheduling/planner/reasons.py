@@ -45,6 +45,8 @@ class Wording:
             what = f"{plural(request.units, 'whole node')} ({plural(request.units * request.gpus_per_unit, 'GPU')})"
         elif request.slots_per_gpu > 1:
             what = f"{plural(request.units, 'slot')} of 1/{request.slots_per_gpu} GPU"
+            if request.share_class:
+                what += f" time-sliced for {request.share_class} work"
         elif request.units == 1:
             what = plural(request.gpus_per_unit, "GPU") + (" on one node" if request.gpus_per_unit > 1 else "")
         else:

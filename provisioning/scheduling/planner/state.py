@@ -39,7 +39,13 @@ TICK = timedelta(microseconds=1)
 # Instants whose region-wide busy count is kept up to date (headroom checks); few distinct starts
 # are asked for at once, and each kept instant costs a little on every change.
 LOAD_INSTANTS = 32
-NO_LAYOUTS: frozenset[int] = frozenset()
+# A slot layout: ``n`` for memory-capped slots, ``(n, class)`` for time-sliced slots of a class.
+Layout = int | tuple[int, str]
+NO_LAYOUTS: frozenset[Layout] = frozenset()
+
+
+def layout_key(n: int, share_class: str = "") -> Layout:
+    return (n, share_class) if share_class else n
 
 
 class Entry(NamedTuple):
@@ -53,6 +59,7 @@ class Entry(NamedTuple):
     # The owner's priority when it is spot work of the snapshot that may be evicted; None otherwise
     # (work placed by this planner is not in the database yet, so it is never a victim).
     victim_priority: float | None = None
+    share_class: str = ""  # a time-sliced slot's slice class
 
 
 def slot_range(memory: int, n: int, k: int) -> tuple[int, int]:
@@ -98,8 +105,9 @@ class GpuState:
                 last = x.end
             if x.hi - x.lo < self.memory:
                 n = slot_layout(self.memory, x.lo, x.hi)
-                if n and n not in layouts:
-                    layouts = layouts | {n}
+                key = layout_key(n, x.share_class)
+                if n and key not in layouts:
+                    layouts = layouts | {key}
         self.busy_until = covered  # origin itself when nothing holds it now
         self.last_end = last
         self.first_start = first
@@ -229,8 +237,8 @@ class Pool:
         self.leaves: list[Leaf] = []
         self.pods: dict[tuple[UUID, int], list[Leaf]] = {}
         self.max_size = 0
-        # slot layout n -> GPUs carrying slots of it (an ordered set), for bin-packing fractions
-        self.layout_gpus: dict[int, dict[GpuState, None]] = {}
+        # slot layout -> GPUs carrying slots of it (an ordered set), for bin-packing fractions
+        self.layout_gpus: dict[Layout, dict[GpuState, None]] = {}
         # evictable reservation -> GPUs it holds here: a cheap bound before looking for victims
         self.victims: dict[UUID, int] = {}
 
@@ -387,11 +395,11 @@ class Capacity:
             start, end = (b.start - now) // TICK, (b.end - now) // TICK
             if end > self.origin and end > start:  # work that ended by now can never conflict again
                 entries.append(Entry(start, end, b.mem_lo, b.mem_hi, b.reservation_id,
-                                     self.victim_priority.get(b.reservation_id)))
+                                     self.victim_priority.get(b.reservation_id), b.share_class))
         entries.sort(key=lambda x: x.start)
         return entries
 
-    def _index_layouts(self, gpu: GpuState, old_layouts: frozenset[int]) -> None:
+    def _index_layouts(self, gpu: GpuState, old_layouts: frozenset[Layout]) -> None:
         """Keep the slot-layout index in step with one GPU's entries."""
         pool = gpu.node.pool
         for n in old_layouts - gpu.layouts:
