@@ -8,6 +8,7 @@ from rest_framework.reverse import reverse
 
 from billing.api import views as billing_api
 from cloud.api import views as cloud
+from inference.api import views as inference_api
 from operations import api as operations_api
 from provisioning.api import high_priority, images, networks, offerings, sla
 from provisioning.api import views as provisioning
@@ -69,6 +70,7 @@ router.register("budgets", billing_api.BudgetViewSet, basename="budgets")
 router.register("commitments", billing_api.CommitmentViewSet, basename="commitments")
 router.register("credits", billing_api.CreditViewSet, basename="credits")
 router.register("webhooks", webhooks_api.WebhookEndpointViewSet, basename="webhooks")
+router.register("endpoints", inference_api.EndpointViewSet, basename="endpoints")
 router.register("webhook-deliveries", webhooks_api.WebhookDeliveryViewSet, basename="webhook-deliveries")
 router.register("spot-prices", billing_api.SpotPriceViewSet, basename="spot-prices")
 router.register("regions", cloud.RegionViewSet, basename="regions")

@@ -199,3 +199,15 @@ MERIDIAN_WEBHOOK_DISABLE_AFTER = env.int("MERIDIAN_WEBHOOK_DISABLE_AFTER", defau
 MERIDIAN_WEBHOOK_SECRET_OVERLAP_HOURS = env.int("MERIDIAN_WEBHOOK_SECRET_OVERLAP_HOURS", default=24)
 MERIDIAN_WEBHOOK_KEEP_DAYS = env.int("MERIDIAN_WEBHOOK_KEEP_DAYS", default=30)
 MERIDIAN_WEBHOOK_ALLOW_LOOPBACK = env.bool("MERIDIAN_WEBHOOK_ALLOW_LOOPBACK", default=False)
+# Inference endpoints (inference): the stable URL of each, how the balancer (HAProxy) listens and where
+# its configuration is written and how it is reloaded (empty: written only), how replicas are health
+# checked ("http", or "simulated" where replicas run no process), how long a replica drains before its
+# reservation is released, how long each replica's reservation lasts, and how often the autoscaler runs.
+MERIDIAN_ENDPOINT_URL = env("MERIDIAN_ENDPOINT_URL", default="https://{endpoint}--{tenant}.endpoints.meridian.example")
+MERIDIAN_BALANCER_BIND = env("MERIDIAN_BALANCER_BIND", default=":8443")
+MERIDIAN_BALANCER_RELOAD = env("MERIDIAN_BALANCER_RELOAD", default="")
+_REAL_WORKLOADS = any(kinds.get(kind, "simulated") != "simulated" for kinds in MERIDIAN_DRIVERS.values()
+                      for kind in ("vm", "container"))
+MERIDIAN_ENDPOINT_PROBE = env("MERIDIAN_ENDPOINT_PROBE", default="http" if _REAL_WORKLOADS else "simulated")
+MERIDIAN_ENDPOINT_DRAIN_SECONDS = env.float("MERIDIAN_ENDPOINT_DRAIN_SECONDS", default=10.0)
+MERIDIAN_ENDPOINT_REPLICA_HOURS = env.int("MERIDIAN_ENDPOINT_REPLICA_HOURS", default=168)

@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "storage",
     "billing",
     "webhooks",
+    "inference",
     "operations",
     "config",
 ]
@@ -417,6 +418,10 @@ CELERY_BEAT_SCHEDULE = {
                                                                           default=5.0)},
     "webhooks.sweep": {"task": "webhooks.sweep", "schedule": 30.0},
     "webhooks.prune": {"task": "webhooks.prune", "schedule": 86400.0},
+    # Inference endpoints: the autoscaler's pass over every endpoint, and the balancer's configuration.
+    "inference.autoscale": {"task": "inference.autoscale",
+                            "schedule": env.float("MERIDIAN_AUTOSCALE_SECONDS", default=5.0)},
+    "inference.balancer_sync": {"task": "inference.balancer_sync", "schedule": 30.0},
     # Last month's invoices, finalized once the meter has recorded all of it.
     "billing.invoices_close": {"task": "billing.invoices_close", "schedule": 3600.0},
     # Checkpoint tiers: scan each policy's file system, demote what it no longer keeps hot.
@@ -563,6 +568,8 @@ MERIDIAN_SCHEDULER_SHAPE_REFRESH = env.float("MERIDIAN_SCHEDULER_SHAPE_REFRESH_S
 # allocations changed, before building it again (provisioning.scheduling.kept_capacity); 0: every cycle.
 MERIDIAN_SCHEDULER_INDEX_REBUILD = env.float("MERIDIAN_SCHEDULER_INDEX_REBUILD_SECONDS", default=300.0)
 
+# Where the inference endpoints' load balancer configuration is written (inference.balancer).
+MERIDIAN_BALANCER_CONFIG = env("MERIDIAN_BALANCER_CONFIG", default=str(DATA_DIR / "balancer" / "haproxy.cfg"))
 # The fleet's settings (drivers, images, steps, detection, replacement, SLA, alerts): config.fleet_settings.
 from config.fleet_settings import *  # noqa: E402, F403
 

@@ -56,6 +56,7 @@ class Ask:
     environment: tuple = ()  # (name, value) pairs for a container's environment (environment_check)
     spec: dict | None = None
     vpc: object | None = None  # a VPC the principal can see (checked against team and regions at admission)
+    managed_by: str = ""  # a Meridian service running it for the tenant (Reservation.managed_by)
 
     @property
     def gpus(self) -> int:

@@ -55,6 +55,9 @@ class Reservation(TeamOwnedModel):
     spot_max_price = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
     committed = models.BooleanField(default=False, help_text="Holds a commitment's capacity for its whole term: it "
                                                              "may outlast the usual cap and is not released early.")
+    # The Meridian service that runs this work for the tenant ("endpoint:<id>": an inference endpoint's
+    # replica). Idle is normal for it (a replica waits for requests): it is never released as a no-show.
+    managed_by = models.CharField(max_length=64, blank=True, default="", db_default="")
     eviction_policy = models.CharField(max_length=8, choices=EvictionPolicy.choices, default=EvictionPolicy.SOFT)
     urgency = models.FloatField(default=0.5, validators=[MinValueValidator(0), MaxValueValidator(1)])
     ssh_public_key = models.TextField(blank=True)

@@ -140,6 +140,7 @@ def _create(*, actor, ask: admission.Ask, team, savepoint: bool) -> Reservation:
         gpu_model=ask.offering.gpu_model, spec=ask.spec, units=ask.units, gpus=ask.gpus,
         regions=[region.slug for region in ask.regions], requested_start=ask.requested_start, duration=ask.duration,
         billing_term=ask.billing_term, committed=ask.committed, spot_max_price=ask.spot_max_price,
+        managed_by=ask.managed_by,
         eviction_policy=ask.eviction_policy,
         urgency=ask.urgency, ssh_public_key=ask.ssh_public_key, vpc=ask.vpc, image=ask.image, public_ip=ask.public_ip,
         user_data=ask.user_data, environment=dict(ask.environment),

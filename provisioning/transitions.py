@@ -72,8 +72,23 @@ def reservation_transition(reservation: Reservation, target: str, *, only_from=N
     reservations_changed([reservation])
 
 
+# Callbacks of the apps above that follow reservations' states (an endpoint's load balancer).
+_LISTENERS: list = []
+
+
+def on_reservations_changed(callback) -> None:
+    """Call ``callback(reservations)`` in the transaction of every change of reservations' states."""
+    _LISTENERS.append(callback)
+
+
 def reservations_changed(reservations) -> None:
-    """Tell the tenants' webhooks of the reservations' states as they now are (``reservation.state`` events)."""
+    """
+    Tell the tenants' webhooks of the reservations' states as they now are (``reservation.state``
+    events), and the listeners above (``on_reservations_changed``).
+    """
+    reservations = list(reservations)
+    for listener in _LISTENERS:
+        listener(reservations)
     emit_many(Happened(tenant_id=r.tenant_id, team_id=r.team_id, type="reservation.state", data={
         "reservation": str(r.pk), "name": r.name, "state": r.state, "reason": r.state_reason,
         "starts_at": r.starts_at.isoformat() if r.starts_at else None,

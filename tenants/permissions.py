@@ -56,6 +56,7 @@ POLICIES: dict[str, dict[str, str]] = {
     "commitments": {"read": VIEWER, "write": ADMIN},
     "credits": {"read": ADMIN, "write": NOBODY, "create": PLATFORM_ADMIN},
     "webhooks": {"read": ADMIN, "write": ADMIN},
+    "endpoints": {"read": VIEWER, "write": MEMBER},
     "invoices": {"read": ADMIN, "write": NOBODY, "credit_notes": PLATFORM_ADMIN, "partial_update": ADMIN},
     "storage-classes": {"read": ANY, "write": PLATFORM_ADMIN},
     "regions": {"read": ANY, "write": PLATFORM_ADMIN},

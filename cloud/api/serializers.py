@@ -53,8 +53,8 @@ class OfferingSerializer(StrictModelSerializer):
     class Meta:
         model = Offering
         fields = ["id", "slug", "name", "kind", "gpu_model", "gpus_per_unit", "slots_per_gpu", "isolation_mode",
-                  "time_slice_class", "price_per_gpu_hour", "reserved_discount_pct", "reserved_price_per_gpu_hour", "spot_available",
-                  "spot_floor_price", "is_active", "no_show_grace_minutes", "no_show_warning_minutes",
+                  "time_slice_class", "price_per_gpu_hour", "reserved_discount_pct", "reserved_price_per_gpu_hour",
+                  "spot_available", "spot_floor_price", "is_active", "no_show_grace_minutes", "no_show_warning_minutes",
                   "release_grace_minutes", "availability", "prices", "created_at"]
         read_only_fields = ["id", "created_at"]
         validators = []

@@ -365,7 +365,7 @@ def no_show_scan(*, now: datetime | None = None, limit: int = 500) -> dict:
     report = {"warned": 0, "cleared": 0, "no_shows": 0, "reclaimed": 0, "errors": 0}
     # Candidates only: each is judged again under its lock.
     judged = (Reservation.objects.filter(state=R.ACTIVE, state_changed_at__gte=now - LONGEST_POLICY - JUDGE_WINDOW,
-                                         offering__no_show_grace_minutes__gt=0)
+                                         offering__no_show_grace_minutes__gt=0, managed_by="")
               .order_by("state_changed_at").values_list("pk", flat=True)[:limit])
     ended = (Reservation.objects.filter(state__in=RECLAIMABLE, ends_at__lte=now).order_by("ends_at")
              .values_list("pk", flat=True)[:limit])
