@@ -21,6 +21,7 @@ from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.fleet import HGX_PCI_BUS_IDS
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, Switch
 from config.api_router import router
+from inference.models import Endpoint, Replica
 from provisioning.models import VPC, Instance, Operation, PortMembership, Reservation
 from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
 from storage.models import Checkpoint, StorageClass, Volume, VolumeAttachment, VolumeSnapshot
@@ -49,6 +50,7 @@ from tests.world import (
     vm_offering,
     world_checkpoint,
     world_commitment,
+    world_endpoint,
     world_invoice,
     world_snapshot,
     world_volume,
@@ -339,6 +341,15 @@ def make_webhook_deliveries(world, n):
         WebhookAttempt.objects.create(delivery=made, status_code=500 + i)
 
 
+def make_endpoints(world, n):
+    for _ in range(n):
+        endpoint = world_endpoint(world.t1.tenant)
+        reservation = Reservation.objects.create(
+            tenant=world.t1.tenant, name=unique("r"), offering=vm_offering(), gpu_model=h100(), units=1, gpus=1,
+            regions=["us-east-1"], duration=timedelta(hours=1), state="queued", managed_by=f"endpoint:{endpoint.pk}")
+        Replica.objects.create(tenant=world.t1.tenant, endpoint=endpoint, reservation=reservation)
+
+
 def make_spot_prices(world, n):
     region = Region.objects.get_or_create(slug="us-east-1", defaults={"name": "US East"})[0]
     SpotPrice.objects.bulk_create(SpotPrice(offering=vm_offering(), region=region, per_gpu_hour="1.1000",
@@ -399,6 +410,7 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     Commitment: make_commitments,
     CreditGrant: make_credit_grants,
     WebhookEndpoint: make_webhook_endpoints,
+    Endpoint: make_endpoints,
     WebhookDelivery: make_webhook_deliveries,
     SpotPrice: make_spot_prices,
     Reservation: make_reservations,

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from billing.models import Budget, Commitment, CreditGrant, Invoice, Price, SpotPrice, UsageRollup
 from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region
+from inference.models import Endpoint
 from provisioning.admission import Ask
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from provisioning.models import VPC, Instance, Operation, Reservation
@@ -351,6 +352,24 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("POST", "reservations-contact"): Case(
         "401 403 403 403 403 403 403 200", lambda w: f"{V1}/reservations/{w.t1.objects[Reservation].pk}/contact/",
         lambda w: {"message": "Could one GPU do?"}),
+    # Inference endpoints: members make and change them, everyone of the tenant reads them and their replicas.
+    ("GET", "endpoints-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/endpoints/"),
+    ("POST", "endpoints-list"): Case(
+        "401 403 201 201 201 201 403 403", lambda w: f"{V1}/endpoints/" if small_fleet(4) else "",
+        lambda w: {"name": unique("ep"), "share": {"gpu_model": "h100-80gb-sxm"}, "regions": ["us-east-1"]}),
+    ("GET", "endpoints-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/endpoints/{w.t1.objects[Endpoint].pk}/"),
+    ("PATCH", "endpoints-detail"): Case(
+        "401 403 200 200 200 404 403 403", lambda w: f"{V1}/endpoints/{w.t1.objects[Endpoint].pk}/",
+        lambda w: {"max_replicas": 6}),
+    ("DELETE", "endpoints-detail"): Case(
+        "401 403 202 202 202 404 403 403", lambda w: f"{V1}/endpoints/{w.t1.objects[Endpoint].pk}/"),
+    ("GET", "endpoints-replicas"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/endpoints/{w.t1.objects[Endpoint].pk}/replicas/"),
+    ("GET", "endpoints-decisions"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/endpoints/{w.t1.objects[Endpoint].pk}/decisions/"),
+    ("GET", "endpoints-utilization"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/endpoints/{w.t1.objects[Endpoint].pk}/utilization/"),
     # Storage: the classes on sale (everyone signed in reads them), the tenant's volumes.
     ("GET", "storage-classes-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/storage-classes/"),
     ("GET", "storage-classes-detail"): Case(

@@ -23,6 +23,7 @@ from billing.models import Budget, Commitment, CreditGrant, Invoice, InvoiceCoun
 from cloud.catalogue import load_gpu_catalogue
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Image, Node, Offering, Region
+from inference.models import Endpoint
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from provisioning.models import VPC, Instance, Operation, Reservation
 from security.audit import audit_record
@@ -163,6 +164,7 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     side.objects[Commitment] = lambda: world_commitment(tenant)
     side.objects[CreditGrant] = lambda: CreditGrant.objects.create(tenant=tenant, amount="500.00", note="Prepayment",
                                                                    granted_at=timezone.now())
+    side.objects[Endpoint] = lambda: world_endpoint(tenant)
     side.objects[WebhookEndpoint] = lambda: WebhookEndpoint.objects.create(
         tenant=tenant, url="http://127.0.0.1:9/hooks", event_types=["*"], secret="whsec_world")
     side.objects[WebhookDelivery] = lambda: WebhookDelivery.objects.create(
@@ -284,6 +286,11 @@ def world_checkpoint(volume: Volume) -> Checkpoint:
     now = timezone.now()
     return Checkpoint.objects.create(tenant_id=volume.tenant_id, volume=volume, name=key.split("/")[1], state="cold",
                                      files={key: 1000}, size_bytes=1000, written_at=now, last_used_at=now)
+
+
+def world_endpoint(tenant: Tenant) -> Endpoint:
+    """A tenant-wide inference endpoint of one whole-GPU VM replica (its replicas made on demand)."""
+    return Endpoint.objects.create(tenant=tenant, name=unique("ep"), offering=vm_offering(), regions=["us-east-1"])
 
 
 def fleet_node() -> Node:

@@ -9,8 +9,9 @@ from cloud.models import Image
 from inference.balancer import endpoint_url
 from inference.endpoints import SHARE_KINDS
 from inference.models import Endpoint, Replica, ScalingDecision
+from provisioning.admission import MAX_ENV_VARS
 from tenants.models import Team
-from web.api.base import BoundedListField, ScopedRelatedField, StrictIntegerField, StrictSerializer
+from web.api.base import BoundedDictField, BoundedListField, ScopedRelatedField, StrictIntegerField, StrictSerializer
 
 SCALING = ("min_replicas", "max_replicas", "target_utilization", "scale_in_below", "window_seconds",
            "scale_out_stabilization_seconds", "scale_in_stabilization_seconds", "scale_out_cooldown_seconds",
@@ -95,8 +96,10 @@ class EndpointWriteSerializer(ScalingSerializer):
     port = StrictIntegerField(min_value=1, max_value=65535, required=False, default=8000)
     health_path = serializers.CharField(max_length=200, required=False, default="/healthz",
                                         help_text="A path on each replica's port, 2xx when it can serve.")
-    environment = serializers.DictField(child=serializers.CharField(max_length=4096, allow_blank=True),
-                                        required=False, default=dict)
+    environment = BoundedDictField(max_length=MAX_ENV_VARS, child=serializers.CharField(allow_blank=True,
+                                                                                        trim_whitespace=False),
+                                   required=False, default=dict,
+                                   help_text="Environment of each replica's container (the API shows none of it back).")
 
 
 class EndpointUpdateSerializer(ScalingSerializer):

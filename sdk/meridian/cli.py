@@ -271,6 +271,85 @@ def vpc_delete(ctx, vpc_id):
 
 
 @main.group()
+def endpoint():
+    """Inference endpoints: replicas behind one URL, scaled on GPU utilization."""
+
+
+@endpoint.command("ls")
+@output
+@click.pass_context
+def endpoint_list(ctx, fmt):
+    show(list(client(ctx).endpoints.list()), fmt,
+         ["name", "url", "offering", "desired_replicas", "replicas", "bursting", "state"])
+
+
+@endpoint.command("create")
+@click.argument("name")
+@click.option("--gpu-model", required=True, help="e.g. h100-80gb-sxm")
+@click.option("--share", "kind", type=click.Choice(["gpu", "mig", "slot", "time_slice"]), default="gpu")
+@click.option("--fraction", type=int, default=1, help="1/fraction of a GPU for mig, slot and time_slice shares.")
+@click.option("--class", "time_slice_class", default="", help="time_slice shares: realtime, batch or training.")
+@click.option("--region", "regions", multiple=True, required=True, help="Home first; repeat to burst into more.")
+@click.option("--min", "min_replicas", type=int, default=1)
+@click.option("--max", "max_replicas", type=int, default=4)
+@click.option("--port", type=int, default=8000)
+@click.option("--health-path", default="/healthz")
+@output
+@click.pass_context
+def endpoint_create(ctx, name, gpu_model, kind, fraction, time_slice_class, regions, min_replicas, max_replicas,
+                    port, health_path, fmt):
+    share = {"gpu_model": gpu_model, "kind": kind, "fraction": fraction, "time_slice_class": time_slice_class}
+    show(client(ctx).endpoints.create(name=name, share=share, regions=list(regions), min_replicas=min_replicas,
+                                      max_replicas=max_replicas, port=port, health_path=health_path), fmt)
+
+
+@endpoint.command("show")
+@click.argument("endpoint_id")
+@output
+@click.pass_context
+def endpoint_show(ctx, endpoint_id, fmt):
+    show(client(ctx).endpoints.get(endpoint_id), fmt)
+
+
+@endpoint.command("replicas")
+@click.argument("endpoint_id")
+@output
+@click.pass_context
+def endpoint_replicas(ctx, endpoint_id, fmt):
+    show(client(ctx).endpoints.replicas(endpoint_id), fmt, ["name", "state", "region", "burst", "state_reason"])
+
+
+@endpoint.command("decisions")
+@click.argument("endpoint_id")
+@output
+@click.pass_context
+def endpoint_decisions(ctx, endpoint_id, fmt):
+    show(client(ctx).endpoints.decisions(endpoint_id), fmt,
+         ["at", "action", "replicas_before", "replicas_after", "reason"])
+
+
+@endpoint.command("scale")
+@click.argument("endpoint_id")
+@click.option("--min", "min_replicas", type=int, default=None)
+@click.option("--max", "max_replicas", type=int, default=None)
+@click.option("--target", "target_utilization", type=int, default=None, help="Target GPU utilization, percent.")
+@output
+@click.pass_context
+def endpoint_scale(ctx, endpoint_id, min_replicas, max_replicas, target_utilization, fmt):
+    changes = {k: v for k, v in {"min_replicas": min_replicas, "max_replicas": max_replicas,
+                                 "target_utilization": target_utilization}.items() if v is not None}
+    show(client(ctx).endpoints.update(endpoint_id, **changes), fmt)
+
+
+@endpoint.command("rm")
+@click.argument("endpoint_id")
+@click.pass_context
+def endpoint_delete(ctx, endpoint_id):
+    client(ctx).endpoints.delete(endpoint_id)
+    click.echo(f"Endpoint {endpoint_id} is draining and will be deleted.")
+
+
+@main.group()
 def keys():
     """Saved SSH keys."""
 

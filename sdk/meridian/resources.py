@@ -146,6 +146,8 @@ def attach(client) -> None:
                                                              "rotate_secret": (POST, "rotate-secret")},
                             list_actions={"event_types": (GET, "event-types")})
     c.webhook_deliveries = Collection(c, "webhook-deliveries", actions={"redeliver": (POST, "redeliver")})
+    c.endpoints = Collection(c, "endpoints", "lgcud", actions={
+        "replicas": (GET, "replicas"), "decisions": (GET, "decisions"), "utilization": (GET, "utilization")})
     c.sla = Collection(c, "sla")
     c.audit_events = Collection(c, "audit-events")
     c.audit_chain = lambda: c.request("GET", "audit-chain/")
