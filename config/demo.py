@@ -11,6 +11,7 @@ from billing.demo import seed_demo_usage
 from cloud.choices import IsolationMode, OfferingKind
 from cloud.fleet import FleetSpec, build_fleet
 from cloud.models import GPUModel, Image, Offering, Region
+from inference.demo import seed_demo_endpoint
 from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from storage.catalogue import default_storage_classes
 from storage.demo import seed_demo_storage
@@ -123,4 +124,5 @@ def seed_demo(*, regions: int = 2, nodes: int = 64, progress=None) -> bool:
             TeamMembership.objects.create(team=teams[team_slug], user=user, role=team_role)
     seed_demo_storage(Tenant.objects.get(slug="acme"), teams["nlp"], Region.objects.order_by("slug").first())
     seed_demo_usage()
+    seed_demo_endpoint()
     return True

@@ -45,6 +45,7 @@ urlpatterns = [
     path("", include("storage.views")),
     path("", include("billing.views")),
     path("", include("webhooks.views")),
+    path("", include("inference.views")),
     path("", include("tenants.urls")),
     path("", include("security.urls")),
     path("", include("provisioning.sla.urls")),  # /sla/ and /staff/sla/

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from cloud.models import Node
+from inference.load import gpu_targets
 from operations.node_api.agents import credential_issue
 from provisioning.agent.agent import Agent, ControlPlane, ControlPlaneError, simulated_host
 from provisioning.agent.attester import SimulatedAttester
@@ -44,8 +45,10 @@ class Command(BaseCommand):
                   for key_id, secret, nvml, hostname, attester, ports in self._fleet()]
         self.stdout.write(f"{len(agents)} simulated node agents, a turn every {interval:g} s, against {url}")
         self._wait_for(url, stopping)
+        loaded: set = set()  # the GPUs the synthetic load set last turn
         while not stopping.is_set():
             started = time.monotonic()
+            loaded = self._apply_load(agents, loaded)
             for agent in agents:
                 if stopping.is_set():
                     break
@@ -56,6 +59,23 @@ class Command(BaseCommand):
                 except Exception:  # one agent's surprise must not stop the fleet's (and make run with it)
                     log.exception("agent of %s failed this turn", agent.hostname)
             stopping.wait(max(0.0, interval - (time.monotonic() - started)))
+
+    @staticmethod
+    def _apply_load(agents, loaded: set) -> set:
+        """The demo endpoints' synthetic load on their replicas' GPUs (inference.load); others back to idle."""
+        try:
+            targets = gpu_targets()
+        except Exception:  # a read that fails must not stop the fleet's turn
+            log.exception("could not read the synthetic load")
+            return loaded
+        by_host = {agent.hostname: agent for agent in agents}
+        for hostname, index in loaded - set(targets):
+            if hostname in by_host and index in by_host[hostname].nvml.gpus:
+                by_host[hostname].nvml.gpus[index].utilization_pct = 0
+        for (hostname, index), percent in targets.items():
+            if hostname in by_host and index in by_host[hostname].nvml.gpus:
+                by_host[hostname].nvml.gpus[index].utilization_pct = percent
+        return set(targets)
 
     def _fleet(self):
         """Each node's key (issued on first run) and its GPUs as a simulated NVML sees them."""
