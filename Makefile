@@ -46,5 +46,6 @@ $(VENV)/.dev: requirements.txt requirements-dev.txt requirements-vm.txt | $(BIN)
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	scripts/ensure-libvirt
 	scripts/ensure-chromium
+	scripts/ensure-haproxy
 	pkg-config --exists libvirt 2>/dev/null && $(BIN)/pip install --quiet -r requirements-vm.txt || true
 	touch $@ $(VENV)/.runtime

@@ -1,7 +1,7 @@
 """
-In CI, the browser and libvirt tests must run, not skip: with MERIDIAN_REQUIRE_ALL=1 (set by
-.ci/run) a skip of a test that uses the ``chromium`` or ``hypervisor`` fixture -- Chromium or
-libvirt-python missing, or any other reason -- is reported as a failure saying why it skipped.
+In CI, the browser, libvirt and HAProxy tests must run, not skip: with MERIDIAN_REQUIRE_ALL=1 (set
+by .ci/run) a skip of a test that uses the ``chromium``, ``hypervisor`` or ``haproxy`` fixture --
+Chromium, libvirt-python or HAProxy missing, or any other reason -- is reported as a failure saying why.
 A developer's machine without them still runs the rest of the suite, the skips shown as skips.
 """
 
@@ -12,7 +12,7 @@ import os
 import pytest
 
 REQUIRE_ALL = "MERIDIAN_REQUIRE_ALL"
-REQUIRED_FIXTURES = frozenset({"chromium", "hypervisor"})
+REQUIRED_FIXTURES = frozenset({"chromium", "hypervisor", "haproxy"})
 
 
 @pytest.hookimpl(hookwrapper=True)

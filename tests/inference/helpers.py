@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from datetime import timedelta
 
 from django.utils import timezone
@@ -64,3 +66,7 @@ def fill(world, region: str, share: float) -> list:
     held(make_reservation(world, side="t2", state="active"), taken, start=now - timedelta(hours=1),
          end=now + timedelta(hours=10))
     return taken
+
+
+def haproxy_binary() -> str | None:
+    return shutil.which("haproxy") or ("/usr/sbin/haproxy" if os.path.exists("/usr/sbin/haproxy") else None)
