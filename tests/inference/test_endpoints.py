@@ -17,7 +17,9 @@ from django.utils import timezone
 from cloud.models import GPUSample
 from inference import balancer, replicas, scaling
 from inference.models import BalancerState, Endpoint, Replica, ScalingDecision
-from provisioning.models import Instance, Reservation
+from provisioning.lifecycle.no_shows import no_show_scan
+from provisioning.lifecycle.replacement import node_failed
+from provisioning.models import Allocation, Instance, Reservation
 from provisioning.scheduling.scheduler import run_cycle
 from tests.inference.helpers import body, fill, replica_gpus, sample, time_sliced, two_regions, whole_gpu_container
 
@@ -126,8 +128,6 @@ def test_a_hot_home_region_bursts_new_replicas_to_the_next_and_they_come_back(fl
     burst = list(endpoint.replicas.filter(burst=True).select_related("reservation__region"))
     assert burst and all(r.reservation.region.slug == "eu-north-1" and r.state == "serving" for r in burst)
     Reservation.objects.filter(allocations__gpu__in=hogged).update(state="released")
-    from provisioning.models import Allocation  # noqa: PLC0415
-
     Allocation.objects.filter(gpu__in=hogged).update(ends_at=timezone.now())
     GPUSample.objects.all().delete()
     sample(replica_gpus(endpoint), 50)  # inside the band: the count holds, only the place changes
@@ -153,8 +153,6 @@ def test_bursting_never_takes_the_next_regions_on_demand_headroom(fleet, steps):
 
 
 def test_a_replica_whose_node_failed_leaves_the_balancer_and_is_replaced(fleet, steps):
-    from provisioning.lifecycle.replacement import node_failed  # noqa: PLC0415
-
     endpoint = settle(create(fleet, min_replicas=2), steps)
     victim = serving(endpoint)[0]
     node = Instance.objects.get(reservation=victim.reservation).node
@@ -225,8 +223,6 @@ def test_another_tenant_sees_nothing_of_an_endpoint(fleet, steps):
 
 
 def test_an_idle_replica_is_never_released_as_a_no_show(fleet, steps):
-    from provisioning.lifecycle.no_shows import no_show_scan  # noqa: PLC0415
-
     endpoint = settle(create(fleet), steps)
     later = timezone.now() + timedelta(hours=2)
     report = no_show_scan(now=later)

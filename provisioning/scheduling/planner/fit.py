@@ -18,6 +18,7 @@ from provisioning.scheduling.planner.state import GpuState, NodeState, Pool, lay
 T = TypeVar("T")
 
 Pick = tuple[GpuState, int, int]  # a GPU and the memory range [lo, hi) taken on it
+ANY_LAYOUT = "*"  # Pool.slot_node's key for the node a GPU was last started on for slots of any layout
 
 
 @dataclass
@@ -167,14 +168,19 @@ def vm_units(pool: Pool, units: int, per_unit: int, s: int, e: int) -> Fit | Sho
 # Fractional containers: slots bin-packed onto GPUs already cut the same way
 #
 
-def slot_units(pool: Pool, units: int, n: int, s: int, e: int, share_class: str = "") -> Fit | Shortfall:
+def slot_units(pool: Pool, units: int, n: int, s: int, e: int, share_class: str = "",
+               now: int | None = None) -> Fit | Shortfall:
     """
     ``units`` slots of an ``n``-way layout: first the free slots of GPUs already carrying slots of
-    that layout (fullest GPU first), then whole free GPUs started on the best-fitting node.
-    Time-sliced slots (``share_class``) join only GPUs carrying slots of their size and class.
+    that layout (fullest GPU first), then whole free GPUs: beside the layout's last one started (or
+    the last one started for any layout) when its node has room, else on the node with the fewest
+    free GPUs. Time-sliced slots (``share_class``) join only GPUs carrying slots of their size and
+    class. A window starting ``now`` looks only at the GPUs with a slot free now (``Pool.slot_room``),
+    rebuilt once each time "now" moves on.
     """
+    key = layout_key(n, share_class)
     shared = []
-    for gpu in pool.layout_gpus.get(layout_key(n, share_class), ()):
+    for gpu in _slot_candidates(pool, key, n, s, now):
         free = gpu.free_slots(s, e, n)
         if free:
             shared.append((len(free), gpu, free))
@@ -186,17 +192,55 @@ def slot_units(pool: Pool, units: int, n: int, s: int, e: int, share_class: str 
             return Fit(pool, picks, (0,))
     # A shared GPU with all its slots free is also a whole free GPU; it is used up above already.
     started = {gpu for _, gpu, _ in shared}
-    buckets, total = node_buckets(pool, 1, s, e)
-    whole = total - sum(1 for count, gpu, _ in shared if count == n and gpu.free(s, e))
     remaining = units - len(picks)
     new_gpus = -(-remaining // n)
+    for beside in (pool.slot_node.get(key), pool.slot_node.get(ANY_LAYOUT)) if new_gpus == 1 else ():
+        free = [g for g in beside.free_gpus(s, e) if g not in started] if beside is not None else ()
+        if free:
+            pool.slot_node[key] = pool.slot_node[ANY_LAYOUT] = beside
+            picks += [(free[0], *slot_range(free[0].memory, n, k)) for k in range(remaining)]
+            return Fit(pool, picks, (1,))
+    if new_gpus == 1:
+        gpu = _fewest_free_gpu(pool, s, e, started)
+        if gpu is not None:
+            pool.slot_node[key] = pool.slot_node[ANY_LAYOUT] = gpu.node
+            picks += [(gpu, *slot_range(gpu.memory, n, k)) for k in range(remaining)]
+            return Fit(pool, picks, (1,))
+    buckets, total = node_buckets(pool, 1, s, e)
+    whole = total - sum(1 for count, gpu, _ in shared if count == n and gpu.free(s, e))
     if whole < new_gpus:
         return Shortfall(free=sum(t[0] for t in shared) + whole * n, fits=sum(t[0] for t in shared) + whole * n)
     for _ in range(new_gpus):
         gpu = _new_gpu(buckets, started, s, e)
         started.add(gpu)
+        pool.slot_node[key] = pool.slot_node[ANY_LAYOUT] = gpu.node
         picks += [(gpu, *slot_range(gpu.memory, n, k)) for k in range(min(n, units - len(picks)))]
     return Fit(pool, picks, (new_gpus,))
+
+
+def _fewest_free_gpu(pool: Pool, s: int, e: int, started: set[GpuState]) -> GpuState | None:
+    """A whole free GPU (none of ``started``) on the node with the fewest free GPUs: one pass, no buckets."""
+    best, fewest = None, pool.max_size + 1
+    for node in pool.nodes:
+        count = node.free_count(s, e)
+        if 0 < count < fewest:
+            free = [g for g in node.free_gpus(s, e) if g not in started]
+            if free:
+                best, fewest = free[0], count
+                if count == 1:
+                    break
+    return best
+
+
+def _slot_candidates(pool: Pool, key, n: int, s: int, now: int | None):
+    """The GPUs of a layout worth asking for a free slot in a window starting at ``s``."""
+    every = pool.layout_gpus.get(key, {})
+    if now is None or s != now:
+        return list(every)
+    if pool.room_origin.get(key) != now:  # "now" moved on: slots may have ended since it was built
+        pool.slot_room[key] = {g: None for g in every if g.free_slots(now, now + 1, n)}
+        pool.room_origin[key] = now
+    return list(pool.slot_room.get(key, {}))
 
 
 def _new_gpu(buckets: list[list[NodeState]], started: set[GpuState], s: int, e: int) -> GpuState:

@@ -201,7 +201,7 @@ class Planner:
         fits: list[Fit] = []
         short = Shortfall()
         for pool in pools:
-            found = self._fit(pool, request, s, e)
+            found = self._fit(pool, request, s, e, self.capacity.origin)
             if isinstance(found, Fit):
                 fits.append(found)
             else:
@@ -211,11 +211,11 @@ class Planner:
         return self._commit(request, region, where, min(fits, key=lambda f: f.score), s, e)
 
     @staticmethod
-    def _fit(pool: Pool, request: Request, s: int, e: int) -> Fit | Shortfall:
+    def _fit(pool: Pool, request: Request, s: int, e: int, now: int | None = None) -> Fit | Shortfall:
         if request.kind == BARE_METAL:
             return gang(pool, request.units, request.gpus_per_unit, s, e)
         if request.slots_per_gpu > 1:
-            return slot_units(pool, request.units, request.slots_per_gpu, s, e, request.share_class)
+            return slot_units(pool, request.units, request.slots_per_gpu, s, e, request.share_class, now)
         return vm_units(pool, request.units, request.gpus_per_unit, s, e)
 
     @staticmethod

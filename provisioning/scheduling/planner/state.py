@@ -48,6 +48,10 @@ def layout_key(n: int, share_class: str = "") -> Layout:
     return (n, share_class) if share_class else n
 
 
+def layout_slots(key: Layout) -> int:
+    return key[0] if isinstance(key, tuple) else key
+
+
 class Entry(NamedTuple):
     """One allocation of GPU memory ``[lo, hi)`` for ``[start, end)``."""
 
@@ -239,6 +243,12 @@ class Pool:
         self.max_size = 0
         # slot layout -> GPUs carrying slots of it (an ordered set), for bin-packing fractions
         self.layout_gpus: dict[Layout, dict[GpuState, None]] = {}
+        # ... and those of them with a slot free now, as of ``room_origin[layout]`` (the planner scans
+        # them instead of every GPU of the layout; slot_units rebuilds it when "now" has moved on),
+        # and the node a GPU was last started on for the layout (its next GPU goes beside it).
+        self.slot_room: dict[Layout, dict[GpuState, None]] = {}
+        self.room_origin: dict[Layout, int] = {}
+        self.slot_node: dict[Layout, NodeState] = {}
         # evictable reservation -> GPUs it holds here: a cheap bound before looking for victims
         self.victims: dict[UUID, int] = {}
 
@@ -407,6 +417,18 @@ class Capacity:
         for n in gpu.layouts - old_layouts:
             pool.layout_gpus.setdefault(n, {})[gpu] = None
 
+    def _index_room(self, gpu: GpuState, old_layouts: frozenset[Layout]) -> None:
+        """Keep ``Pool.slot_room`` in step with one GPU's entries (a slot free now, or not)."""
+        pool = gpu.node.pool
+        for key in old_layouts - gpu.layouts:
+            pool.slot_room.get(key, {}).pop(gpu, None)
+        for key in gpu.layouts:
+            room = pool.slot_room.setdefault(key, {})
+            if gpu.free_slots(self.origin, self.origin + 1, layout_slots(key)):
+                room[gpu] = None
+            else:
+                room.pop(gpu, None)
+
     def _index_holdings(self, gpu: GpuState) -> None:
         """Which GPUs each evictable reservation holds (only snapshot work is ever a victim)."""
         pool = gpu.node.pool
@@ -457,6 +479,8 @@ class Capacity:
             self.touched.add(gpu.node)
         if gpu.layouts != old_layouts:
             self._index_layouts(gpu, old_layouts)
+        if gpu.layouts or old_layouts:
+            self._index_room(gpu, old_layouts)
         for t, was in before:
             if gpu.busy_at(t) != was:
                 load[t] += -1 if was else 1
@@ -527,6 +551,7 @@ class Capacity:
         for pools in self.pools.values():
             for pool in pools:
                 pool.nodes, pool.leaves, pool.pods, pool.layout_gpus = [], [], {}, {}
+                pool.slot_room, pool.room_origin, pool.slot_node = {}, {}, {}
 
     #
     # Questions across a region
