@@ -99,6 +99,11 @@ def _scale(endpoint: Endpoint, done: dict) -> None:
     """
     target = endpoint.desired_replicas
     live = _live(endpoint)
+    if endpoint.bursting:  # replicas still waiting at home start over where the burst sends them
+        stuck = [r for r in live if not r.burst and r.state == ReplicaState.STARTING
+                 and r.reservation.state in (R.PENDING, R.QUEUED)]
+        _drain(stuck, len(stuck), done, reason="moved: it waited at home while the endpoint bursts")
+        live = _live(endpoint)
     counted = live if endpoint.bursting else [r for r in live if not r.burst]
     for _ in range(max(0, target - len(counted))):
         if not _start(endpoint, burst=endpoint.bursting):

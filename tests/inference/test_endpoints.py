@@ -141,6 +141,26 @@ def test_a_hot_home_region_bursts_new_replicas_to_the_next_and_they_come_back(fl
     assert {r.reservation.region.slug for r in serving(endpoint)} == {"us-east-1"}
 
 
+def test_a_replica_waiting_at_a_full_home_starts_over_in_the_burst_region(fleet, steps):
+    endpoint = settle(create(fleet, regions=["us-east-1", "eu-north-1"], burst_after_seconds=0,
+                             scale_out_cooldown_seconds=0), steps)
+    fill(fleet, "us-east-1", 1.0)
+    Endpoint.objects.filter(pk=endpoint.pk).update(desired_replicas=2)
+    endpoint = settle(endpoint, steps)
+    waiting = endpoint.replicas.get(state="starting")
+    assert waiting.reservation.state == "queued" and not waiting.burst
+    scaling.autoscale(endpoint.pk)  # hot now (the mark is crossed) ...
+    scaling.autoscale(endpoint.pk)  # ... for burst_after_seconds: burst
+    endpoint = settle(endpoint, steps)
+    waiting.refresh_from_db()
+    assert waiting.state in ("draining", "gone")
+    balancer.sync()
+    replicas.converge(endpoint.pk)
+    waiting.refresh_from_db()
+    assert waiting.state == "gone" and Reservation.objects.get(pk=waiting.reservation_id).state == "cancelled"
+    assert [r.reservation.region.slug for r in serving(endpoint) if r.burst] == ["eu-north-1"]
+
+
 def test_bursting_never_takes_the_next_regions_on_demand_headroom(fleet, steps):
     endpoint = settle(create(fleet, regions=["us-east-1", "eu-north-1"], burst_after_seconds=0), steps)
     fill(fleet, "us-east-1", 0.9)
