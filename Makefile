@@ -28,7 +28,7 @@ lint: $(VENV)/.dev
 	$(BIN)/lint-imports --no-cache
 
 bench: $(VENV)/.dev services
-	for b in seed_fleet api_latency ranking planner scheduler_cycle claims trace_replay provisioning attestation console_pages failure_drill telemetry_ingest storage_steps checkpoint_moves month_close; do \
+	for b in seed_fleet api_latency ranking planner scheduler_cycle claims trace_replay provisioning attestation console_pages failure_drill telemetry_ingest storage_steps checkpoint_moves inference_packing autoscale month_close; do \
 	  DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python bench/$$b.py || exit 1; done
 
 services:
