@@ -32,6 +32,8 @@ from tenants.scoping import Principal
 log = logging.getLogger("meridian.inference")
 RELEASABLE = (R.SCHEDULED, R.PROVISIONING, R.ACTIVE)
 CANCELLABLE = (R.PENDING, R.QUEUED)
+# A replica whose reservation ends this soon is replaced ahead of its end (a new one serves first).
+RENEW_BEFORE = timedelta(hours=1)
 
 
 def converge(endpoint_id) -> dict:
@@ -93,9 +95,10 @@ def _region_slug(region_id) -> str:
 
 def _scale(endpoint: Endpoint, done: dict) -> None:
     """
-    Start what is missing (where the burst rule says) and drain the surplus. While bursting every live
-    replica counts; otherwise the home ones do, and each burst replica drains once the serving
-    replicas are enough without it (home replicas take over before a burst one leaves).
+    Start what is missing (where the burst rule says) and drain the surplus. Replicas that are
+    leaving -- burst ones once the endpoint is back home, and those whose reservation ends within
+    RENEW_BEFORE -- do not count: others start in their place, and each leaving one drains once the
+    serving replicas are enough without it.
     """
     target = endpoint.desired_replicas
     live = _live(endpoint)
@@ -104,20 +107,24 @@ def _scale(endpoint: Endpoint, done: dict) -> None:
                  and r.reservation.state in (R.PENDING, R.QUEUED)]
         _drain(stuck, len(stuck), done, reason="moved: it waited at home while the endpoint bursts")
         live = _live(endpoint)
-    counted = live if endpoint.bursting else [r for r in live if not r.burst]
-    for _ in range(max(0, target - len(counted))):
+    now = timezone.now()
+    staying = [r for r in live if not _leaving(r, endpoint, now)]
+    for _ in range(max(0, target - len(staying))):
         if not _start(endpoint, burst=endpoint.bursting):
             break
         done["started"] += 1
     live = _live(endpoint)
-    if endpoint.bursting:
-        _drain(live, len(live) - target, done, reason="scaled in")
-        return
-    home = [r for r in live if not r.burst]
-    _drain(home, len(home) - target, done, reason="scaled in")
-    burst = [r for r in live if r.burst]
-    _drain(burst, len(burst), done, reason="back home: a home replica serves in its place",
+    staying = [r for r in live if not _leaving(r, endpoint, now)]
+    _drain(staying, len(staying) - target, done, reason="scaled in")
+    leaving = [r for r in live if _leaving(r, endpoint, now)]
+    _drain(leaving, len(leaving), done, reason="replaced: another replica serves in its place",
            keep_serving=target, serving=sum(1 for r in _live(endpoint) if r.state == ReplicaState.SERVING))
+
+
+def _leaving(replica: Replica, endpoint: Endpoint, now) -> bool:
+    """A burst replica once the endpoint is back home, or one whose reservation is about to end."""
+    ends = replica.reservation.ends_at
+    return (replica.burst and not endpoint.bursting) or (ends is not None and ends - now <= RENEW_BEFORE)
 
 
 def _drain(candidates: list[Replica], count: int, done: dict, *, reason: str, keep_serving: int = 0,

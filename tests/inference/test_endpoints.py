@@ -186,6 +186,20 @@ def test_a_replica_whose_node_failed_leaves_the_balancer_and_is_replaced(fleet, 
                for r in serving(endpoint))
 
 
+def test_a_replica_near_its_reservations_end_is_replaced_before_it_ends(fleet, steps):
+    endpoint = settle(create(fleet), steps)
+    old = serving(endpoint)[0]
+    Reservation.objects.filter(pk=old.reservation_id).update(ends_at=timezone.now() + timedelta(minutes=30))
+    endpoint = settle(endpoint, steps)  # a new one starts and serves; then the old one drains
+    old.refresh_from_db()
+    assert old.state in ("draining", "gone") and len(serving(endpoint)) == 1
+    assert old.draining_since > serving(endpoint)[0].serving_since  # the new one served first
+    balancer.sync()
+    replicas.converge(endpoint.pk)
+    old.refresh_from_db()
+    assert old.state == "gone" and serving(endpoint)[0].pk != old.pk
+
+
 def test_an_endpoint_in_a_region_without_capacity_waits_with_the_reason(fleet, steps):
     fill(fleet, "us-east-1", 1.0)
     endpoint = settle(create(fleet), steps)
