@@ -26,6 +26,7 @@ from provisioning.models import Instance
 from provisioning.services import reservation_cancel, reservation_create, reservation_release
 from provisioning.transitions import TERMINAL_STATES
 from tenants.choices import TenantRole
+from tenants.events import emit
 from tenants.models import Membership
 from tenants.scoping import Principal
 
@@ -68,8 +69,8 @@ def _follow(endpoint: Endpoint, done: dict) -> None:
     for replica in live:
         reservation = replica.reservation
         if reservation.state in TERMINAL_STATES or reservation.state == R.RELEASING:
-            _record(endpoint, Decision.REPLACE, len(live), len(live) - 1,
-                    f"replica {reservation.name} lost ({reservation.state}: {reservation.state_reason[:200]})")
+            record(endpoint, Decision.REPLACE, len(live), len(live) - 1,
+                   f"replica {reservation.name} lost ({reservation.state}: {reservation.state_reason[:200]})")
             _set(replica, ReplicaState.GONE, f"its reservation is {reservation.state}", gone_at=now)
             done["lost"] += 1
             continue
@@ -156,8 +157,8 @@ def _start(endpoint: Endpoint, *, burst: bool) -> bool:
     """One new replica (a reservation of one unit); False when admission refuses it (said in a decision)."""
     slugs = burst_regions(endpoint) if burst else [endpoint.home]
     if not slugs:
-        _record(endpoint, Decision.HOLD, endpoint.desired_replicas, endpoint.desired_replicas,
-                "no region after home has room outside its on-demand headroom: the new replica waits")
+        record(endpoint, Decision.HOLD, endpoint.desired_replicas, endpoint.desired_replicas,
+               "no region after home has room outside its on-demand headroom: the new replica waits")
         return False
     regions = tuple(Region.objects.filter(slug__in=slugs))
     regions = tuple(sorted(regions, key=lambda r: slugs.index(r.slug)))
@@ -174,8 +175,8 @@ def _start(endpoint: Endpoint, *, burst: bool) -> bool:
             Replica.objects.create(tenant=endpoint.tenant, endpoint=endpoint, reservation=reservation, burst=burst,
                                    state_reason=reservation.state_reason[:300])
     except DomainError as refused:
-        _record(endpoint, Decision.HOLD, endpoint.desired_replicas, endpoint.desired_replicas,
-                f"a new replica was refused: {refused.detail if isinstance(refused.detail, str) else refused}"[:300])
+        record(endpoint, Decision.HOLD, endpoint.desired_replicas, endpoint.desired_replicas,
+               f"a new replica was refused: {refused.detail if isinstance(refused.detail, str) else refused}"[:300])
         return False
     return True
 
@@ -243,7 +244,13 @@ def _set(replica: Replica, state: str, reason: str, **also) -> None:
     replica.save(update_fields=["state", "state_reason", *also])
 
 
-def _record(endpoint: Endpoint, action: str, before: int, after: int, reason: str, inputs: dict | None = None):
-    return ScalingDecision.objects.create(tenant=endpoint.tenant, endpoint=endpoint, at=timezone.now(), action=action,
-                                          replicas_before=before, replicas_after=after, reason=reason[:300],
-                                          inputs=inputs or {})
+def record(endpoint: Endpoint, action: str, before: int, after: int, reason: str, inputs: dict | None = None,
+           at=None) -> ScalingDecision:
+    """A decision on the endpoint, with the figures it was made on; the tenant's webhooks hear of it."""
+    decision = ScalingDecision.objects.create(tenant_id=endpoint.tenant_id, endpoint=endpoint,
+                                              at=at or timezone.now(), action=action, replicas_before=before,
+                                              replicas_after=after, reason=reason[:300], inputs=dict(inputs or {}))
+    emit(endpoint.tenant_id, f"endpoint.{action}", {
+        "endpoint": str(endpoint.pk), "name": endpoint.name, "replicas_before": before, "replicas_after": after,
+        "reason": decision.reason, "inputs": decision.inputs}, team_id=endpoint.team_id)
+    return decision

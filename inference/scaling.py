@@ -15,7 +15,7 @@ from inference.autoscaler import Rule, decide
 from inference.choices import Decision, EndpointState
 from inference.loads import region_load, replica_utilization
 from inference.models import Endpoint, ScalingDecision
-from inference.replicas import burst_regions, converge
+from inference.replicas import burst_regions, converge, record
 
 
 def rule_of(endpoint: Endpoint) -> Rule:
@@ -47,10 +47,12 @@ def autoscale(endpoint_id, *, now: datetime | None = None) -> ScalingDecision | 
         endpoint.recommendations = verdict.history
         inputs["recommendation"] = verdict.recommendation
         if verdict.action in (Decision.SCALE_OUT, Decision.SCALE_IN):
-            recorded = _record(endpoint, verdict.action, verdict.replicas, verdict.reason, inputs, now)
+            recorded = record(endpoint, verdict.action, endpoint.desired_replicas, verdict.replicas, verdict.reason,
+                              inputs, now)
             endpoint.desired_replicas, endpoint.last_scaled_at = verdict.replicas, now
         elif verdict.action == Decision.HOLD and _last_action(endpoint) != Decision.HOLD:
-            recorded = _record(endpoint, Decision.HOLD, endpoint.desired_replicas, verdict.reason, inputs, now)
+            recorded = record(endpoint, Decision.HOLD, endpoint.desired_replicas, endpoint.desired_replicas,
+                              verdict.reason, inputs, now)
         endpoint.save(update_fields=["recommendations", "desired_replicas", "last_scaled_at", "home_hot_since",
                                      "bursting"])
     converge(endpoint_id)
@@ -64,9 +66,9 @@ def _burst(endpoint: Endpoint, home_load: float, now: datetime, inputs: dict) ->
         endpoint.home_hot_since = None
         if endpoint.bursting:
             endpoint.bursting = False
-            return _record(endpoint, Decision.RETURN, endpoint.desired_replicas,
-                           f"{endpoint.home} has room again ({home_load:.0%} busy): new replicas start there and "
-                           "burst ones drain as they serve", inputs, now)
+            return record(endpoint, Decision.RETURN, endpoint.desired_replicas, endpoint.desired_replicas,
+                          f"{endpoint.home} has room again ({home_load:.0%} busy): new replicas start there and "
+                          "burst ones drain as they serve", inputs, now)
         return None
     endpoint.home_hot_since = endpoint.home_hot_since or now
     hot_for = (now - endpoint.home_hot_since).total_seconds()
@@ -77,19 +79,13 @@ def _burst(endpoint: Endpoint, home_load: float, now: datetime, inputs: dict) ->
     if not room:
         return None
     endpoint.bursting = True
-    return _record(endpoint, Decision.BURST, endpoint.desired_replicas,
-                   f"{endpoint.home} above {endpoint.burst_utilization}% for {hot_for:.0f} s: new replicas go to "
-                   f"{room[0]}", {**inputs, "burst_to": room[0], "headroom": settings.MERIDIAN_HEADROOM}, now)
+    return record(endpoint, Decision.BURST, endpoint.desired_replicas, endpoint.desired_replicas,
+                  f"{endpoint.home} above {endpoint.burst_utilization}% for {hot_for:.0f} s: new replicas go to "
+                  f"{room[0]}", {**inputs, "burst_to": room[0], "headroom": settings.MERIDIAN_HEADROOM}, now)
 
 
 def _last_action(endpoint: Endpoint) -> str | None:
     return endpoint.decisions.order_by("-at", "-id").values_list("action", flat=True).first()
-
-
-def _record(endpoint: Endpoint, action: str, after: int, reason: str, inputs: dict, now: datetime) -> ScalingDecision:
-    return ScalingDecision.objects.create(tenant_id=endpoint.tenant_id, endpoint=endpoint, at=now, action=action,
-                                          replicas_before=endpoint.desired_replicas, replicas_after=after,
-                                          reason=reason[:300], inputs=dict(inputs))
 
 
 def autoscale_all(*, now: datetime | None = None) -> int:

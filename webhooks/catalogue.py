@@ -15,6 +15,8 @@ FAMILIES = {
                    "(spot), no-show warnings, hardware failed or replaced, held, cancelled by an operator",
     "high_priority": "decisions on the team's high-priority application",
     "budget": "budget thresholds crossed",
+    "endpoint": "the autoscaler's decisions on the tenant's inference endpoints: endpoint.scale_out, "
+                "endpoint.scale_in, endpoint.hold, endpoint.burst, endpoint.return, endpoint.replace",
     "node": "incidents on a node running the tenant's work (suspect, drained, back)",
     "gpu": "incidents on a GPU of the tenant's work (reset, back)",
     "operator": "messages from the operator",

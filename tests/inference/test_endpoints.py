@@ -21,7 +21,9 @@ from provisioning.lifecycle.no_shows import no_show_scan
 from provisioning.lifecycle.replacement import node_failed
 from provisioning.models import Allocation, Instance, Reservation
 from provisioning.scheduling.scheduler import run_cycle
+from tenants.models import Event
 from tests.inference.helpers import body, fill, replica_gpus, sample, time_sliced, two_regions, whole_gpu_container
+from webhooks.models import WebhookEndpoint
 
 
 @pytest.fixture
@@ -262,3 +264,14 @@ def test_an_idle_replica_is_never_released_as_a_no_show(fleet, steps):
     report = no_show_scan(now=later)
     assert report["warned"] == 0 and report["no_shows"] == 0
     assert serving(endpoint)[0].reservation.state == "active"
+
+
+def test_the_tenants_webhooks_hear_of_each_decision(fleet, steps):
+    WebhookEndpoint.objects.create(tenant=fleet.t1.tenant, url="http://127.0.0.1:9/hooks", event_types=["endpoint.*"],
+                                   secret="whsec_test")
+    endpoint = settle(create(fleet), steps)
+    sample(replica_gpus(endpoint), 95)
+    scaling.autoscale(endpoint.pk)
+    event = Event.objects.get(type="endpoint.scale_out")
+    assert event.tenant_id == fleet.t1.tenant.pk and event.data["replicas_after"] == 2
+    assert not Event.objects.filter(type__startswith="endpoint.").exclude(tenant=fleet.t1.tenant).exists()
