@@ -93,3 +93,25 @@ def test_exit_codes_scripts_can_rely_on(run):
     assert run("ls", persona=None).exit_code == 4
     assert run("reserve", "x").exit_code == 2  # usage: missing options
     assert run("cancel", NO_SUCH).exit_code == 3
+
+
+def test_endpoint_create_ls_scale_decisions_and_rm(run, settings, tmp_path):
+    settings.MERIDIAN_BALANCER_CONFIG = str(tmp_path / "haproxy.cfg")
+    small_fleet(4)
+    vm_offering()
+    made = run("endpoint", "create", "chat", "--gpu-model", "h100-80gb-sxm", "--region", "us-east-1", "--max", "3",
+               "-o", "json")
+    assert made.exit_code == 0, made.output
+    endpoint = json.loads(made.stdout)
+    assert endpoint["url"].startswith("https://chat--") and endpoint["max_replicas"] == 3
+    listed = run("endpoint", "ls", "-o", "yaml")
+    assert [e["name"] for e in yaml.safe_load(listed.output)] == ["chat"]
+    scaled = run("endpoint", "scale", endpoint["id"], "--max", "6", "--target", "60", "-o", "json")
+    assert json.loads(scaled.stdout)["max_replicas"] == 6 and json.loads(scaled.stdout)["target_utilization"] == 60
+    assert run("endpoint", "decisions", endpoint["id"], "-o", "json").exit_code == 0
+    refused = run("endpoint", "create", "bad", "--gpu-model", "h100-80gb-sxm", "--region", "us-east-1",
+                  "--min", "5", "--max", "2")
+    assert refused.exit_code == 1 and "min_over_max" in refused.output
+    gone = run("endpoint", "rm", endpoint["id"])
+    assert gone.exit_code == 0 and "draining" in gone.output
+    assert run("endpoint", "show", NO_SUCH).exit_code == 3
