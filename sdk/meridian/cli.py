@@ -279,8 +279,11 @@ def endpoint():
 @output
 @click.pass_context
 def endpoint_list(ctx, fmt):
-    show(list(client(ctx).endpoints.list()), fmt,
-         ["name", "url", "offering", "desired_replicas", "replicas", "bursting", "state"])
+    rows = list(client(ctx).endpoints.list())
+    if fmt == "table":  # replicas by state, as words
+        rows = [{**e, "replicas": ", ".join(f"{n} {state}" for state, n in e["replicas"].items()) or "none"}
+                for e in rows]
+    show(rows, fmt, ["name", "url", "offering", "desired_replicas", "replicas", "bursting", "state"])
 
 
 @endpoint.command("create")
