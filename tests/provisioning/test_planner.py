@@ -654,3 +654,7 @@ def test_busy_counts_kept_for_headroom_match_a_recount_after_any_change(changes)
     for t in instants:
         busy = sum(g.busy_at(t) for g in gpus)
         assert capacity.free_at(group, t) == len(gpus) - busy
+    # The nodes filed by their GPUs free now (a best fit without a scan) are filed right.
+    pool = capacity.pools[group][0]
+    filed = {node: count for count, nodes in pool.free_nodes.items() for node in nodes}
+    assert filed == {node: node.clean + node.ahead for node in pool.nodes}

@@ -219,7 +219,16 @@ def slot_units(pool: Pool, units: int, n: int, s: int, e: int, share_class: str 
 
 
 def _fewest_free_gpu(pool: Pool, s: int, e: int, started: set[GpuState]) -> GpuState | None:
-    """A whole free GPU (none of ``started``) on the node with the fewest free GPUs: one pass, no buckets."""
+    """
+    A whole free GPU (none of ``started``) on the node with the fewest free GPUs: the nodes filed by
+    their GPUs free now (``Pool.free_nodes``), each checked for the window; a scan when none holds.
+    """
+    for count in range(1, pool.max_size + 1):
+        for node in pool.free_nodes.get(count, ()):
+            if node.free_count(s, e):
+                free = [g for g in node.free_gpus(s, e) if g not in started]
+                if free:
+                    return free[0]
     best, fewest = None, pool.max_size + 1
     for node in pool.nodes:
         count = node.free_count(s, e)

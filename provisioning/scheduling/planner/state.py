@@ -170,7 +170,7 @@ def changed_span(old: list[Entry], new: list[Entry]) -> tuple[int, int]:
 
 class NodeState:
     __slots__ = ("node_id", "region", "leaf", "pool", "gpus", "size", "clean", "busy", "busy_min", "ahead",
-                 "ahead_min")
+                 "ahead_min", "bucket")
 
     def __init__(self, node_id: UUID, region: str, leaf: Leaf, pool: Pool):
         self.node_id = node_id
@@ -180,6 +180,7 @@ class NodeState:
         self.gpus: list[GpuState] = []
         self.size = self.clean = self.busy = self.ahead = 0
         self.busy_min = self.ahead_min = FOREVER
+        self.bucket: int | None = None  # its GPUs free now, as ``Pool.free_nodes`` files it
 
     def refresh(self, origin: int = 0) -> None:
         """
@@ -201,6 +202,12 @@ class NodeState:
         self.size = len(self.gpus)
         self.clean, self.busy, self.ahead = clean, busy, ahead
         self.busy_min, self.ahead_min = busy_min, ahead_min
+        if self.bucket != clean + ahead:
+            filed = self.pool.free_nodes
+            if self.bucket is not None:
+                filed.get(self.bucket, {}).pop(self, None)
+            self.bucket = clean + ahead
+            filed.setdefault(self.bucket, {})[self] = None
 
     def free_count(self, s: int, e: int) -> int:
         """GPUs free for the whole of ``[s, e)``; O(1) unless the window reaches past a booking's edge."""
@@ -249,6 +256,8 @@ class Pool:
         self.slot_room: dict[Layout, dict[GpuState, None]] = {}
         self.room_origin: dict[Layout, int] = {}
         self.slot_node: dict[Layout, NodeState] = {}
+        # GPUs free now -> the nodes with that many (an ordered set): a best fit without a scan.
+        self.free_nodes: dict[int, dict[NodeState, None]] = {}
         # evictable reservation -> GPUs it holds here: a cheap bound before looking for victims
         self.victims: dict[UUID, int] = {}
 
@@ -367,6 +376,10 @@ class Capacity:
         self.region_nodes[node.region].remove(node)
         leaf.nodes.remove(node)
         pool.nodes.remove(node)
+        pool.free_nodes.get(node.bucket, {}).pop(node, None)
+        for key, beside in list(pool.slot_node.items()):
+            if beside is node:
+                del pool.slot_node[key]
         if not leaf.nodes:
             del self._leaves[(group, leaf.leaf_id)]
             pool.leaves.remove(leaf)
@@ -551,7 +564,7 @@ class Capacity:
         for pools in self.pools.values():
             for pool in pools:
                 pool.nodes, pool.leaves, pool.pods, pool.layout_gpus = [], [], {}, {}
-                pool.slot_room, pool.room_origin, pool.slot_node = {}, {}, {}
+                pool.slot_room, pool.room_origin, pool.slot_node, pool.free_nodes = {}, {}, {}, {}
 
     #
     # Questions across a region
