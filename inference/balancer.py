@@ -167,10 +167,19 @@ def _write_and_reload(text: str) -> str:
 
 def register(*, on_change) -> None:
     """Ask ``on_change`` (after commit) whenever a replica's reservation changes state."""
+    on_reservations_changed(lambda reservations: transaction.on_commit(on_change)
+                            if any_replica(reservations) else None)
 
-    def changed(reservations) -> None:
-        ids = [r.pk for r in reservations if getattr(r, "managed_by", "").startswith("endpoint:")]
-        if ids:
-            transaction.on_commit(on_change)
 
-    on_reservations_changed(changed)
+def any_replica(reservations) -> bool:
+    """
+    Whether any of ``reservations`` is an endpoint's replica: read off ``managed_by`` where it is
+    loaded, one query for those loaded without it (the scheduler's rows carry few columns).
+    """
+    unread = []
+    for r in reservations:
+        if "managed_by" in r.get_deferred_fields():
+            unread.append(r.pk)
+        elif r.managed_by.startswith("endpoint:"):
+            return True
+    return bool(unread) and Replica.objects.filter(reservation_id__in=unread).exists()

@@ -53,7 +53,7 @@ RANKING_COLUMNS = ["id", "tenant_id", "team_id", "gpu_model_id", "submitted_at",
 # The offering is set from the cycle's own read of the offerings (QueueMirror.whole), not joined.
 QUEUE_COLUMNS = ["id", "tenant_id", "team_id", "name", "gpu_model_id", "offering_id", "submitted_at", "urgency",
                  "units", "gpus", "regions", "requested_start", "duration", "billing_term", "eviction_policy", "score",
-                 "state", "state_reason", "vpc__fabric"]
+                 "state", "state_reason", "vpc__fabric", "managed_by"]
 MIRROR_BY_IDS = 2000  # the most rows the queue mirror reads by id; more are read by one scan
 OFFERING_COLUMNS = ["id", "kind", "gpus_per_unit", "slots_per_gpu", "gpu_model_id", "time_slice_class"]
 WAITING_REASONS_PER_CYCLE = 200
