@@ -47,7 +47,8 @@ def converge(endpoint_id) -> dict:
             return done
         _follow(endpoint, done)
         if endpoint.state == EndpointState.DELETING:
-            _drain(_live(endpoint), len(_live(endpoint)), done, reason="the endpoint is deleted")
+            live = _live(endpoint)
+            _drain(live, len(live), done, reason="the endpoint is deleted")
         else:
             _scale(endpoint, done)
     done["released"] = release_drained(endpoint_id)
@@ -74,9 +75,6 @@ def _follow(endpoint: Endpoint, done: dict) -> None:
             _set(replica, ReplicaState.GONE, f"its reservation is {reservation.state}", gone_at=now)
             done["lost"] += 1
             continue
-        if reservation.region_id and replica.burst != (_region_slug(reservation.region_id) != endpoint.home):
-            replica.burst = not replica.burst
-            replica.save(update_fields=["burst"])
         ok = reservation.state == R.ACTIVE and any(
             healthy(i, port=endpoint.port, path=endpoint.health_path) for i in instances.get(reservation.pk, []))
         if ok and replica.state == ReplicaState.STARTING:
@@ -88,10 +86,6 @@ def _follow(endpoint: Endpoint, done: dict) -> None:
         elif replica.state == ReplicaState.STARTING and reservation.state in (R.PENDING, R.QUEUED):
             replica.state_reason = f"waiting: {reservation.state_reason}"[:300]
             replica.save(update_fields=["state_reason"])
-
-
-def _region_slug(region_id) -> str:
-    return Region.objects.filter(pk=region_id).values_list("slug", flat=True).first() or ""
 
 
 def _scale(endpoint: Endpoint, done: dict) -> None:
@@ -245,8 +239,14 @@ def _set(replica: Replica, state: str, reason: str, **also) -> None:
 
 
 def record(endpoint: Endpoint, action: str, before: int, after: int, reason: str, inputs: dict | None = None,
-           at=None) -> ScalingDecision:
-    """A decision on the endpoint, with the figures it was made on; the tenant's webhooks hear of it."""
+           at=None) -> ScalingDecision | None:
+    """
+    A decision on the endpoint, with the figures it was made on; the tenant's webhooks hear of it.
+    A change held back again, right after a hold, is not recorded again (None): every pass would.
+    """
+    if action == Decision.HOLD and endpoint.decisions.order_by("-at", "-id").values_list(
+            "action", flat=True).first() == Decision.HOLD:
+        return None
     decision = ScalingDecision.objects.create(tenant_id=endpoint.tenant_id, endpoint=endpoint,
                                               at=at or timezone.now(), action=action, replicas_before=before,
                                               replicas_after=after, reason=reason[:300], inputs=dict(inputs or {}))

@@ -50,7 +50,7 @@ def autoscale(endpoint_id, *, now: datetime | None = None) -> ScalingDecision | 
             recorded = record(endpoint, verdict.action, endpoint.desired_replicas, verdict.replicas, verdict.reason,
                               inputs, now)
             endpoint.desired_replicas, endpoint.last_scaled_at = verdict.replicas, now
-        elif verdict.action == Decision.HOLD and _last_action(endpoint) != Decision.HOLD:
+        elif verdict.action == Decision.HOLD:
             recorded = record(endpoint, Decision.HOLD, endpoint.desired_replicas, endpoint.desired_replicas,
                               verdict.reason, inputs, now)
         endpoint.save(update_fields=["recommendations", "desired_replicas", "last_scaled_at", "home_hot_since",
@@ -82,10 +82,6 @@ def _burst(endpoint: Endpoint, home_load: float, now: datetime, inputs: dict) ->
     return record(endpoint, Decision.BURST, endpoint.desired_replicas, endpoint.desired_replicas,
                   f"{endpoint.home} above {endpoint.burst_utilization}% for {hot_for:.0f} s: new replicas go to "
                   f"{room[0]}", {**inputs, "burst_to": room[0], "headroom": settings.MERIDIAN_HEADROOM}, now)
-
-
-def _last_action(endpoint: Endpoint) -> str | None:
-    return endpoint.decisions.order_by("-at", "-id").values_list("action", flat=True).first()
 
 
 def autoscale_all(*, now: datetime | None = None) -> int:

@@ -21,7 +21,8 @@ from provisioning.lifecycle.no_shows import no_show_scan
 from provisioning.lifecycle.replacement import node_failed
 from provisioning.models import Allocation, Instance, Reservation
 from provisioning.scheduling.scheduler import run_cycle
-from tenants.models import Event
+from tenants.choices import QuotaResource
+from tenants.models import Event, Quota
 from tests.inference.helpers import body, fill, replica_gpus, sample, time_sliced, two_regions, whole_gpu_container
 from webhooks.models import WebhookEndpoint
 
@@ -212,6 +213,17 @@ def test_an_endpoint_in_a_region_without_capacity_waits_with_the_reason(fleet, s
     shown = fleet.client("t1_member").get(f"/api/v1/endpoints/{endpoint.pk}/replicas/").json()
     assert shown[0]["state"] == "starting" and shown[0]["state_reason"].startswith("waiting:")
     assert "us-east-1" in shown[0]["state_reason"], shown[0]["state_reason"]
+
+
+def test_a_replica_the_quota_refuses_is_said_once_not_on_every_pass(fleet, steps):
+    Quota.objects.update_or_create(tenant=fleet.t1.tenant, team=None, resource=QuotaResource.GPUS,
+                                   defaults={"limit": 0})
+    endpoint = create(fleet)
+    for _ in range(3):
+        replicas.converge(endpoint.pk)
+    (held,) = ScalingDecision.objects.filter(endpoint=endpoint)
+    assert held.action == "hold" and "a new replica was refused" in held.reason and "quota" in held.reason.lower()
+    assert not endpoint.replicas.exists() and not Reservation.objects.filter(managed_by__startswith="endpoint").exists()
 
 
 def test_deleting_drains_and_releases_every_replica(fleet, steps):
