@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from cloud.choices import MAX_TASKS_PER_GPU, IsolationMode, NodePool, OfferingKind, TimeSliceClass
 from cloud.models import GPUModel, Image, Node, Offering, Region
@@ -100,6 +100,9 @@ def check_regions(slugs: list[str], offering: Offering) -> list[str]:
 
 def check_scaling(fields: dict) -> None:
     lo, hi = fields["min_replicas"], fields["max_replicas"]
+    if lo < 1:
+        raise invalid("min_replicas", "An endpoint keeps at least one replica (scale to zero is not offered).",
+                      code="min_value")
     if lo > hi:
         raise invalid("min_replicas", f"min_replicas {lo} is more than max_replicas {hi}.", code="min_over_max")
     if fields["scale_in_below"] >= fields["target_utilization"]:
@@ -123,12 +126,17 @@ def endpoint_create(*, actor, name: str, share: Share, regions: list[str], image
     if image is not None and image.tenant_id not in (None, actor.tenant.pk):
         raise invalid("image", "Name a public image or one of this tenant's.", code="does_not_exist")
     environment = environment_check(environment or {}, offering)
+    taken = Conflict(f"You already have an endpoint named '{name}'.", code="name_taken")
     if Endpoint.objects.filter(tenant=actor.tenant, name=name).exclude(state=EndpointState.DELETED).exists():
-        raise Conflict(f"You already have an endpoint named '{name}'.", code="name_taken")
-    endpoint = Endpoint.objects.create(
-        tenant=actor.tenant, team=team, name=name, offering=offering, image=image, regions=regions,
-        health_path=health_path, port=fields.get("port", 8000), environment=environment, created_by=actor.user,
-        desired_replicas=scaling["min_replicas"], **scaling)
+        raise taken
+    try:
+        with transaction.atomic():  # a create racing this one for the name: the constraint decides
+            endpoint = Endpoint.objects.create(
+                tenant=actor.tenant, team=team, name=name, offering=offering, image=image, regions=regions,
+                health_path=health_path, port=fields.get("port", 8000), environment=environment,
+                created_by=actor.user, desired_replicas=scaling["min_replicas"], **scaling)
+    except IntegrityError as exc:
+        raise taken from exc
     audit_record(actor=actor, action="endpoint.create", target=endpoint, after=_audited(endpoint))
     transaction.on_commit(lambda: replicas.converge(endpoint.pk))
     return endpoint

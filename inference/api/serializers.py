@@ -16,7 +16,7 @@ from web.api.base import BoundedDictField, BoundedListField, ScopedRelatedField,
 SCALING = ("min_replicas", "max_replicas", "target_utilization", "scale_in_below", "window_seconds",
            "scale_out_stabilization_seconds", "scale_in_stabilization_seconds", "scale_out_cooldown_seconds",
            "scale_in_cooldown_seconds", "spare_pct", "spare_above", "burst_utilization", "burst_after_seconds")
-LIMITS = {"min_replicas": (0, 64), "max_replicas": (1, 64), "target_utilization": (1, 100),
+LIMITS = {"min_replicas": (1, 64), "max_replicas": (1, 64), "target_utilization": (1, 100),
           "scale_in_below": (1, 99), "window_seconds": (1, 3600), "scale_out_stabilization_seconds": (0, 3600),
           "scale_in_stabilization_seconds": (0, 3600), "scale_out_cooldown_seconds": (0, 3600),
           "scale_in_cooldown_seconds": (0, 3600), "spare_pct": (0, 100), "spare_above": (0, 64),

@@ -240,6 +240,7 @@ def test_deleting_drains_and_releases_every_replica(fleet, steps):
 
 @pytest.mark.parametrize("change, field, code", [
     ({"min_replicas": 5, "max_replicas": 2}, "min_replicas", "min_over_max"),
+    ({"min_replicas": 0}, "min_replicas", "min_value"),
     ({"share": {"gpu_model": "h100-80gb-sxm", "kind": "mig", "fraction": 7, "time_slice_class": "realtime"}},
      "share", "class_without_time_slice"),
     ({"share": {"gpu_model": "h100-80gb-sxm", "kind": "time_slice", "fraction": 9, "time_slice_class": "batch"}},
@@ -257,6 +258,16 @@ def test_bad_input_is_a_400_that_leaves_nothing(fleet, change, field, code):
     (error,) = response.json()["errors"]
     assert (error["code"], error["attr"]) == (code, field), error
     assert not Endpoint.objects.exists() and not Reservation.objects.filter(managed_by__startswith="endpoint").exists()
+
+
+def test_two_creates_racing_for_a_name_make_one_endpoint_and_a_409(fleet, monkeypatch):
+    """The check before the insert is passed by both; the name constraint decides, as a 409, not a 500."""
+    first = fleet.client("t1_member").post("/api/v1/endpoints/", body(), format="json")
+    assert first.status_code == 201
+    monkeypatch.setattr(Endpoint.objects, "filter", lambda **kw: Endpoint.objects.none())  # it looked first too
+    second = fleet.client("t1_owner").post("/api/v1/endpoints/", body(), format="json")
+    assert second.status_code == 409 and second.json()["errors"][0]["code"] == "name_taken"
+    assert Endpoint.objects.all().count() == 1
 
 
 def test_another_tenant_sees_nothing_of_an_endpoint(fleet, steps):
