@@ -28,10 +28,9 @@ import os
 import random
 import tempfile
 import time
-from collections import deque
 from datetime import timedelta
 
-from common import drop_database, percentile, setup_django
+from common import Inline, drop_database, percentile, setup_django
 
 DB = "meridian_bench_autoscale"
 TELEMETRY_S = float(os.environ.get("BENCH_TELEMETRY_S", "10"))
@@ -43,33 +42,6 @@ os.environ["MERIDIAN_SIMULATION"] = json.dumps({"seed": 0})  # zero latency, no 
 os.environ["MERIDIAN_ENDPOINT_PROBE"] = "simulated"
 os.environ["MERIDIAN_ENDPOINT_DRAIN_SECONDS"] = "0"
 os.environ["MERIDIAN_BALANCER_CONFIG"] = os.path.join(tempfile.mkdtemp(prefix="meridian-bench-lb-"), "haproxy.cfg")
-
-
-class Inline:
-    """The lifecycle's messages kept here and run in order, as the tests run them (instant drivers)."""
-
-    def __init__(self):
-        from provisioning import task_names
-        from provisioning.lifecycle import dispatch as dispatching
-
-        self.tasks: deque = deque()
-        publish = task_names.send
-        task_names.send = lambda name, args, **options: (self.tasks.append(("step", args))
-                                                         if name == task_names.OPERATION_STEP
-                                                         else publish(name, args, **options))
-        dispatching.provision_when_due = lambda reservations: self.tasks.extend(("start", (str(r.pk),))
-                                                                             for r in reservations)
-
-    def drain(self) -> None:
-        from provisioning.lifecycle import runner
-        from provisioning.lifecycle import start as starting
-
-        while self.tasks:
-            what, args = self.tasks.popleft()
-            if what == "start":
-                starting.reservation_provision_start(*args)
-            else:
-                runner.operation_run_step(*args)
 
 
 def seed():

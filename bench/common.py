@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections import deque
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -107,3 +108,36 @@ def free_port() -> int:
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+class Inline:
+    """
+    The lifecycle's messages kept in this process and run in order, as the tests run them (with
+    zero-latency simulated drivers: "instant drivers"); ``drain`` runs what is waiting.
+    """
+
+    def __init__(self):
+        from provisioning import task_names
+        from provisioning.lifecycle import dispatch as dispatching
+
+        self.tasks: deque = deque()
+        publish = task_names.send
+        task_names.send = lambda name, args, **options: (self.tasks.append(("step", args))
+                                                         if name == task_names.OPERATION_STEP
+                                                         else publish(name, args, **options))
+        dispatching.provision_when_due = lambda reservations: self.tasks.extend(("start", (str(r.pk),))
+                                                                             for r in reservations)
+
+    def drain(self) -> None:
+        from provisioning.lifecycle import runner
+        from provisioning.lifecycle import start as starting
+
+        while self.tasks:
+            what, args = self.tasks.popleft()
+            if what == "start":
+                starting.reservation_provision_start(*args)
+            else:
+                runner.operation_run_step(*args)
+
+    def stop(self) -> None:
+        pass

@@ -34,11 +34,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import deque
 from datetime import timedelta
 from pathlib import Path
 
-from common import REPO, drop_database, percentile, setup_django
+from common import REPO, Inline, drop_database, percentile, setup_django
 
 DB = "meridian_bench_failure_drill"
 MODE = os.environ.get("BENCH_MODE", "worker")
@@ -90,36 +89,6 @@ def seed():
             "price_per_gpu_hour": "2.49"})[0],
     }
     return Principal(user=user, tenant=tenant, role=TenantRole.OWNER), offerings
-
-
-class Inline:
-    """The lifecycle's messages kept here and run in order, as the tests run them."""
-
-    def __init__(self):
-        from provisioning import task_names
-        from provisioning.lifecycle import dispatch as dispatching
-
-        self.tasks: deque = deque()
-        publish = task_names.send
-        task_names.send = lambda name, args, **options: (self.tasks.append(("step", args))
-                                                         if name == task_names.OPERATION_STEP
-                                                         else publish(name, args, **options))
-        dispatching.provision_when_due = lambda reservations: self.tasks.extend(("start", (str(r.pk),))
-                                                                             for r in reservations)
-
-    def drain(self) -> None:
-
-        from provisioning.lifecycle import runner
-        from provisioning.lifecycle import start as starting
-        while self.tasks:
-            what, args = self.tasks.popleft()
-            if what == "start":
-                starting.reservation_provision_start(*args)
-            else:
-                runner.operation_run_step(*args)
-
-    def stop(self) -> None:
-        pass
 
 
 class Worker:
