@@ -221,6 +221,8 @@ class TelemetryLatestSerializer(serializers.Serializer):
     processes = serializers.IntegerField(allow_null=True)
     nvlink_up = serializers.IntegerField(allow_null=True, help_text="NVLink links active (null: no NVLink).")
     nvlink_total = serializers.IntegerField(allow_null=True, help_text="NVLink links present (null: no NVLink).")
+    time_slice_ms = serializers.IntegerField(allow_null=True, help_text="The compute time slice in force on a "
+                                             "time-sliced GPU (null: the driver's default, or not readable).")
     xids = serializers.ListField(child=serializers.IntegerField(), help_text="XIDs since the sample before.")
     source = serializers.CharField(help_text="agent (NVML on the host) or bmc (out of band, a tenant holds the node).")
 

@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from cloud.models import GPU, Offering
+from cloud.models import GPU, GPUTelemetry, Offering
 from operations.node_api import agents as node_agents
 from provisioning.agent.agent import Agent
 from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
@@ -72,6 +72,11 @@ def test_the_agent_sets_the_class_slice_reports_it_and_holds_each_task_to_its_ca
     agent.run_once()
     assert gpu.time_slice_ms == 5  # batch: 5 ms slices
     assert [s["time_slice_ms"] for s in agent.samples(agent.inventory()) if s["uuid"] == gpu.uuid] == [5]
+    gpus = agent.inventory()  # the heartbeat's samples stored, and shown to staff
+    node_agents.heartbeat(node=instance.node, agent_version="1", gpus=gpus, samples=agent.samples(gpus))
+    assert GPUTelemetry.objects.get(gpu_id=instance.devices[0]["gpu_id"]).time_slice_ms == 5
+    shown = world.client("platform_admin").get(f"/api/v1/gpus/{instance.devices[0]['gpu_id']}/telemetry/").json()
+    assert shown["latest"]["time_slice_ms"] == 5
     assert gpu.processes == []  # over its cap: stopped
     assert Incident.objects.get(kind="isolation_over_cap").evidence["owner"] == instance.name
     assert not Incident.objects.filter(kind="isolation_wrong_time_slice").exists()
