@@ -84,36 +84,39 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+
+from security import nvidia
+from security.chains import ChainCache, Leaf, Reason, Revocation, Trust, verified_chain
+from security.evidence_fields import parse_chain, require_members, text
 
 MAX_GPUS = 16
 MAX_FIELD = 64  # uuid, serial, model, VBIOS and driver: the database columns' length
 MAX_NODE = 253  # a DNS name
 MAX_MEASUREMENTS = 64
 MAX_INDEX = 65_535
-MAX_CHAIN = 8
-MAX_PEM = 16_384
 MAX_SIGNATURE = 256  # a DER P-384 signature is at most 104 bytes, 140 in base64
-MAX_PATH = 8
 CLOCK_SKEW_S = 5
 
 PASS = "pass"
 FAIL = "fail"
 REFERENCE_UNAVAILABLE = "reference_unavailable"
+NOT_CAPABLE = "not_capable"
+# Reasons that say the verifier lacks what it needs (a reference, a revocation status), not that the device is wrong.
+_UNAVAILABLE = frozenset({"reference_missing", "revocation_unknown"})
+
+__all__ = ["ChainCache", "GPUEvidence", "NodeEvidence", "NonceRecord", "Reason", "Verdict", "canonical_bytes",
+           "verify"]
 
 _HEX_NONCE = re.compile(r"[0-9a-f]{64}")
 _HEX_DIGEST = re.compile(r"[0-9a-f]{96}")
@@ -152,19 +155,19 @@ class GPUEvidence:
     @classmethod
     def from_dict(cls, data: Any) -> GPUEvidence:
         """Parse one GPU's evidence, refusing anything malformed with a ValueError that says what."""
-        _require_members(data, _GPU_FIELDS, "GPU evidence")
-        uuid = _text(data, "uuid", MAX_FIELD)
+        require_members(data, _GPU_FIELDS, "GPU evidence")
+        uuid = text(data, "uuid", MAX_FIELD)
         where = f"GPU {uuid}"
         return cls(
             uuid=uuid,
-            serial=_text(data, "serial", MAX_FIELD, where),
-            gpu_model=_text(data, "gpu_model", MAX_FIELD, where),
-            vbios=_text(data, "vbios", MAX_FIELD, where),
-            driver=_text(data, "driver", MAX_FIELD, where),
+            serial=text(data, "serial", MAX_FIELD, where),
+            gpu_model=text(data, "gpu_model", MAX_FIELD, where),
+            vbios=text(data, "vbios", MAX_FIELD, where),
+            driver=text(data, "driver", MAX_FIELD, where),
             measurements=_parse_measurements(data["measurements"], where),
             nonce=_nonce(data["nonce"], where),
             generated_at=_timestamp(data["generated_at"], where),
-            certificate_chain=_parse_chain(data["certificate_chain"], where),
+            certificate_chain=parse_chain(data["certificate_chain"], where),
             signature=_parse_signature(data["signature"], where),
         )
 
@@ -175,7 +178,7 @@ class NodeEvidence:
 
     node: str
     nonce: str
-    gpus: list[GPUEvidence]
+    gpus: list[GPUEvidence | nvidia.NvidiaGPUEvidence]
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "nonce": self.nonce, "gpus": [gpu.to_dict() for gpu in self.gpus]}
@@ -183,14 +186,21 @@ class NodeEvidence:
     @classmethod
     def from_dict(cls, data: Any) -> NodeEvidence:
         """Parse a node's evidence (decoded JSON); ValueError says what is wrong, and where."""
-        _require_members(data, _NODE_FIELDS, "node evidence")
+        require_members(data, _NODE_FIELDS, "node evidence")
         gpus = data["gpus"]
         if not isinstance(gpus, list):
             raise ValueError("gpus must be a list")
         if not 1 <= len(gpus) <= MAX_GPUS:
             raise ValueError(f"gpus must hold 1 to {MAX_GPUS} GPUs, not {len(gpus)}")
-        return cls(node=_text(data, "node", MAX_NODE), nonce=_nonce(data["nonce"], "node evidence"),
-                   gpus=[GPUEvidence.from_dict(gpu) for gpu in gpus])
+        return cls(node=text(data, "node", MAX_NODE), nonce=_nonce(data["nonce"], "node evidence"),
+                   gpus=[_gpu_from_dict(gpu) for gpu in gpus])
+
+
+def _gpu_from_dict(data: Any) -> GPUEvidence | nvidia.NvidiaGPUEvidence:
+    """NVIDIA's format says so (``format``); the simulated fleet's signed JSON has no such member."""
+    if isinstance(data, dict) and "format" in data:
+        return nvidia.NvidiaGPUEvidence.from_dict(data)
+    return GPUEvidence.from_dict(data)
 
 
 def canonical_bytes(gpu: GPUEvidence) -> bytes:
@@ -211,30 +221,6 @@ def canonical_bytes(gpu: GPUEvidence) -> bytes:
 def _measurements_json(measurements: Mapping[int, str]) -> dict[str, str]:
     """Index -> digest with decimal-string keys, in numeric order (canonical_bytes re-sorts as text)."""
     return {str(index): measurements[index] for index in sorted(measurements, key=int)}
-
-
-def _require_members(data: Any, names: tuple[str, ...], what: str) -> None:
-    if not isinstance(data, dict):
-        raise ValueError(f"{what} must be an object, not {type(data).__name__}")
-    missing = [name for name in names if name not in data]
-    if missing:
-        raise ValueError(f"{what} lacks {', '.join(missing)}")
-    extra = sorted(str(name) for name in data if name not in names)
-    if extra:
-        raise ValueError(f"{what} has unknown members: {', '.join(extra)}")
-
-
-def _text(data: dict, name: str, limit: int, where: str = "") -> str:
-    """A non-empty printable-ASCII string of at most ``limit`` characters."""
-    value = data[name]
-    label = f"{where}: {name}" if where else name
-    if not isinstance(value, str):
-        raise ValueError(f"{label} must be a string, not {type(value).__name__}")
-    if not value or len(value) > limit:
-        raise ValueError(f"{label} must be 1 to {limit} characters long")
-    if not (value.isascii() and value.isprintable()):
-        raise ValueError(f"{label} must be printable ASCII")
-    return value
 
 
 def _nonce(value: Any, where: str) -> str:
@@ -276,17 +262,6 @@ def _index(key: Any, where: str) -> int:
     return int(key)
 
 
-def _parse_chain(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list) or not 1 <= len(value) <= MAX_CHAIN:
-        raise ValueError(f"{where}: certificate_chain must be a list of 1 to {MAX_CHAIN} PEM certificates")
-    for pem in value:
-        if not isinstance(pem, str) or len(pem) > MAX_PEM or "-----BEGIN CERTIFICATE-----" not in pem:
-            raise ValueError(f"{where}: each certificate must be a PEM string of at most {MAX_PEM} characters")
-        if not pem.isascii():
-            raise ValueError(f"{where}: certificates must be ASCII PEM")
-    return list(value)
-
-
 def _parse_signature(value: Any, where: str) -> str:
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_SIGNATURE:
         raise ValueError(f"{where}: signature must be a base64 string of at most {MAX_SIGNATURE} characters")
@@ -300,18 +275,6 @@ def _parse_signature(value: Any, where: str) -> str:
 #
 # Verdict
 #
-
-
-@dataclass(frozen=True)
-class Reason:
-    """One failed check: which GPU (None for the node as a whole), a stable code, and what was found."""
-
-    gpu: str | None
-    check: str
-    detail: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "check": self.check, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -341,84 +304,6 @@ class NonceRecord:
 
 
 #
-# Chain cache
-#
-
-
-@dataclass(frozen=True)
-class _Leaf:
-    """The device certificate with what every verification reads from it, parsed once."""
-
-    cert: x509.Certificate
-    public_key: Any
-    common_names: tuple[str, ...]
-    serial_numbers: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class _PathCert:
-    """What a cached path keeps of each certificate: enough to re-check revocation."""
-
-    subject: str
-    issuer: str
-    serial_number: int
-
-
-@dataclass(frozen=True)
-class _ChainEntry:
-    leaf: _Leaf
-    path: tuple[_PathCert, ...]
-    valid_from: datetime
-    valid_until: datetime
-
-
-class ChainCache:
-    """
-    Remembers chains already verified, so a node attesting every few minutes pays for its chains
-    once. The key is a digest of the presented PEMs and of the trusted roots and intermediates, so
-    a changed anchor set is a miss; revocation is re-checked against the caller's set on every hit
-    (a set lookup per certificate), and an entry is served only while every certificate of its
-    path is within its validity period. Only chains that passed every check are stored. The
-    evidence signature, identity, nonce and measurements are checked on every call regardless.
-    ``clear()`` drops everything, e.g. after an operator edits trust anchors.
-    """
-
-    def __init__(self, maxsize: int = 4096):
-        self.maxsize = maxsize
-        self.hits = 0
-        self.misses = 0
-        self._entries: OrderedDict[bytes, _ChainEntry] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def get(self, key: bytes, now: datetime) -> _ChainEntry | None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and not entry.valid_from <= now <= entry.valid_until:
-                del self._entries[key]
-                entry = None
-            if entry is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return entry
-
-    def put(self, key: bytes, entry: _ChainEntry) -> None:
-        with self._lock:
-            self._entries[key] = entry
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.maxsize:
-                self._entries.popitem(last=False)
-
-
-#
 # Verification
 #
 
@@ -428,14 +313,13 @@ class _Context:
     """Everything one verify() call checks against, prepared once for all the node's GPUs."""
 
     nonce: NonceRecord
-    revoked: set[tuple[str, int]]
+    trust: Trust
+    revocation: Revocation
     references: Mapping[tuple[str, str, str], Mapping[int, str]]
     now: datetime
     max_age_s: int
     cache: ChainCache | None
-    roots: set[x509.Certificate]
-    issuers_by_subject: dict[x509.Name, list[x509.Certificate]]
-    anchors_digest: bytes = b""
+    nvidia: nvidia.Context
     normalised_references: dict[tuple[str, str, str], dict[int, str] | None] = field(default_factory=dict)
 
 
@@ -451,48 +335,51 @@ def verify(
     now: datetime,
     max_age_s: int = 300,
     cache: ChainCache | None = None,
+    strict_roots: Iterable[x509.Certificate] = (),
+    good_until: Mapping[tuple[str, int], datetime] | None = None,
+    rim_roots: Iterable[x509.Certificate] = (),
+    rims: Mapping[tuple[str, str], bytes] | None = None,
+    identities: Mapping[str, str] | None = None,
 ) -> Verdict:
     """
     Check a node's evidence against the challenge, the trust anchors, the revocations, the
     reference measurements and the GPUs the database says the node owns. Every check runs, so a
     verdict lists all that is wrong, not just the first thing.
+
+    NVIDIA GPUs (security.nvidia) are checked against ``rims`` (RIM XML by kind and version,
+    verified against ``rim_roots``) and ``identities`` (the device ID each UUID attested with).
+    Certificates below a root in ``strict_roots`` need a fresh OCSP status in ``good_until``.
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
-    context = _context(nonce, roots, list(intermediates), revoked, references, now, max_age_s, cache)
+    strict_roots = list(strict_roots)
+    trust = Trust.of(roots, intermediates, strict_roots)
+    revocation = Revocation(revoked=revoked, good_until=good_until or {})
+    rim_trust = Trust.of(rim_roots, (), [root for root in rim_roots if root in strict_roots])
+    context = _Context(nonce=nonce, trust=trust, revocation=revocation, references=references, now=now,
+                       max_age_s=max_age_s, cache=cache,
+                       nvidia=nvidia.Context(nonce=nonce.value, trust=trust, rim_trust=rim_trust, revocation=revocation,
+                                             rims=rims or {}, identities=identities or {}, now=now, cache=cache))
     reasons = _nonce_checks(evidence, nonce, now) + _membership_checks(evidence, node_gpus)
     for gpu in evidence.gpus:
         reasons += _gpu_checks(gpu, context)
     return Verdict(status=_status(reasons), reasons=reasons, gpus=[_summary(gpu) for gpu in evidence.gpus])
 
 
-def _context(nonce, roots, intermediates, revoked, references, now, max_age_s, cache) -> _Context:
-    issuers: dict[x509.Name, list[x509.Certificate]] = {}
-    # Roots first, so a path ends at a trusted root as soon as one signed it.
-    for cert in [*roots, *intermediates]:
-        issuers.setdefault(cert.subject, []).append(cert)
-    context = _Context(nonce=nonce, revoked=revoked, references=references, now=now, max_age_s=max_age_s,
-                       cache=cache, roots=set(roots), issuers_by_subject=issuers)
-    if cache is not None:
-        digest = hashlib.sha256(b"roots")
-        for cert in sorted(cert.fingerprint(hashes.SHA256()) for cert in roots):
-            digest.update(cert)
-        digest.update(b"intermediates")
-        for cert in sorted(cert.fingerprint(hashes.SHA256()) for cert in intermediates):
-            digest.update(cert)
-        context.anchors_digest = digest.digest()
-    return context
-
-
 def _status(reasons: list[Reason]) -> str:
     if not reasons:
         return PASS
-    if all(reason.check == "reference_missing" for reason in reasons):
+    checks = {reason.check for reason in reasons}
+    if checks <= _UNAVAILABLE:
         return REFERENCE_UNAVAILABLE
+    if checks == {"not_capable"}:
+        return NOT_CAPABLE
     return FAIL
 
 
-def _summary(gpu: GPUEvidence) -> dict[str, Any]:
+def _summary(gpu: GPUEvidence | nvidia.NvidiaGPUEvidence) -> dict[str, Any]:
+    if isinstance(gpu, nvidia.NvidiaGPUEvidence):
+        return nvidia.summary(gpu)
     return {"uuid": gpu.uuid, "serial": gpu.serial, "model": gpu.gpu_model, "vbios": gpu.vbios,
             "driver": gpu.driver, "measurements": _measurements_json(gpu.measurements)}
 
@@ -530,8 +417,11 @@ def _membership_checks(evidence: NodeEvidence, node_gpus: Mapping[str, tuple[str
     return reasons
 
 
-def _gpu_checks(gpu: GPUEvidence, context: _Context) -> list[Reason]:
-    leaf, reasons = _verified_chain(gpu, context)
+def _gpu_checks(gpu: GPUEvidence | nvidia.NvidiaGPUEvidence, context: _Context) -> list[Reason]:
+    if isinstance(gpu, nvidia.NvidiaGPUEvidence):
+        return nvidia.gpu_checks(gpu, context.nvidia)
+    leaf, reasons = verified_chain(gpu.certificate_chain, trust=context.trust, revocation=context.revocation,
+                                   now=context.now, label=gpu.uuid, cache=context.cache)
     if leaf is not None:
         reasons += _identity_checks(gpu, leaf)
         reasons += _signature_checks(gpu, leaf)
@@ -588,7 +478,7 @@ def _reference(version: tuple[str, str, str], context: _Context) -> dict[int, st
     return context.normalised_references[version]
 
 
-def _identity_checks(gpu: GPUEvidence, leaf: _Leaf) -> list[Reason]:
+def _identity_checks(gpu: GPUEvidence, leaf: Leaf) -> list[Reason]:
     if leaf.common_names == (gpu.uuid,) and leaf.serial_numbers == (gpu.serial,):
         return []
     return [Reason(gpu.uuid, "identity_mismatch",
@@ -597,7 +487,7 @@ def _identity_checks(gpu: GPUEvidence, leaf: _Leaf) -> list[Reason]:
                    f"the evidence for {gpu.uuid} serial {gpu.serial}")]
 
 
-def _signature_checks(gpu: GPUEvidence, leaf: _Leaf) -> list[Reason]:
+def _signature_checks(gpu: GPUEvidence, leaf: Leaf) -> list[Reason]:
     key = leaf.public_key
     if not (isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP384R1)):
         return [Reason(gpu.uuid, "bad_signature", "the device key is not ECDSA P-384")]
@@ -609,160 +499,3 @@ def _signature_checks(gpu: GPUEvidence, leaf: _Leaf) -> list[Reason]:
     except InvalidSignature:
         return [Reason(gpu.uuid, "bad_signature", "the evidence signature does not verify with the device key")]
     return []
-
-
-#
-# Certificate chains
-#
-
-
-def _verified_chain(gpu: GPUEvidence, context: _Context) -> tuple[_Leaf | None, list[Reason]]:
-    """The device certificate, and what is wrong with its chain; from the cache when it holds it."""
-    key = None
-    if context.cache is not None:
-        key = _cache_key(gpu.certificate_chain, context.anchors_digest)
-        entry = context.cache.get(key, context.now)
-        if entry is not None:
-            return entry.leaf, _revocation_checks(entry.path, context.revoked, gpu.uuid)
-    certs, reasons = _load_chain(gpu)
-    if not certs:
-        return None, reasons
-    leaf = _leaf(certs[0])
-    if leaf is None:
-        return None, [Reason(gpu.uuid, "malformed_certificate", "the device certificate's key cannot be read")]
-    path, reasons = _build_path(certs[0], certs[1:], context, gpu.uuid)
-    ids = tuple(_path_cert(cert) for cert in path)
-    reasons += _path_checks(path, context.now, gpu.uuid)
-    reasons += _revocation_checks(ids, context.revoked, gpu.uuid)
-    if key is not None and not reasons:
-        context.cache.put(key, _ChainEntry(leaf=leaf, path=ids,
-                                           valid_from=max(cert.not_valid_before_utc for cert in path),
-                                           valid_until=min(cert.not_valid_after_utc for cert in path)))
-    return leaf, reasons
-
-
-def _cache_key(pems: list[str], anchors_digest: bytes) -> bytes:
-    digest = hashlib.sha256(anchors_digest)
-    for pem in pems:
-        digest.update(len(pem).to_bytes(4, "big"))
-        digest.update(pem.encode("ascii", "replace"))
-    return digest.digest()
-
-
-def _load_chain(gpu: GPUEvidence) -> tuple[list[x509.Certificate], list[Reason]]:
-    certs = []
-    for position, pem in enumerate(gpu.certificate_chain):
-        try:
-            cert = x509.load_pem_x509_certificate(pem.encode("ascii"))
-            cert.extensions  # noqa: B018 -- parsed here so a malformed extension is reported, not raised later
-        except (ValueError, UnicodeEncodeError) as error:
-            return [], [Reason(gpu.uuid, "malformed_certificate", f"certificate {position} does not parse: {error}")]
-        certs.append(cert)
-    if not certs:
-        return [], [Reason(gpu.uuid, "malformed_certificate", "no device certificate")]
-    return certs, []
-
-
-def _leaf(cert: x509.Certificate) -> _Leaf | None:
-    try:
-        public_key = cert.public_key()
-    except (ValueError, UnsupportedAlgorithm):
-        return None
-    subject = cert.subject
-    return _Leaf(cert=cert, public_key=public_key,
-                 common_names=tuple(str(a.value) for a in subject.get_attributes_for_oid(NameOID.COMMON_NAME)),
-                 serial_numbers=tuple(str(a.value) for a in subject.get_attributes_for_oid(NameOID.SERIAL_NUMBER)))
-
-
-def _path_cert(cert: x509.Certificate) -> _PathCert:
-    return _PathCert(subject=cert.subject.rfc4514_string(), issuer=cert.issuer.rfc4514_string(),
-                     serial_number=cert.serial_number)
-
-
-def _issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
-    """Whether ``issuer``'s key signed ``cert`` (and the names agree): the one test of a chain link."""
-    try:
-        cert.verify_directly_issued_by(issuer)
-    except (InvalidSignature, ValueError, TypeError, UnsupportedAlgorithm):
-        return False
-    return True
-
-
-def _build_path(leaf: x509.Certificate, presented: list[x509.Certificate], context: _Context,
-                uuid: str) -> tuple[list[x509.Certificate], list[Reason]]:
-    """
-    Walk from the device certificate up to a trusted root, each step to a certificate whose key
-    signed the one below. Returns the path (partial when it breaks) and why it broke.
-    """
-    path = [leaf]
-    current = leaf
-    while current not in context.roots:
-        if len(path) > MAX_PATH:
-            return path, [Reason(uuid, "chain_too_long", f"no trusted root within {MAX_PATH} certificates")]
-        subject = current.subject.rfc4514_string()
-        if current.issuer == current.subject:
-            return path, [Reason(uuid, "untrusted_root", f"the chain ends at {subject}, self-signed and not trusted")]
-        candidates = [cert for cert in context.issuers_by_subject.get(current.issuer, []) if cert not in path]
-        candidates += [cert for cert in presented if cert.subject == current.issuer and cert not in path]
-        if not candidates:
-            return path, [Reason(uuid, "untrusted_root", f"the chain ends at {subject}, whose issuer "
-                                                          f"{current.issuer.rfc4514_string()} is not trusted")]
-        issuer = next((cert for cert in candidates if _issued_by(current, cert)), None)
-        if issuer is None:
-            return path, [Reason(uuid, "chain_signature", f"{subject} names {current.issuer.rfc4514_string()} "
-                                                           "as issuer, but that certificate's key did not sign it")]
-        path.append(issuer)
-        current = issuer
-    return path, []
-
-
-def _path_checks(path: list[x509.Certificate], now: datetime, uuid: str) -> list[Reason]:
-    reasons = []
-    for cert in path:
-        reasons += _validity_checks(cert, now, uuid)
-    leaf_constraints = _extension(path[0], x509.BasicConstraints)
-    if leaf_constraints is not None and leaf_constraints.ca:
-        reasons.append(Reason(uuid, "leaf_is_ca", "the device certificate is a CA certificate"))
-    for depth, issuer in enumerate(path[1:], start=1):
-        reasons += _issuer_checks(issuer, depth, uuid)
-    return reasons
-
-
-def _validity_checks(cert: x509.Certificate, now: datetime, uuid: str) -> list[Reason]:
-    subject = cert.subject.rfc4514_string()
-    if now > cert.not_valid_after_utc:
-        return [Reason(uuid, "expired", f"{subject} expired at {cert.not_valid_after_utc.isoformat()}")]
-    if now < cert.not_valid_before_utc:
-        return [Reason(uuid, "not_yet_valid", f"{subject} is valid from {cert.not_valid_before_utc.isoformat()}")]
-    return []
-
-
-def _issuer_checks(issuer: x509.Certificate, depth: int, uuid: str) -> list[Reason]:
-    """An issuer must be a CA allowed to sign certificates, with room for the CAs below it."""
-    subject = issuer.subject.rfc4514_string()
-    constraints = _extension(issuer, x509.BasicConstraints)
-    usage = _extension(issuer, x509.KeyUsage)
-    problems = []
-    if constraints is None or not constraints.ca:
-        problems.append("BasicConstraints CA is not true")
-    if usage is None or not usage.key_cert_sign:
-        problems.append("KeyUsage lacks keyCertSign")
-    if problems:
-        return [Reason(uuid, "not_a_ca", f"{subject} signed a certificate but is not a CA: {'; '.join(problems)}")]
-    # depth 1 issued the leaf; the CAs between it and the leaf are depth - 1.
-    if constraints.path_length is not None and depth - 1 > constraints.path_length:
-        return [Reason(uuid, "path_length", f"{subject} allows {constraints.path_length} intermediate CAs "
-                                            f"below it, the chain has {depth - 1}")]
-    return []
-
-
-def _extension(cert: x509.Certificate, kind: type) -> Any:
-    try:
-        return cert.extensions.get_extension_for_class(kind).value
-    except x509.ExtensionNotFound:
-        return None
-
-
-def _revocation_checks(path: Iterable[_PathCert], revoked: set[tuple[str, int]], uuid: str) -> list[Reason]:
-    return [Reason(uuid, "revoked", f"{cert.subject} (serial {cert.serial_number:x} of {cert.issuer}) is revoked")
-            for cert in path if (cert.issuer, cert.serial_number) in revoked]

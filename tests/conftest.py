@@ -3,6 +3,8 @@ Fixtures. Settings are tests/settings.py (PostgreSQL by default); every API test
 world of two tenants and the eight personas of the role matrix (tests/world.py).
 """
 
+import subprocess
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -67,3 +69,14 @@ def steps(monkeypatch, settings):
     monkeypatch.setattr(dispatching, "enqueue", collected.enqueue)
     monkeypatch.setattr(dispatching, "provision_when_due", collected.when_due)
     return collected
+
+
+@pytest.fixture(scope="session")
+def nvidia_samples_dir():
+    """NVIDIA's genuine attestation samples (tests/security/nvidia_samples.py fetches the pinned wheel once)."""
+    from tests.security import nvidia_samples
+
+    try:
+        return nvidia_samples.fetch()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        pytest.skip(f"NVIDIA's samples could not be fetched from the package index: {error}")
