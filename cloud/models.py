@@ -208,6 +208,8 @@ class GPU(models.Model):
     index = models.PositiveSmallIntegerField()
     uuid = models.CharField("GPU UUID", max_length=64, unique=True)
     serial = models.CharField(max_length=64, unique=True)
+    # The device ID the GPU's certificate gave at its first passing attestation; later evidence must match.
+    attested_identity = models.CharField(max_length=64, blank=True)
     pci_bus_id = models.CharField(max_length=32)
     model = models.ForeignKey(GPUModel, on_delete=models.PROTECT, related_name="gpus")
     memory_mib = models.PositiveIntegerField()

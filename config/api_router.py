@@ -83,6 +83,8 @@ router.register("gpus", cloud.GPUViewSet, basename="gpus")
 router.register("trust-anchors", security.TrustAnchorViewSet, basename="trust-anchors")
 router.register("revocations", security.RevocationViewSet, basename="revocations")
 router.register("reference-measurements", security.ReferenceMeasurementViewSet, basename="reference-measurements")
+router.register("reference-manifests", security.ReferenceManifestViewSet, basename="reference-manifests")
+router.register("ocsp-statuses", security.OcspStatusViewSet, basename="ocsp-statuses")
 router.register("attestation-reports", security.AttestationReportViewSet, basename="attestation-reports")
 router.register("sla", sla.SLAViewSet, basename="sla")
 

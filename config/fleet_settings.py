@@ -35,6 +35,8 @@ MERIDIAN_VFS_PER_PORT = env.int("MERIDIAN_VFS_PER_PORT", default=16)
 MERIDIAN_ATTESTATION_NONCE_TTL = timedelta(seconds=env.int("MERIDIAN_ATTESTATION_NONCE_TTL_SECONDS", default=120))
 MERIDIAN_ATTESTATION_IDLE_INTERVAL = timedelta(
     hours=env.float("MERIDIAN_ATTESTATION_IDLE_INTERVAL_HOURS", default=24.0))
+# An imported OCSP "good" status without a nextUpdate counts as fresh this long after its thisUpdate.
+MERIDIAN_OCSP_MAX_AGE = timedelta(hours=env.float("MERIDIAN_OCSP_MAX_AGE_HOURS", default=168.0))
 # Receipt signing keys stay in the published JWKS this long after they stop signing.
 MERIDIAN_RECEIPT_KEY_PUBLISHED_DAYS = env.int("MERIDIAN_RECEIPT_KEY_PUBLISHED_DAYS", default=400)
 # Simulated hardware: seed, and per action (or "default") latency_s, failure_rate (transient)

@@ -408,7 +408,8 @@ def _membership_checks(evidence: NodeEvidence, node_gpus: Mapping[str, tuple[str
         owned = node_gpus.get(gpu.uuid)
         if owned is None:
             reasons.append(Reason(gpu.uuid, "foreign_gpu", "this GPU is not registered to this node"))
-        elif tuple(owned) != (gpu.serial, gpu.gpu_model):
+        elif owned[0] != gpu.serial or (owned[1] != gpu.gpu_model and not isinstance(gpu, nvidia.NvidiaGPUEvidence)):
+            # NVML names an NVIDIA GPU's model in its own words; its serial is what binds it to the inventory.
             reasons.append(Reason(gpu.uuid, "foreign_gpu", f"registered as serial {owned[0]}, model {owned[1]}; "
                                                            f"reported serial {gpu.serial}, model {gpu.gpu_model}"))
     for uuid in node_gpus:

@@ -1,11 +1,11 @@
-"""Security records: the audit trail and incidents; attestation, isolation and keys come later."""
+"""Security records: the audit trail, incidents, device attestation and the keys of receipts."""
 
 import uuid
 
 from django.db import models
 from django.utils import timezone
 
-from security.choices import TrustAnchorKind
+from security.choices import CertificateStatus, TrustAnchorKind, TrustAnchorPurpose
 from security.crypto import EncryptedTextField
 from tenants.scoping import PlatformQuerySet, TenantScopedQuerySet
 
@@ -106,13 +106,21 @@ class Incident(models.Model):
 
 
 class TrustAnchor(models.Model):
-    """A certificate authority the operator trusts for GPU device certificates: a root, or an intermediate."""
+    """
+    A certificate authority the operator trusts, for GPU device certificates or for the signers of
+    reference integrity manifests (never both: each purpose has its own roots). A root that
+    requires revocation status makes every certificate below it need a fresh imported OCSP status.
+    """
 
     Kind = TrustAnchorKind
+    Purpose = TrustAnchorPurpose
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.ROOT)
+    purpose = models.CharField(max_length=8, choices=Purpose.choices, default=Purpose.DEVICE)
+    revocation_required = models.BooleanField(
+        default=False, help_text="Certificates below this root need a fresh imported OCSP status to pass.")
     certificate_pem = models.TextField()
     fingerprint_sha256 = models.CharField(max_length=64, unique=True)
     subject = models.CharField(max_length=500)
@@ -173,6 +181,58 @@ class ReferenceMeasurement(models.Model):
         return f"{self.gpu_model} VBIOS {self.vbios_version} driver {self.driver_version}"
 
 
+class ReferenceManifest(models.Model):
+    """
+    A vendor's signed reference integrity manifest (an NVIDIA driver or VBIOS RIM), imported by
+    staff after its signature and signer chain verified; kept whole, and verified again at each
+    attestation (its signer may have expired or been revoked since).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=8)  # driver or vbios
+    version = models.CharField(max_length=64)
+    product = models.CharField(max_length=64, blank=True)
+    tag_id = models.CharField(max_length=128, blank=True)
+    signer = models.CharField(max_length=500)
+    document = models.TextField()
+    measurements = models.JSONField(default=dict)  # the active indices and their alternatives, for reading
+    imported_by_id = models.UUIDField(null=True, blank=True)
+    imported_at = models.DateTimeField(auto_now_add=True)
+
+    objects = PlatformQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["kind", "version"]
+        constraints = [models.UniqueConstraint(fields=["kind", "version"], name="rim_unique_per_version")]
+
+    def __str__(self):
+        return f"{self.kind} RIM {self.version}"
+
+
+class OcspStatus(models.Model):
+    """A certificate's revocation status from an OCSP response an operator imported (the newest wins)."""
+
+    Status = CertificateStatus
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    issuer = models.CharField(max_length=500, help_text="The issuer's distinguished name (RFC 4514).")
+    serial_number = models.CharField(max_length=64, help_text="Hex, lower case, no leading zeros.")
+    status = models.CharField(max_length=8, choices=Status.choices)
+    this_update = models.DateTimeField()
+    next_update = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    imported_at = models.DateTimeField(auto_now=True)
+
+    objects = PlatformQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["issuer", "serial_number"]
+        constraints = [models.UniqueConstraint(fields=["issuer", "serial_number"], name="ocsp_status_unique")]
+
+    def __str__(self):
+        return f"{self.serial_number} of {self.issuer}: {self.status}"
+
+
 class AttestationNonce(models.Model):
     """A challenge sent to one node: 32 random bytes, single-use and short-lived."""
 
@@ -195,6 +255,7 @@ class AttestationReport(models.Model):
         PASS = "pass", "Pass"
         FAIL = "fail", "Fail"
         REFERENCE_UNAVAILABLE = "reference_unavailable", "Reference values unavailable"
+        NOT_CAPABLE = "not_capable", "Not capable (confidential computing off)"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     node_id = models.UUIDField(db_index=True)

@@ -26,7 +26,7 @@ from signxml.exceptions import InvalidInput, InvalidSignature
 
 from security.chains import ChainCache, Reason, Revocation, Trust, verified_chain
 
-MAX_RIM = 1 << 20
+MAX_RIM = 512 * 1024  # NVIDIA's RIMs are about 20 KiB
 SWID = "http://standards.iso.org/iso/19770/-2/2015/schema.xsd"
 DSIG = "http://www.w3.org/2000/09/xmldsig#"
 SHA384 = "http://www.w3.org/2001/04/xmlenc#sha384"

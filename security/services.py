@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import secrets
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
@@ -23,12 +24,16 @@ from cloud.choices import GPUState, NodeState
 from cloud.models import GPU
 from cloud.services import node_transition
 from core.errors import Conflict, DomainError
+from security import ocsp, rim
 from security.attestation import ChainCache, NodeEvidence, NonceRecord, verify
 from security.audit import audit_record
+from security.chains import Revocation, Trust, verified_chain
 from security.models import (
     AttestationNonce,
     AttestationReport,
     Incident,
+    OcspStatus,
+    ReferenceManifest,
     ReferenceMeasurement,
     RevokedCertificate,
     TrustAnchor,
@@ -82,16 +87,29 @@ def attestation_submit(*, node, evidence: dict, nonce: str, gpu_uuids=None) -> A
     except ValueError as exc:
         return _report(node, nonce, Status.FAIL, [{"gpu": None, "check": "malformed", "detail": str(exc)[:500]}],
                        evidence)
-    gpus = node.gpus.select_related("model")
-    if gpu_uuids is not None:
-        gpus = gpus.filter(uuid__in=list(gpu_uuids))
+    gpus = list(node.gpus.select_related("model").filter(**({} if gpu_uuids is None else
+                                                             {"uuid__in": list(gpu_uuids)})))
     node_gpus = {gpu.uuid: (gpu.serial, gpu.model.slug) for gpu in gpus}
-    roots, intermediates = _anchors()
-    verdict = verify(parsed, nonce=challenge, roots=roots, intermediates=intermediates, revoked=_revoked(),
+    anchors = _anchors()
+    revoked, good_until = _revocation()
+    verdict = verify(parsed, nonce=challenge, roots=anchors["device_roots"], intermediates=anchors["intermediates"],
+                     revoked=revoked, good_until=good_until, strict_roots=anchors["strict"],
+                     rim_roots=anchors["rim_roots"], rims=_rims(parsed),
+                     identities={gpu.uuid: gpu.attested_identity for gpu in gpus if gpu.attested_identity},
                      references=_references(parsed), node_gpus=node_gpus, now=now,
                      max_age_s=int(settings.MERIDIAN_ATTESTATION_NONCE_TTL.total_seconds()), cache=_CHAINS)
+    if verdict.status == Status.PASS:
+        _pin_identities(gpus, verdict.gpus)
     reasons = [{"gpu": r.gpu, "check": r.check, "detail": r.detail} for r in verdict.reasons]
     return _report(node, nonce, verdict.status, reasons, evidence, gpus=verdict.gpus)
+
+
+def _pin_identities(gpus, summaries) -> None:
+    """A GPU's first passing device ID is kept: later evidence under its UUID must come from the same device."""
+    stated = {summary["uuid"]: summary.get("identity") for summary in summaries}
+    for gpu in gpus:
+        if not gpu.attested_identity and stated.get(gpu.uuid):
+            GPU.objects.filter(pk=gpu.pk, attested_identity="").update(attested_identity=stated[gpu.uuid][:64])
 
 
 def _report(node, nonce, status, reasons, evidence, gpus=()) -> AttestationReport:
@@ -100,12 +118,20 @@ def _report(node, nonce, status, reasons, evidence, gpus=()) -> AttestationRepor
                                             gpus=list(gpus), evidence_sha384=digest)
 
 
-def _anchors() -> tuple[list, list]:
-    roots, intermediates = [], []
-    for kind, pem in TrustAnchor.objects.filter(is_active=True).values_list("kind", "certificate_pem"):
+def _anchors() -> dict[str, list]:
+    """The active anchors: device roots, intermediates, RIM roots, and the roots that require OCSP status."""
+    found: dict[str, list] = {"device_roots": [], "intermediates": [], "rim_roots": [], "strict": []}
+    rows = TrustAnchor.objects.filter(is_active=True).values_list("kind", "purpose", "revocation_required",
+                                                                  "certificate_pem")
+    for kind, purpose, strict, pem in rows:
         cert = _certificate(pem)
-        (roots if kind == TrustAnchor.Kind.ROOT else intermediates).append(cert)
-    return roots, intermediates
+        if kind != TrustAnchor.Kind.ROOT:
+            found["intermediates"].append(cert)
+            continue
+        found["rim_roots" if purpose == TrustAnchor.Purpose.RIM else "device_roots"].append(cert)
+        if strict:
+            found["strict"].append(cert)
+    return found
 
 
 _PARSED: dict[str, x509.Certificate] = {}
@@ -117,15 +143,38 @@ def _certificate(pem: str) -> x509.Certificate:
     return _PARSED[pem]
 
 
-def _revoked() -> set[tuple[str, int]]:
-    return {(issuer, int(serial, 16)) for issuer, serial in
-            RevokedCertificate.objects.values_list("issuer", "serial_number")}
+def _revocation() -> tuple[set[tuple[str, int]], dict]:
+    """Revoked (issuer, serial): the operator's and imported OCSP's; and until when each good status is fresh."""
+    revoked = {(issuer, int(serial, 16)) for issuer, serial in
+               RevokedCertificate.objects.values_list("issuer", "serial_number")}
+    good_until = {}
+    for issuer, serial, status, this_update, next_update in OcspStatus.objects.values_list(
+            "issuer", "serial_number", "status", "this_update", "next_update"):
+        if status == OcspStatus.Status.REVOKED:
+            revoked.add((issuer, int(serial, 16)))
+        elif status == OcspStatus.Status.GOOD:
+            good_until[(issuer, int(serial, 16))] = next_update or this_update + settings.MERIDIAN_OCSP_MAX_AGE
+    return revoked, good_until
+
+
+def _rims(evidence: NodeEvidence) -> dict:
+    """The RIM documents for the driver and VBIOS versions the evidence's NVIDIA reports state, in one query."""
+    wanted = set()
+    for gpu in evidence.gpus:
+        report = getattr(gpu, "report", None)
+        if report is not None:
+            wanted |= {(rim.DRIVER, report.driver_version.lower()), (rim.VBIOS, report.vbios_version.lower())}
+    if not wanted:
+        return {}
+    rows = ReferenceManifest.objects.filter(version__iregex=r"^(" + "|".join(
+        re.escape(version) for _, version in wanted) + r")$").values_list("kind", "version", "document")
+    return {(kind, version.lower()): document.encode() for kind, version, document in rows}
 
 
 def _references(evidence: NodeEvidence) -> dict:
     """The reference values of every (model, VBIOS, driver) the evidence reports, in one query."""
     wanted = Q()
-    for model, vbios, driver in {(g.gpu_model, g.vbios, g.driver) for g in evidence.gpus}:
+    for model, vbios, driver in {(g.gpu_model, g.vbios, g.driver) for g in evidence.gpus if hasattr(g, "vbios")}:
         wanted |= Q(gpu_model=model, vbios_version=vbios, driver_version=driver)
     return {(row.gpu_model, row.vbios_version, row.driver_version):
             {int(index): digest for index, digest in row.measurements.items()}
@@ -142,7 +191,9 @@ def attestation_outcome(*, node, report: AttestationReport, gpus=None) -> None:
     Apply a verdict. A pass changes nothing (a held node comes back only through validation). A
     failure quarantines the bare-metal node -- or, on a shared host, only ``gpus`` (the GPUs of
     one instance: the other tenants' work goes on) -- and opens an incident; firmware with no
-    reference values holds the node in ``reference_unavailable`` until staff register them.
+    reference values (or certificates without a fresh OCSP status) holds the node in
+    ``reference_unavailable`` until staff import them, and so does a host whose GPUs have CC mode
+    off (``not_capable``: nothing is wrong with it, but it cannot prove what it runs).
     """
     if report.status == Status.PASS:
         return
@@ -158,7 +209,8 @@ def attestation_outcome(*, node, report: AttestationReport, gpus=None) -> None:
                 node_transition(actor=None, node=node, target=target, reason=f"Attestation: {summary}")
             except Conflict:
                 log.warning("Could not move %s to %s after attestation: %s", node.hostname, target, summary)
-    kind = "attestation_failed" if report.status == Status.FAIL else "reference_unavailable"
+    kind = {Status.FAIL: "attestation_failed", Status.NOT_CAPABLE: "attestation_not_capable"}.get(
+        report.status, "reference_unavailable")
     Incident.objects.create(kind=kind, node_id=node.pk, summary=f"{node.hostname}: {summary}"[:500],
                             evidence={"report": str(report.pk), "reasons": report.reasons,
                                       "gpus": [g.uuid for g in gpus] if gpus is not None else None})
@@ -170,8 +222,9 @@ def attestation_outcome(*, node, report: AttestationReport, gpus=None) -> None:
 
 
 @transaction.atomic
-def trust_anchor_add(*, actor, name: str, certificate_pem: str, kind: str = TrustAnchor.Kind.ROOT) -> TrustAnchor:
-    """Trust a CA certificate (PEM) for device certificates; it must be a CA and not expired."""
+def trust_anchor_add(*, actor, name: str, certificate_pem: str, kind: str = TrustAnchor.Kind.ROOT,
+                     purpose: str = TrustAnchor.Purpose.DEVICE, revocation_required: bool = False) -> TrustAnchor:
+    """Trust a CA certificate (PEM) for device certificates or RIM signers; it must be a CA and not expired."""
     try:
         cert = x509.load_pem_x509_certificate(certificate_pem.encode())
     except ValueError:
@@ -188,11 +241,13 @@ def trust_anchor_add(*, actor, name: str, certificate_pem: str, kind: str = Trus
     fingerprint = cert.fingerprint(hashes.SHA256()).hex()
     anchor, _ = TrustAnchor.objects.update_or_create(
         fingerprint_sha256=fingerprint,
-        defaults={"name": name, "kind": kind, "certificate_pem": certificate_pem.strip() + "\n",
+        defaults={"name": name, "kind": kind, "purpose": purpose, "revocation_required": revocation_required,
+                  "certificate_pem": certificate_pem.strip() + "\n",
                   "subject": cert.subject.rfc4514_string()[:500], "not_after": cert.not_valid_after_utc,
                   "is_active": True})
     audit_record(actor=actor, action="attestation.trust_anchor_add", target=anchor,
-                 after={"name": name, "kind": kind, "subject": anchor.subject, "fingerprint": fingerprint})
+                 after={"name": name, "kind": kind, "purpose": purpose, "revocation_required": revocation_required,
+                        "subject": anchor.subject, "fingerprint": fingerprint})
     return anchor
 
 
@@ -239,3 +294,70 @@ def reference_register(*, actor, gpu_model: str, vbios_version: str, driver_vers
                         "indices": sorted(clean, key=int), "replaced": not created})
     return reference
 
+
+
+@transaction.atomic
+def rim_import(*, actor, document: bytes) -> ReferenceManifest:
+    """
+    Import a vendor's reference integrity manifest after its XML signature and signer chain
+    verify against the RIM roots now; it replaces an earlier RIM for the same version. Nodes held
+    in ``reference_unavailable`` go through validation again to be attested with it.
+    """
+    anchors = _anchors()
+    revoked, good_until = _revocation()
+    trust = Trust.of(anchors["rim_roots"], anchors["intermediates"],
+                     [root for root in anchors["strict"] if root in anchors["rim_roots"]])
+    manifest, reasons = rim.verify(document, trust=trust, revocation=Revocation(revoked=revoked, good_until=good_until),
+                                   now=timezone.now())
+    if manifest is None:
+        raise DomainError({"document": [f"{r.check}: {r.detail}" for r in reasons]}, code="rim_invalid")
+    row, created = ReferenceManifest.objects.update_or_create(
+        kind=manifest.kind, version=manifest.version,
+        defaults={"product": manifest.product[:64], "tag_id": manifest.tag_id[:128], "signer": manifest.signer[:500],
+                  "document": document.decode("utf-8"), "measurements": manifest.to_dict()["measurements"],
+                  "imported_by_id": getattr(getattr(actor, "user", actor), "pk", None)})
+    audit_record(actor=actor, action="attestation.rim_import", target=row,
+                 after={"kind": manifest.kind, "version": manifest.version, "signer": manifest.signer,
+                        "indices": len(manifest.measurements), "replaced": not created})
+    return row
+
+
+@transaction.atomic
+def ocsp_import(*, actor, der: bytes, issuers: list[x509.Certificate] = ()) -> list[OcspStatus]:
+    """
+    Record the statuses of an OCSP response fetched where the vendor's responder is reachable.
+    The issuer is a trusted anchor, or a certificate given with the response that chains to one.
+    A status older than the one held is ignored.
+    """
+    now = timezone.now()
+    anchors = _anchors()
+    known = anchors["device_roots"] + anchors["rim_roots"] + anchors["intermediates"]
+    trust = Trust.of(anchors["device_roots"] + anchors["rim_roots"], anchors["intermediates"])
+    for cert in issuers:
+        pem = cert.public_bytes(serialization.Encoding.PEM).decode()
+        _, reasons = verified_chain([pem], trust=trust, revocation=Revocation(), now=now, label=None)
+        if reasons:
+            raise DomainError({"issuer": [f"{cert.subject.rfc4514_string()}: {reasons[0].detail}"]},
+                              code="untrusted_issuer")
+        known.append(cert)
+    try:
+        statuses = ocsp.read(der, issuers=known, now=now)
+    except ValueError as error:
+        raise DomainError({"response": [str(error)]}, code="ocsp_invalid") from None
+    rows = []
+    for status in statuses:
+        serial = f"{status.serial_number:x}"
+        held = OcspStatus.objects.select_for_update().filter(issuer=status.issuer, serial_number=serial).first()
+        if held is not None and held.this_update >= status.this_update:
+            rows.append(held)
+            continue
+        row, _ = OcspStatus.objects.update_or_create(
+            issuer=status.issuer, serial_number=serial,
+            defaults={"status": status.status, "this_update": status.this_update, "next_update": status.next_update,
+                      "revoked_at": status.revoked_at})
+        audit_record(actor=actor, action="attestation.ocsp_import", target=row,
+                     after={"issuer": status.issuer, "serial": serial, "status": status.status,
+                            "next_update": status.next_update.isoformat() if status.next_update else None})
+        rows.append(row)
+    _CHAINS.clear()
+    return rows

@@ -69,6 +69,8 @@ POLICIES: dict[str, dict[str, str]] = {
     "trust-anchors": {"read": PLATFORM, "write": PLATFORM_ADMIN},
     "revocations": {"read": PLATFORM, "write": PLATFORM_ADMIN},
     "reference-measurements": {"read": PLATFORM, "write": PLATFORM_ADMIN},
+    "reference-manifests": {"read": PLATFORM, "write": PLATFORM_ADMIN},
+    "ocsp-statuses": {"read": PLATFORM, "write": PLATFORM_ADMIN},
     "attestation-reports": {"read": PLATFORM, "write": NOBODY},
     # SLA figures per tenant and month: the tenant reads its own (members: their teams' reservations), staff all.
     "sla": {"read": VIEWER, "write": NOBODY},

@@ -23,9 +23,14 @@ from cloud.choices import NodeState
 from cloud.models import Node
 from provisioning.models import VPC
 from tenants.models import HighPriorityApplication, Membership, Team
+from tests.security.staff_bodies import ocsp_body, rim_body
 from tests.world import World, hp_snapshot, small_fleet, team_record, unique
 
 ERROR_KEYS = {"code", "detail", "attr"}
+# An XML entity bomb: a RIM parser that expanded entities would take gigabytes.
+_BILLION_LAUGHS = ('<?xml version="1.0"?><!DOCTYPE l [<!ENTITY a "aaaaaaaaaa">' + "".join(
+    f'<!ENTITY {chr(98 + i)} "{("&" + chr(97 + i) + ";") * 10}">' for i in range(8)) +
+    ']><SoftwareIdentity xmlns="http://standards.iso.org/iso/19770/-2/2015/schema.xsd">&i;</SoftwareIdentity>')
 FIVE_MB = 5 * 1024 * 1024
 
 
@@ -194,6 +199,10 @@ ENDPOINTS = {
         Endpoint("reference-create", "platform_admin", "post", lambda w: "/api/v1/reference-measurements/",
                  lambda w: {"gpu_model": "h100-80gb-sxm", "vbios_version": "96.00.aa.00.01", "driver_version": "575.1",
                             "measurements": {"0": "a" * 96, "1": "b" * 96}}, 201),
+        Endpoint("rim-import", "platform_admin", "post", lambda w: "/api/v1/reference-manifests/",
+                 lambda w: rim_body(), 201),
+        Endpoint("ocsp-import", "platform_admin", "post", lambda w: "/api/v1/ocsp-statuses/",
+                 lambda w: ocsp_body(), 201),
         Endpoint("hp-apply", "t1_member", "post", lambda w: "/api/v1/high-priority-applications/", _hp_apply_body,
                  201),
         Endpoint("hp-review", "platform_approver", "post", _hp_review_path,
@@ -465,6 +474,24 @@ SPECIFIC_CASES = {
         _case("measurements-65", lambda w, v: {**v, "measurements": {str(i): "a" * 96 for i in range(65)}},
               attr="measurements"),
         *_not_accepted("id", "created_at", "registered_by_id"),
+    ],
+    "rim-import": [
+        _case("document-missing", lambda w, v: {}, code="required", attr="document"),
+        _case("document-not-xml", lambda w, v: {"document": "hello"}, code="rim_invalid", attr="document"),
+        _case("document-tampered", lambda w, v: {"document": v["document"].replace("a" * 96, "c" * 96)},
+              code="rim_invalid", attr="document"),
+        _case("entity-expansion", lambda w, v: {"document": _BILLION_LAUGHS}, code="rim_invalid", attr="document"),
+        _case("document-600kb", lambda w, v: {"document": "A" * 600_000}, code="max_length",
+              attr="document"),
+        *_not_accepted("id", "kind", "version"),
+    ],
+    "ocsp-import": [
+        _case("response-missing", lambda w, v: {}, code="required", attr="response"),
+        _case("response-not-base64", lambda w, v: {"response": "@@@"}, code="invalid", attr="response"),
+        _case("response-not-ocsp", lambda w, v: {"response": "aGVsbG8="}, code="ocsp_invalid", attr="response"),
+        _case("issuer-not-pem", lambda w, v: {**v, "issuers": ["x"]}, code="invalid", attr="issuers"),
+        _case("issuers-5", lambda w, v: {**v, "issuers": [_pem(_ca())] * 5}, code="max_length", attr="issuers"),
+        *_not_accepted("id", "status"),
     ],
     "hp-apply": [
         *_string_cases("note"),

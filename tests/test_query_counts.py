@@ -23,7 +23,15 @@ from cloud.models import GPU, Fabric, GPUModel, Image, Node, Offering, Region, S
 from config.api_router import router
 from inference.models import Endpoint, Replica
 from provisioning.models import VPC, Instance, Operation, PortMembership, Reservation
-from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
+from security.models import (
+    AttestationReport,
+    AuditEvent,
+    OcspStatus,
+    ReferenceManifest,
+    ReferenceMeasurement,
+    RevokedCertificate,
+    TrustAnchor,
+)
 from storage.models import Checkpoint, StorageClass, Volume, VolumeAttachment, VolumeSnapshot
 from tenants.choices import QuotaResource, TeamRole, TenantRole
 from tenants.models import (
@@ -39,6 +47,7 @@ from tenants.models import (
     Tenant,
     secret_digest,
 )
+from tests.security.staff_bodies import make_manifests, make_ocsp_statuses
 from tests.world import (
     World,
     fleet_node,
@@ -398,6 +407,8 @@ ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     RevokedCertificate: make_revocations,
     ReferenceMeasurement: make_references,
     AttestationReport: make_attestation_reports,
+    ReferenceManifest: lambda world, n: make_manifests(n),
+    OcspStatus: lambda world, n: make_ocsp_statuses(n),
     VPC: make_vpcs,
     StorageClass: make_storage_classes,
     Volume: make_volumes,

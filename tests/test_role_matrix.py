@@ -28,7 +28,15 @@ from provisioning.models import VPC, Instance, Operation, Reservation
 from provisioning.services import reservation_create
 from provisioning.staff_actions import reservation_hold
 from security.crypto import encrypt
-from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
+from security.models import (
+    AttestationReport,
+    AuditEvent,
+    OcspStatus,
+    ReferenceManifest,
+    ReferenceMeasurement,
+    RevokedCertificate,
+    TrustAnchor,
+)
 from storage.catalogue import default_storage_classes
 from storage.drivers.simulated import SimulatedStorage
 from storage.models import Checkpoint, Volume, VolumeSnapshot
@@ -48,6 +56,7 @@ from tenants.models import (
 )
 from tenants.scoping import Principal
 from tests.routes import SAFE, api_routes
+from tests.security.staff_bodies import make_manifests, make_ocsp_statuses, ocsp_body, rim_body
 from tests.world import PERSONAS, World, fleet_node, small_fleet, ssh_key, team_record, unique, vm_offering
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 
@@ -185,6 +194,10 @@ def attestation_row(model):
         RevokedCertificate.objects.create(issuer="CN=Old GPU CA", serial_number="abc")
     if not AttestationReport.objects.exists():
         AttestationReport.objects.create(node_id=uuid.uuid4(), nonce="0" * 64, status="pass")
+    if not ReferenceManifest.objects.exists():
+        make_manifests(1)
+    if not OcspStatus.objects.exists():
+        make_ocsp_statuses(1)
     return model.objects.order_by("pk").first().pk
 
 
@@ -573,6 +586,18 @@ MATRIX: dict[tuple[str, str], Case] = {
     ("GET", "reference-measurements-detail"): Case(
         "401 403 403 403 403 403 200 200",
         lambda w: f"{V1}/reference-measurements/{attestation_row(ReferenceMeasurement)}/"),
+    ("GET", "reference-manifests-list"): Case(
+        "401 403 403 403 403 403 200 200", lambda w: f"{V1}/reference-manifests/"),
+    ("POST", "reference-manifests-list"): Case(
+        "401 403 403 403 403 403 403 201", lambda w: f"{V1}/reference-manifests/", lambda w: rim_body()),
+    ("GET", "reference-manifests-detail"): Case(
+        "401 403 403 403 403 403 200 200",
+        lambda w: f"{V1}/reference-manifests/{attestation_row(ReferenceManifest)}/"),
+    ("GET", "ocsp-statuses-list"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/ocsp-statuses/"),
+    ("POST", "ocsp-statuses-list"): Case(
+        "401 403 403 403 403 403 403 201", lambda w: f"{V1}/ocsp-statuses/", lambda w: ocsp_body()),
+    ("GET", "ocsp-statuses-detail"): Case(
+        "401 403 403 403 403 403 200 200", lambda w: f"{V1}/ocsp-statuses/{attestation_row(OcspStatus)}/"),
     ("GET", "attestation-reports-list"): Case(
         "401 403 403 403 403 403 200 200", lambda w: f"{V1}/attestation-reports/"),
     ("GET", "attestation-reports-detail"): Case(

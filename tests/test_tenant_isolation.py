@@ -25,7 +25,8 @@ from web.api.base import PlatformViewSet, TenantScopedViewSet
 # Platform-owned resources: the catalogue and its price book (every tenant reads the same rows), the fleet and what
 # attestation trusts (staff only; tenants get 403, proven cell by cell in the role matrix).
 PLATFORM_RESOURCES = {"regions", "gpu-models", "offerings", "prices", "spot-prices", "storage-classes", "fabrics",
-                      "nodes", "gpus", "trust-anchors", "revocations", "reference-measurements", "attestation-reports"}
+                      "nodes", "gpus", "trust-anchors", "revocations", "reference-measurements", "reference-manifests",
+                      "ocsp-statuses", "attestation-reports"}
 # Plain views that are not about a tenant's objects: the caller itself, accepting an invitation
 # (scoped by its secret), the audit chain's verification (platform admins only), and the API root
 # (the list of resources, the same for everyone).

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 from provisioning.agent.agent import Agent, ControlPlane, simulated_host
+from provisioning.agent.attester import NvidiaAttester
 from provisioning.agent.nvml import RealNVML, SimulatedGPU, SimulatedNVML
 from provisioning.agent.ports import SimulatedPorts, SysfsPorts
 
@@ -66,6 +67,7 @@ def main(argv=None) -> None:
     if args.nvml == "real":
         nvml = RealNVML()
         host = {
+            "attester": NvidiaAttester(nvml),
             "scrub_command": shlex.split(args.scrub_command) or None,
             "mig_command": shlex.split(args.mig_command) or None,
             "time_slice_command": shlex.split(args.time_slice_command) or None,

@@ -1,8 +1,8 @@
 """
-Signing attestation evidence on the node. A GPU's evidence is signed by the GPU's own device key
-(on real hardware the GPU signs its SPDM measurement report and NVIDIA's attestation SDK collects
-it; that backend plugs in here). The simulated attester holds, per GPU, a real P-384 device key
-and certificate chain, so the control plane's real verifier checks it as it would a real GPU.
+Attestation evidence from the node. On real hardware (NvidiaAttester) each GPU signs an SPDM
+measurement report that NVML returns for the control plane's nonce; the simulated attester holds,
+per GPU, a real P-384 device key and certificate chain and signs Meridian's JSON evidence, so the
+control plane's real verifier checks both.
 """
 
 from __future__ import annotations
@@ -45,3 +45,34 @@ class SimulatedAttester:
             )
             reports.append(signed.to_dict())
         return {"node": hostname, "nonce": nonce, "gpus": reports}
+
+
+class NvidiaAttester:
+    """
+    Evidence from real NVIDIA GPUs (``--nvml real``): per GPU, the SPDM attestation report NVML
+    returns for the control plane's nonce and the GPU's attestation certificate chain, in the
+    ``nvidia-spdm`` format security.nvidia verifies. With CC mode off, a GPU sends ``cc_mode:
+    off`` and no report: the control plane records it as not capable of attestation.
+    """
+
+    def __init__(self, nvml):
+        self.nvml = nvml
+
+    def evidence(self, hostname: str, nonce: str, gpus: list[dict]) -> dict:
+        mode = self.nvml.cc_mode()
+        reports = []
+        for gpu in gpus:
+            entry = {"format": "nvidia-spdm", "uuid": gpu["uuid"], "serial": gpu.get("serial") or "",
+                     "gpu_model": gpu.get("name") or "", "cc_mode": mode, "report": None, "certificate_chain": []}
+            if mode != "off":
+                report, chain = self.nvml.cc_evidence(gpu["index"], bytes.fromhex(nonce))
+                entry["report"] = report.hex()
+                entry["certificate_chain"] = _split_pem(chain.decode("ascii", "replace"))
+            reports.append(entry)
+        return {"node": hostname, "nonce": nonce, "gpus": reports}
+
+
+def _split_pem(bundle: str) -> list[str]:
+    end = "-----END CERTIFICATE-----"
+    return [block[block.index("-----BEGIN"):].strip() + "\n" + end + "\n"
+            for block in bundle.split(end) if "-----BEGIN CERTIFICATE-----" in block]

@@ -569,6 +569,22 @@ class RealNVML:
         slice_ns = getattr(getattr(getattr(state, "schedulerParams", None), "vgpuSchedData", None), "timeslice", 0)
         return max(1, round(slice_ns / 1_000_000)) if slice_ns else None
 
+    def cc_mode(self) -> str:
+        """The host's confidential-computing mode: on, devtools or off (off too where NVML or the GPUs lack CC)."""
+        state = self._read("confidential-computing state", self._nvml.nvmlSystemGetConfComputeState)
+        if state is None or state.ccFeature != self._nvml.NVML_CC_SYSTEM_FEATURE_ENABLED:
+            return "off"
+        return "devtools" if state.devToolsMode == self._nvml.NVML_CC_SYSTEM_DEVTOOLS_MODE_ON else "on"
+
+    def cc_evidence(self, index: int, nonce: bytes) -> tuple[bytes, bytes]:
+        """The GPU's SPDM attestation report for ``nonce`` (32 bytes) and its attestation certificate chain (PEM)."""
+        report = self._device("attestation report", "nvmlDeviceGetConfComputeGpuAttestationReport", index, nonce)
+        chain = self._device("attestation certificates", "nvmlDeviceGetConfComputeGpuCertificate", index)
+        if report is None or chain is None:
+            raise NVMLReadError(f"GPU {index} gives no attestation report: its driver does not support CC")
+        return (bytes(report.attestationReport[:report.attestationReportSize]),
+                bytes(chain.attestationCertChain[:chain.attestationCertChainSize]))
+
     def scrub(self, index: int, mem_lo: int, mem_hi: int) -> bool:
         """
         Not done through NVML: clearing a GPU needs a reset, which needs privileges and is the

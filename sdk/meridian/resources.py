@@ -159,6 +159,8 @@ def attach(client) -> None:
     c.fabrics = Collection(c, "fabrics")
     c.attestation_reports = Collection(c, "attestation-reports")
     c.reference_measurements = Collection(c, "reference-measurements", "lgc")
+    c.reference_manifests = Collection(c, "reference-manifests", "lgc")
+    c.ocsp_statuses = Collection(c, "ocsp-statuses", "lgc")
     c.trust_anchors = Collection(c, "trust-anchors", "lgc")
     c.revocations = Collection(c, "revocations", "lgc")
     c.collections = [value for value in vars(c).values() if isinstance(value, Collection)]

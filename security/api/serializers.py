@@ -1,8 +1,21 @@
+import base64
+import binascii
+
+from cryptography import x509
 from rest_framework import serializers
 
 from cloud.models import GPUModel
-from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
-from web.api.base import BoundedDictField, StrictSerializer
+from security import rim
+from security.models import (
+    AttestationReport,
+    AuditEvent,
+    OcspStatus,
+    ReferenceManifest,
+    ReferenceMeasurement,
+    RevokedCertificate,
+    TrustAnchor,
+)
+from web.api.base import BoundedDictField, BoundedListField, StrictSerializer
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -18,15 +31,60 @@ class AuditEventSerializer(serializers.ModelSerializer):
 class TrustAnchorSerializer(serializers.ModelSerializer):
     class Meta:
         model = TrustAnchor
-        fields = ["id", "name", "kind", "subject", "fingerprint_sha256", "not_after", "is_active", "created_at",
-                  "certificate_pem"]
+        fields = ["id", "name", "kind", "purpose", "revocation_required", "subject", "fingerprint_sha256", "not_after",
+                  "is_active", "created_at", "certificate_pem"]
         read_only_fields = fields
 
 
 class TrustAnchorCreateSerializer(StrictSerializer):
     name = serializers.CharField(max_length=200)
     kind = serializers.ChoiceField(choices=TrustAnchor.Kind.choices, default=TrustAnchor.Kind.ROOT)
+    purpose = serializers.ChoiceField(choices=TrustAnchor.Purpose.choices, default=TrustAnchor.Purpose.DEVICE,
+                                      help_text="device: GPU device certificates; rim: signers of reference manifests.")
+    revocation_required = serializers.BooleanField(
+        default=False, help_text="Certificates below this root pass only with a fresh imported OCSP status.")
     certificate_pem = serializers.CharField(max_length=16_384, trim_whitespace=False)
+
+
+class ReferenceManifestSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ReferenceManifest
+        fields = ["id", "kind", "version", "product", "tag_id", "signer", "measurements", "imported_by_id",
+                  "imported_at"]
+        read_only_fields = fields
+
+
+class ReferenceManifestCreateSerializer(StrictSerializer):
+    document = serializers.CharField(max_length=rim.MAX_RIM, trim_whitespace=False,
+                                     help_text="The RIM (SWID tag XML) as the vendor signed it.")
+
+
+class OcspStatusSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = OcspStatus
+        fields = ["id", "issuer", "serial_number", "status", "this_update", "next_update", "revoked_at",
+                  "imported_at"]
+        read_only_fields = fields
+
+
+class OcspImportSerializer(StrictSerializer):
+    response = serializers.CharField(max_length=90_000, help_text="The DER OCSP response, base64.")
+    issuers = BoundedListField(
+        child=serializers.CharField(max_length=16_384, trim_whitespace=False), required=False, default=list,
+        max_length=4, help_text="PEM certificates of the issuers, when they are not trust anchors (they must chain "
+                                "to one).")
+
+    def validate_response(self, value):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise serializers.ValidationError("Not base64.") from None
+
+    def validate_issuers(self, value):
+        try:
+            return [x509.load_pem_x509_certificate(pem.encode()) for pem in value]
+        except ValueError:
+            raise serializers.ValidationError("Each issuer is one PEM X.509 certificate.") from None
 
 
 class RevocationSerializer(serializers.ModelSerializer):

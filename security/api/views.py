@@ -8,7 +8,15 @@ from rest_framework.response import Response
 from security import services
 from security.api import serializers as s
 from security.api.serializers import AuditEventSerializer
-from security.models import AttestationReport, AuditEvent, ReferenceMeasurement, RevokedCertificate, TrustAnchor
+from security.models import (
+    AttestationReport,
+    AuditEvent,
+    OcspStatus,
+    ReferenceManifest,
+    ReferenceMeasurement,
+    RevokedCertificate,
+    TrustAnchor,
+)
 from tenants.permissions import RolePolicy
 from web.api.base import PlatformViewSet, PrincipalAPIView, TenantScopedViewSet
 
@@ -56,7 +64,7 @@ class TrustAnchorViewSet(StaffRecordViewSet):
     policy = "trust-anchors"
     queryset = TrustAnchor.objects.all()
     serializer_class = s.TrustAnchorSerializer
-    filterset_fields = ["kind", "is_active"]
+    filterset_fields = ["kind", "purpose", "is_active"]
     ordering = ["kind", "name"]
 
     create_serializer_class = s.TrustAnchorCreateSerializer
@@ -108,6 +116,46 @@ class ReferenceMeasurementViewSet(StaffRecordViewSet):
 
     def perform_service(self, attrs):
         return services.reference_register(actor=self.principal, **{**attrs, "gpu_model": attrs["gpu_model"].slug})
+
+
+class ReferenceManifestViewSet(StaffRecordViewSet):
+    """
+    Vendors' signed reference integrity manifests (NVIDIA driver and VBIOS RIMs), verified on
+    import against the RIM roots and again at every attestation.
+    """
+
+    policy = "reference-manifests"
+    queryset = ReferenceManifest.objects.all()
+    serializer_class = s.ReferenceManifestSerializer
+    filterset_fields = ["kind", "version"]
+    ordering = ["kind", "version"]
+
+    create_serializer_class = s.ReferenceManifestCreateSerializer
+
+    @extend_schema(request=s.ReferenceManifestCreateSerializer, responses={201: s.ReferenceManifestSerializer})
+    def create(self, request):
+        return super().create(request)
+
+    def perform_service(self, attrs):
+        return services.rim_import(actor=self.principal, document=attrs["document"].encode("utf-8"))
+
+
+class OcspStatusViewSet(StaffRecordViewSet):
+    """Certificate statuses from OCSP responses staff import (the control plane cannot reach the responder)."""
+
+    policy = "ocsp-statuses"
+    queryset = OcspStatus.objects.all()
+    serializer_class = s.OcspStatusSerializer
+    filterset_fields = ["issuer", "serial_number", "status"]
+    ordering = ["issuer", "serial_number"]
+
+    @extend_schema(request=s.OcspImportSerializer, responses={201: s.OcspStatusSerializer(many=True)})
+    def create(self, request):
+        data = s.OcspImportSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        rows = services.ocsp_import(actor=self.principal, der=data.validated_data["response"],
+                                    issuers=data.validated_data["issuers"])
+        return Response(self.serializer_class(rows, many=True).data, status=status.HTTP_201_CREATED)
 
 
 class AttestationReportViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PlatformViewSet):

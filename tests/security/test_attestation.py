@@ -17,7 +17,7 @@ from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from security import attestation, chains
+from security import chains
 from security.attestation import (
     ChainCache,
     GPUEvidence,
