@@ -50,6 +50,12 @@ def main(argv=None) -> None:
         help='How a real GPU is put on a time slice, {index} and {level} (1 short, 2 medium, 3 long) or {ms} '
              'filled in, e.g. "nvidia-smi compute-policy -i {index} --set-timeslice={level}".',
     )
+    parser.add_argument(
+        "--slot-scrub-command", default="",
+        help="How one tenant's slot of a shared GPU is cleared without a reset, {index}, {mem_lo} and {mem_hi} "
+             '(MiB) filled in, e.g. "/usr/local/bin/gpu-slot-scrub --gpu {index} --from-mib {mem_lo} --to-mib '
+             '{mem_hi}" (a CUDA program that writes and reads back the range).',
+    )
     parser.add_argument("--gpus", type=int, default=8, help="Simulated GPUs (the simulated NVML backend).")
     parser.add_argument("--memory-mib", type=int, default=81920, help="Memory of each simulated GPU (81920).")
     parser.add_argument(
@@ -71,6 +77,7 @@ def main(argv=None) -> None:
             "scrub_command": shlex.split(args.scrub_command) or None,
             "mig_command": shlex.split(args.mig_command) or None,
             "time_slice_command": shlex.split(args.time_slice_command) or None,
+            "slot_scrub_command": shlex.split(args.slot_scrub_command) or None,
             "ports": SysfsPorts(),
         }
     else:

@@ -83,6 +83,7 @@ class Agent:
         mig_command: list[str] | None = None,
         ports=None,
         time_slice_command: list[str] | None = None,
+        slot_scrub_command: list[str] | None = None,
     ):
         self.control_plane, self.nvml, self.version = control_plane, nvml, version
         self.ports = ports
@@ -94,6 +95,8 @@ class Agent:
         self.policy_version: str | None = None
         self.unsent_xids: dict[str, list[int]] = {}  # by GPU UUID: XIDs of a heartbeat that did not get through
         self.attester, self.hostname = attester, hostname
+        # A shared GPU's slot is cleared by this command ({index}, {mem_lo}, {mem_hi} in MiB), never by a reset.
+        self.slot_scrub_command = slot_scrub_command
         # Who runs a process (its cgroup: a VM's domain, a pod) and how to stop one: the host's, by default.
         self.process_owner = process_owner or cgroup_owner
         self.kill = kill or kill_process
@@ -274,8 +277,11 @@ class Agent:
         """
         Clear one GPU (or slot) after its tenant, then verify: no process on it, memory in use back
         to the baseline. Returns what is wrong ("" when clean); the control plane quarantines it then.
+        A GPU other reservations still hold is never reset under them: only the slot is cleared.
         """
         index = device["index"]
+        if device.get("neighbours"):
+            return self.scrub_slot(device)
         if self.scrub_command:
             command = [part.replace("{index}", str(index)) for part in self.scrub_command]
             done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)  # noqa: S603
@@ -289,6 +295,40 @@ class Agent:
         memory = self.nvml.memory(index)
         if memory is not None and memory["used_mib"] > self.baseline_mib:
             return f"GPU {index}: {memory['used_mib']} MiB in use after the scrub (baseline {self.baseline_mib} MiB)"
+        return ""
+
+    def scrub_slot(self, device: dict) -> str:
+        """
+        Clear one tenant's slot of a GPU others still use: stop what is left of the slot's owner,
+        clear its memory range (the host's slot-scrub command, or the simulated GPU's range), and
+        verify the slot by its own accounting -- none of the owner's processes, none of their memory
+        -- never by the whole GPU's, which counts the neighbours' work.
+        """
+        index, owner, aliases = device["index"], device.get("owner"), device.get("aliases") or {}
+        lo, hi = device["mem_lo"], device["mem_hi"]
+
+        def mine() -> list[dict]:
+            return [p for p in self.nvml.processes(index) or []
+                    if owner and _alias(aliases, self.process_owner(p["pid"])) == owner]
+
+        for process in mine():
+            self.kill(index, process["pid"])
+        if self.slot_scrub_command:
+            command = [part.replace("{index}", str(index)).replace("{mem_lo}", str(lo)).replace("{mem_hi}", str(hi))
+                       for part in self.slot_scrub_command]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)  # noqa: S603
+            if done.returncode:
+                return f"GPU {index}: the slot scrub command failed ({done.returncode}): {done.stderr.strip()[:200]}"
+        elif hasattr(self.nvml, "gpus"):
+            if not self.nvml.scrub(index, lo, hi):
+                return f"GPU {index}: MiB {lo}-{hi} still hold data after the slot scrub"
+        else:
+            return (f"GPU {index} is shared with {device['neighbours']} other reservation(s) and this host has no "
+                    "--slot-scrub-command: the slot cannot be cleared without resetting their work")
+        left = mine()
+        if left:
+            held = sum(p.get("used_memory_mib") or 0 for p in left)
+            return f"GPU {index}: {len(left)} process(es) of {owner} still hold {held} MiB after the slot scrub"
         return ""
 
     def watchdog(self, policy: list[dict]) -> list:

@@ -38,7 +38,8 @@ class AgentHost(HostDriver):
 
         self._state(target)
         command_enqueue(node_id=target.node_id, kind=AgentCommand.Kind.SCRUB, reference=reference,
-                        payload={"devices": [{k: d[k] for k in ("index", "mem_lo", "mem_hi")} for d in devices]})
+                        payload={"devices": [{k: d[k] for k in ("index", "mem_lo", "mem_hi", "owner", "aliases",
+                                                                "neighbours") if k in d} for d in devices]})
 
     def mig_layout(self, target, index):
         return next((g.get("mig_layout") for g in self._state(target).gpus if g.get("index") == index), None)
