@@ -1,6 +1,6 @@
 """
 The nodes API's staff actions: enrol a node (its validation starts at once), hold it for
-maintenance or return it, validate it again, and read its step history.
+maintenance or return it, validate it again, and read its step history and acceptance checks.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from cloud import services
 from cloud.api import serializers as s
 from cloud.api.views import NodeViewSet as InventoryNodeViewSet
 from operations import nodes
-from provisioning.api.serializers import OperationSerializer, StepRunSerializer
+from provisioning.api.serializers import NodeValidationSerializer, OperationSerializer, StepRunSerializer
 from provisioning.lifecycle.validate import node_validate
-from provisioning.models import StepRun
+from provisioning.models import NodeValidation, StepRun
 
 
 class NodeViewSet(InventoryNodeViewSet):
@@ -64,3 +64,10 @@ class NodeViewSet(InventoryNodeViewSet):
                    .distinct().order_by("-id"))
         page = self.paginate_queryset(history)
         return self.get_paginated_response(StepRunSerializer(page, many=True).data)
+
+    @extend_schema(responses=NodeValidationSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def validations(self, request, pk=None):
+        """The node's acceptance checks, newest first: each check's GPU, value and bound, and whether it passed."""
+        page = self.paginate_queryset(NodeValidation.objects.filter(node=self.get_object()).order_by("-measured_at"))
+        return self.get_paginated_response(NodeValidationSerializer(page, many=True).data)

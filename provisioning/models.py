@@ -419,6 +419,7 @@ class AgentCommand(models.Model):
         ATTEST = "attest", "Sign attestation evidence"
         MIG = "mig", "Set a GPU's MIG layout"
         RESET_GPU = "reset_gpu", "Reset a GPU"
+        ACCEPTANCE = "acceptance", "Run the acceptance checks"
 
     class State(models.TextChoices):
         PENDING = "pending", "Pending"
@@ -577,3 +578,4 @@ class FabricReconciliation(models.Model):
 # Models kept in modules of their own, loaded with these.
 from provisioning.access_models import AddressAssignment, ConfigDrive  # noqa: E402, F401
 from provisioning.history_models import OccupancySample, QueueSample  # noqa: E402, F401
+from provisioning.validation_models import NodeValidation  # noqa: E402, F401

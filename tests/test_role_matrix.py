@@ -563,6 +563,8 @@ MATRIX: dict[tuple[str, str], Case] = {
         "401 403 403 403 403 403 403 202", lambda w: available_node(w).replace("maintenance", "validate")),
     ("GET", "nodes-steps"): Case(
         "401 403 403 403 403 403 200 200", lambda w: available_node(w).replace("maintenance", "steps")),
+    ("GET", "nodes-validations"): Case(
+        "401 403 403 403 403 403 200 200", lambda w: available_node(w).replace("maintenance", "validations")),
     ("GET", "gpus-list"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/gpus/"),
     ("GET", "gpus-detail"): Case("401 403 403 403 403 403 200 200", lambda w: f"{V1}/gpus/{first(GPU)(w)}/"),
     ("GET", "gpus-telemetry"): Case(

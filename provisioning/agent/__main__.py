@@ -56,6 +56,16 @@ def main(argv=None) -> None:
              '(MiB) filled in, e.g. "/usr/local/bin/gpu-slot-scrub --gpu {index} --from-mib {mem_lo} --to-mib '
              '{mem_hi}" (a CUDA program that writes and reads back the range).',
     )
+    parser.add_argument(
+        "--stress-command", default="",
+        help='The acceptance stress step of GPU {index}; it prints {"stress_tflops": ..., "memtest_errors": ...} '
+             '(e.g. a wrapper around "dcgmi diag -r 3 -i {index}").',
+    )
+    parser.add_argument(
+        "--fabric-test-command", default="",
+        help='The acceptance fabric step; it prints {"nccl_busbw_gbs": ..., "ib_bandwidth_gbps": ...} (e.g. a '
+             "wrapper running NCCL's all_reduce_perf across the leaf and ib_write_bw to a neighbour).",
+    )
     parser.add_argument("--gpus", type=int, default=8, help="Simulated GPUs (the simulated NVML backend).")
     parser.add_argument("--memory-mib", type=int, default=81920, help="Memory of each simulated GPU (81920).")
     parser.add_argument(
@@ -78,6 +88,8 @@ def main(argv=None) -> None:
             "mig_command": shlex.split(args.mig_command) or None,
             "time_slice_command": shlex.split(args.time_slice_command) or None,
             "slot_scrub_command": shlex.split(args.slot_scrub_command) or None,
+            "stress_command": shlex.split(args.stress_command) or None,
+            "fabric_test_command": shlex.split(args.fabric_test_command) or None,
             "ports": SysfsPorts(),
         }
     else:

@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 
+from provisioning.agent import acceptance
 from provisioning.agent.nvml import NVMLReadError
 from provisioning.agent.signing import signed_headers
 from provisioning.agent.time_slices import TimeSlicer
@@ -84,6 +85,8 @@ class Agent:
         ports=None,
         time_slice_command: list[str] | None = None,
         slot_scrub_command: list[str] | None = None,
+        stress_command: list[str] | None = None,
+        fabric_test_command: list[str] | None = None,
     ):
         self.control_plane, self.nvml, self.version = control_plane, nvml, version
         self.ports = ports
@@ -97,6 +100,8 @@ class Agent:
         self.attester, self.hostname = attester, hostname
         # A shared GPU's slot is cleared by this command ({index}, {mem_lo}, {mem_hi} in MiB), never by a reset.
         self.slot_scrub_command = slot_scrub_command
+        # The acceptance checks' stress steps on a real host (provisioning.agent.acceptance says what they print).
+        self.stress_command, self.fabric_test_command = stress_command, fabric_test_command
         # Who runs a process (its cgroup: a VM's domain, a pod) and how to stop one: the host's, by default.
         self.process_owner = process_owner or cgroup_owner
         self.kill = kill or kill_process
@@ -167,6 +172,8 @@ class Agent:
             if command["kind"] == "mig":
                 problem = self.set_mig_layout(int(command["payload"]["index"]), str(command["payload"]["layout"]))
                 return {"ok": not problem, "detail": problem}
+            if command["kind"] == "acceptance":
+                return {"ok": True, **self.acceptance(str(command["payload"].get("model", "")))}
             if command["kind"] == "attest":
                 if self.attester is None:
                     return {"ok": False, "detail": "this agent has no attestation backend"}
@@ -296,6 +303,12 @@ class Agent:
         if memory is not None and memory["used_mib"] > self.baseline_mib:
             return f"GPU {index}: {memory['used_mib']} MiB in use after the scrub (baseline {self.baseline_mib} MiB)"
         return ""
+
+    def acceptance(self, model: str) -> dict:
+        """The acceptance readings of every GPU (NVML at idle, then its stress steps) and the node's fabric tests."""
+        gpus = [{**acceptance.readings(self.nvml, gpu["index"], model=model),
+                 **acceptance.stress(self.stress_command, self.nvml, gpu["index"])} for gpu in self.nvml.inventory()]
+        return {"gpus": gpus, "node": acceptance.fabric(self.fabric_test_command, self.nvml, model)}
 
     def scrub_slot(self, device: dict) -> str:
         """

@@ -139,6 +139,7 @@ class SimulatedGPU:
     nvlinks: int | None = 18  # links present (an SXM H100 has 18); None: a GPU without NVLink
     nvlinks_down: set = field(default_factory=set)  # link numbers down
     time_slice_ms: int | None = None  # None: the driver's default
+    acceptance: dict = field(default_factory=dict)  # acceptance readings a test broke, e.g. {"pcie_width": 8}
 
 
 IDLE_C, FULL_LOAD_C, IDLE_W = 32, 68, 70.0
@@ -365,7 +366,8 @@ class RealNVML:
                 return None
             raise NVMLReadError(f"NVML {what}: {exc}") from exc
 
-    def _device(self, what: str, name: str, index: int, *args):
+    def device(self, what: str, name: str, index: int, *args):
+        """One NVML call on GPU ``index`` (None where unsupported; NVMLReadError naming the reading otherwise)."""
         return self._read(f"{what} of GPU {index}", getattr(self._nvml, name), self._handle(index), *args)
 
     def inventory(self) -> list[dict]:
@@ -375,9 +377,9 @@ class RealNVML:
         memory = self.memory(index)
         return {
             "index": index,
-            "uuid": _text(self._device("UUID", "nvmlDeviceGetUUID", index)),
-            "name": _text(self._device("name", "nvmlDeviceGetName", index)),
-            "serial": _text(self._device("serial", "nvmlDeviceGetSerial", index)),
+            "uuid": _text(self.device("UUID", "nvmlDeviceGetUUID", index)),
+            "name": _text(self.device("name", "nvmlDeviceGetName", index)),
+            "serial": _text(self.device("serial", "nvmlDeviceGetSerial", index)),
             "memory_mib": None if memory is None else memory["total_mib"],
             "healthy": healthy_from(self.ecc(index), self.xid_errors(index)),
         }
@@ -385,7 +387,7 @@ class RealNVML:
     def processes(self, index: int) -> list[dict] | None:
         """Compute and graphics processes, one entry per pid (a process can be both); None if neither is offered."""
         lists = {
-            kind: self._device(f"{kind} processes", name, index)
+            kind: self.device(f"{kind} processes", name, index)
             for kind, name in (
                 ("compute", "nvmlDeviceGetComputeRunningProcesses"),
                 ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
@@ -404,7 +406,7 @@ class RealNVML:
         return [merged[pid] for pid in sorted(merged)]
 
     def memory(self, index: int) -> dict | None:
-        info = self._device("memory", "nvmlDeviceGetMemoryInfo", index)
+        info = self.device("memory", "nvmlDeviceGetMemoryInfo", index)
         if info is None:
             return None
         return {"total_mib": info.total // MIB, "used_mib": info.used // MIB, "free_mib": info.free // MIB}
@@ -432,7 +434,7 @@ class RealNVML:
     def ecc(self, index: int) -> dict | None:
         """Volatile totals (since the driver loaded); None where ECC is off or not offered."""
         counts = {
-            key: self._device(
+            key: self.device(
                 f"{key} ECC errors", "nvmlDeviceGetTotalEccErrors", index, error_type, self._nvml.NVML_VOLATILE_ECC
             )
             for key, error_type in (
@@ -458,7 +460,7 @@ class RealNVML:
             "row_remap_pending": nvml.NVML_FI_DEV_REMAPPED_PENDING,
             "row_remap_failure": nvml.NVML_FI_DEV_REMAPPED_FAILURE,
         }
-        values = self._device("XID-related fields", "nvmlDeviceGetFieldValues", index, list(fields.values()))
+        values = self.device("XID-related fields", "nvmlDeviceGetFieldValues", index, list(fields.values()))
         if values is None:
             return None
         read = {key: self._field_value(value) for key, value in zip(fields, values, strict=True)}
@@ -478,15 +480,15 @@ class RealNVML:
         return getattr(value.value, members[value.valueType]) if 0 <= value.valueType < len(members) else None
 
     def utilization(self, index: int) -> int | None:
-        rates = self._device("utilization", "nvmlDeviceGetUtilizationRates", index)
+        rates = self.device("utilization", "nvmlDeviceGetUtilizationRates", index)
         return None if rates is None else int(rates.gpu)
 
     def temperature(self, index: int) -> int | None:
-        celsius = self._device("temperature", "nvmlDeviceGetTemperature", index, self._nvml.NVML_TEMPERATURE_GPU)
+        celsius = self.device("temperature", "nvmlDeviceGetTemperature", index, self._nvml.NVML_TEMPERATURE_GPU)
         return None if celsius is None else int(celsius)
 
     def power(self, index: int) -> float | None:
-        milliwatts = self._device("power draw", "nvmlDeviceGetPowerUsage", index)
+        milliwatts = self.device("power draw", "nvmlDeviceGetPowerUsage", index)
         return None if milliwatts is None else round(milliwatts / 1000, 1)
 
     def xids(self, index: int) -> list[int] | None:
@@ -546,11 +548,11 @@ class RealNVML:
         }
 
     def vbios(self, index: int) -> str | None:
-        return _text(self._device("VBIOS version", "nvmlDeviceGetVbiosVersion", index))
+        return _text(self.device("VBIOS version", "nvmlDeviceGetVbiosVersion", index))
 
     def mig_mode(self, index: int) -> tuple[bool, bool] | None:
         """(current, pending): a pending mode differs from the current one until the GPU is reset."""
-        modes = self._device("MIG mode", "nvmlDeviceGetMigMode", index)
+        modes = self.device("MIG mode", "nvmlDeviceGetMigMode", index)
         if modes is None:
             return None
         current, pending = modes
@@ -563,7 +565,7 @@ class RealNVML:
         driver offers it; elsewhere (no vGPU manager) NOT_SUPPORTED, read as None: the default.
         """
         try:
-            state = self._device("time slice", "nvmlDeviceGetVgpuSchedulerState", index)
+            state = self.device("time slice", "nvmlDeviceGetVgpuSchedulerState", index)
         except (NVMLReadError, AttributeError):  # no vGPU scheduler on this host, or an older library
             return None
         slice_ns = getattr(getattr(getattr(state, "schedulerParams", None), "vgpuSchedData", None), "timeslice", 0)
@@ -578,8 +580,8 @@ class RealNVML:
 
     def cc_evidence(self, index: int, nonce: bytes) -> tuple[bytes, bytes]:
         """The GPU's SPDM attestation report for ``nonce`` (32 bytes) and its attestation certificate chain (PEM)."""
-        report = self._device("attestation report", "nvmlDeviceGetConfComputeGpuAttestationReport", index, nonce)
-        chain = self._device("attestation certificates", "nvmlDeviceGetConfComputeGpuCertificate", index)
+        report = self.device("attestation report", "nvmlDeviceGetConfComputeGpuAttestationReport", index, nonce)
+        chain = self.device("attestation certificates", "nvmlDeviceGetConfComputeGpuCertificate", index)
         if report is None or chain is None:
             raise NVMLReadError(f"GPU {index} gives no attestation report: its driver does not support CC")
         return (bytes(report.attestationReport[:report.attestationReportSize]),

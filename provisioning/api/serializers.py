@@ -19,7 +19,7 @@ from core.errors import DomainError
 from provisioning import cloud_init
 from provisioning.admission import MAX_ENV_VARS, Ask, best_offering_for_spec, count_field, environment_check
 from provisioning.choices import BillingTerm, EvictionPolicy
-from provisioning.models import VPC, Instance, Operation, Reservation, StepRun
+from provisioning.models import VPC, Instance, NodeValidation, Operation, Reservation, StepRun
 from provisioning.scheduling.priority import URGENCY_LEVELS
 from tenants.models import SSHKey, Team
 from web.api.base import (
@@ -377,6 +377,15 @@ class StepRunSerializer(serializers.ModelSerializer):
     class Meta:
         model = StepRun
         fields = ["name", "attempt", "state", "error", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
+class NodeValidationSerializer(serializers.ModelSerializer):
+    """One run of a node's acceptance checks: every check's value and bound, failures first."""
+
+    class Meta:
+        model = NodeValidation
+        fields = ["id", "operation", "passed", "results", "measured_at"]
         read_only_fields = fields
 
 

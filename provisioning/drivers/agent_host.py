@@ -10,6 +10,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from cloud.models import GPU
 from provisioning.drivers.base import DriverError, HostDriver, NotYet, Target
 
 
@@ -73,6 +74,24 @@ class AgentHost(HostDriver):
             detail = (command.result or {}).get("detail", "no detail")
             raise DriverError(f"The agent of {target.hostname} could not attest: {detail}.", transient=False)
         raise NotYet(f"Waiting for the agent of {target.hostname} to answer the attestation challenge.",
+                     wait_s=max(1.0, settings.MERIDIAN_AGENT_INTERVAL / 2))
+
+    def acceptance(self, target, reference=""):
+        """The agent measures (NVML readings and its stress steps); its answer is read back on a later call."""
+        from provisioning.agents.commands import command_enqueue
+        from provisioning.models import AgentCommand
+
+        self._state(target)
+        model = GPU.objects.filter(node_id=target.node_id).values_list("model__slug", flat=True).first() or ""
+        command = command_enqueue(node_id=target.node_id, kind=AgentCommand.Kind.ACCEPTANCE, reference=reference,
+                                  payload={"model": model})
+        if command.state == AgentCommand.State.DONE:
+            return {"gpus": (command.result or {}).get("gpus") or [], "node": (command.result or {}).get("node") or {}}
+        if command.state == AgentCommand.State.FAILED:
+            detail = (command.result or {}).get("detail", "no detail")
+            raise DriverError(f"The agent of {target.hostname} could not run the acceptance checks: {detail}.",
+                              transient=False)
+        raise NotYet(f"Waiting for the agent of {target.hostname} to run the acceptance checks.",
                      wait_s=max(1.0, settings.MERIDIAN_AGENT_INTERVAL / 2))
 
     def scrubbed(self, target, devices, reference=""):

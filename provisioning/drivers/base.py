@@ -186,6 +186,13 @@ class HostDriver(ABC):
     def set_mig_layout(self, target: Target, index: int, layout: str, reference: str = "") -> None:
         """Cut GPU ``index`` into ``layout`` (it holds no one's work then); NotYet while an agent is at it."""
 
+    def acceptance(self, target: Target, reference: str = "") -> dict:
+        """
+        The host's acceptance readings (security.acceptance): {"gpus": [per-GPU readings], "node":
+        {"nccl_busbw_gbs", "ib_bandwidth_gbps"}}; NotYet while an agent is still at it.
+        """
+        raise DriverError(f"{type(self).__name__} cannot run acceptance checks.", transient=False)
+
     @abstractmethod
     def attest(self, target: Target, nonce: str, gpus: list[int], reference: str = "") -> dict:
         """

@@ -38,8 +38,9 @@ from provisioning.drivers.fabric import (
     check_members,
 )
 from provisioning.drivers.simulated_console import boot_log
-from provisioning.drivers.simulated_devices import misbehaviour, simulated_evidence
+from provisioning.drivers.simulated_devices import SIMULATED_DRIVER, SIMULATED_VBIOS, misbehaviour, simulated_evidence
 from provisioning.models import SimulatedDevice
+from security import acceptance
 
 
 def _knob(name: str, action: str) -> float:
@@ -279,6 +280,16 @@ class SimulatedHost(Simulated, HostDriver):
         node = Node.objects.get(pk=target.node_id)
         rows = GPU.objects.filter(node=node, index__in=list(gpus)).select_related("model").order_by("index")
         return simulated_evidence(node, nonce, list(rows), mode=misbehaviour(target.hostname))
+
+    def acceptance(self, target, reference=""):
+        """A healthy node's readings, with what a test broke (state "acceptance": by GPU index, and "node")."""
+        self._act(target, "acceptance", lambda state: None)
+        broken = self._state(target).get("acceptance", {})
+        rows = GPU.objects.filter(node_id=target.node_id).select_related("model").order_by("index")
+        gpus = [{**acceptance.nominal(gpu.model.slug, gpu.index, driver=SIMULATED_DRIVER, vbios=SIMULATED_VBIOS),
+                 **broken.get(str(gpu.index), {})} for gpu in rows]
+        model = rows[0].model.slug if rows else ""
+        return {"gpus": gpus, "node": {**acceptance.nominal_node(model), **broken.get("node", {})}}
 
     def use(self, target, devices) -> None:
         """A tenant wrote to this memory (the handover does it): it needs a scrub before reuse."""

@@ -31,11 +31,12 @@ from provisioning.lifecycle.guest_steps import (
     undefine_domain,
 )
 from provisioning.lifecycle.step_context import Context, NodeFault, Step, authorized_keys, keys_of, target_of
-from provisioning.models import Allocation
+from provisioning.models import Allocation, NodeValidation
 from provisioning.mounts import handover_waits, mounts_for
 from provisioning.networks.ports import VPCRefused, ports_join, ports_join_many, ports_leave
 from provisioning.networks.vpcs import default_vpc
-from security.models import AttestationNonce, AttestationReport
+from security import acceptance
+from security.models import AttestationNonce, AttestationReport, ReferenceManifest, ReferenceMeasurement
 from security.services import attestation_challenge, attestation_outcome, attestation_submit
 
 # What other modules take from here beside the steps: the context a step gets, and the guest
@@ -355,7 +356,10 @@ def clear_node(ctx: Context) -> None:
 
 
 def burn_in(ctx: Context) -> None:
-    """Exercise every GPU's memory and clear it (real: the agent's burn-in and reset), and check it is clear."""
+    """
+    Exercise every GPU's memory and clear it (real: the agent's burn-in and reset), check it is
+    clear, then run the acceptance checks (security.acceptance): one failed check keeps the node out.
+    """
     host = ctx.drivers.host
     devices = [{"index": index, "mem_lo": 0, "mem_hi": memory}
                for index, memory in ctx.node.gpus.values_list("index", "memory_mib")]
@@ -366,7 +370,30 @@ def burn_in(ctx: Context) -> None:
             host.scrub(target, devices, reference)
         if not host.scrubbed(target, devices, reference):
             raise DriverError("GPU memory is not clear after the burn-in.", transient=False)
+        measured = host.acceptance(target, reference)
+        failed = record_validation(ctx.node, ctx.operation, measured)
+        if failed:
+            shown = "; ".join(str(result) for result in failed[:3])
+            more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
+            raise DriverError(f"The acceptance checks failed: {shown}{more}.", transient=False)
     ctx.on(ctx.node, run)
+
+
+def record_validation(node, operation, measured: dict) -> list:
+    """Judge what the host measured against its GPU model's profile, record every check, return the failures."""
+    model = node.gpus.values_list("model__slug", flat=True).first() or ""
+    known = {(vbios.lower(), driver) for vbios, driver in
+             ReferenceMeasurement.objects.filter(gpu_model=model).values_list("vbios_version", "driver_version")}
+    rims = set(ReferenceManifest.objects.values_list("kind", "version"))
+    known |= {(vbios.lower(), driver) for kind, vbios in rims if kind == "vbios"
+              for other, driver in rims if other == "driver"}
+    gpus = [{**gpu, "vbios": str(gpu.get("vbios") or "").lower()} for gpu in measured.get("gpus", [])]
+    # With no reference values at all, attestation holds every node already: not reported twice.
+    results = acceptance.evaluate(model, gpus, measured.get("node", {}), known_versions=known or None)
+    failed = acceptance.failures(results)
+    NodeValidation.objects.create(node=node, operation=operation, passed=not failed,
+                                  results=[r.to_dict() for r in failed + [r for r in results if r.passed]])
+    return failed
 
 
 # Each step in a person's words (the console's step list; the names are the API's).
@@ -392,7 +419,7 @@ STEP_TITLES = {
     "delete_pod": "Remove the container",
     "check_bmc": "Reach the BMC",
     "clear_node": "Clear the node",
-    "burn_in": "Burn-in test",
+    "burn_in": "Burn-in and acceptance checks",
 }
 
 

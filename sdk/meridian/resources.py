@@ -154,7 +154,7 @@ def attach(client) -> None:
     # Staff: the fleet and its trust.
     c.nodes = Collection(c, "nodes", "lgc", actions={
         "maintenance": (POST, "maintenance"), "end_maintenance": (DELETE, "maintenance"),
-        "steps": (GET, "steps"), "validate": (POST, "validate")})
+        "steps": (GET, "steps"), "validate": (POST, "validate"), "validations": (GET, "validations")})
     c.gpus = Collection(c, "gpus", actions={"telemetry": (GET, "telemetry")})
     c.fabrics = Collection(c, "fabrics")
     c.attestation_reports = Collection(c, "attestation-reports")
