@@ -164,6 +164,14 @@ class Node(models.Model):
     )
     pool = models.CharField(max_length=16, choices=NodePool.choices, default=NodePool.BARE_METAL)
     is_spare = models.BooleanField(default=False, help_text="Held back for fast replacement of failed nodes.")
+    # Confidential computing: the host's CPUs run confidential VMs (inventory), its GPUs' CC mode as the
+    # last passing attestation's evidence showed it, and what follows (cloud.services.node_cc_observed):
+    # a confidential node sells only confidential offerings, a GPU in CC mode serving a TEE alone.
+    cvm_host = models.BooleanField(default=False, help_text="The CPUs run confidential VMs (AMD SEV-SNP or "
+                                                            "Intel TDX).")
+    gpu_cc_mode = models.CharField(max_length=8, blank=True, help_text="on, devtools or off, from verified "
+                                                                       "attestation evidence; empty: unknown.")
+    confidential = models.BooleanField(default=False, db_index=True)
     bmc_address = models.CharField(max_length=255, help_text="Redfish endpoint of the node's BMC.")
     bmc_username = models.CharField(max_length=64, blank=True)
     bmc_password = EncryptedTextField(blank=True)
@@ -466,6 +474,9 @@ class Offering(models.Model):
         max_digits=8, decimal_places=4, null=True, blank=True,
         validators=[MinValueValidator(0), MaxValueValidator(10_000)],
     )
+    confidential = models.BooleanField(
+        default=False, help_text="Placed only on GPUs whose verified evidence shows confidential computing on "
+                                 "(and, for VMs, on hosts that run confidential VMs).")
     is_active = models.BooleanField(default=True)
     # Usage policy (provisioning.lifecycle.no_shows): reserved GPUs nobody uses, or holds past the end, go back.
     no_show_grace_minutes = models.PositiveSmallIntegerField(
@@ -492,6 +503,12 @@ class Offering(models.Model):
                 condition=~Q(kind=OfferingKind.BARE_METAL) | Q(gpus_per_unit=8, slots_per_gpu=1),
                 name="offering_bare_metal_whole_node",
                 violation_error_message="A bare-metal offering sells whole 8-GPU nodes.",
+            ),
+            models.CheckConstraint(
+                condition=Q(confidential=False) | ~Q(kind=OfferingKind.CONTAINER),
+                name="offering_confidential_not_container",
+                violation_error_message="Confidential offerings are bare-metal servers or VMs (a container has no "
+                                        "TEE of its own).",
             ),
             models.CheckConstraint(
                 condition=Q(slots_per_gpu=1) | Q(kind=OfferingKind.CONTAINER, gpus_per_unit=1),

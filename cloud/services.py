@@ -8,7 +8,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Model
 from django.utils import timezone
 
-from cloud.choices import NodeState
+from cloud.choices import NodePool, NodeState
 from cloud.models import GPU, GPUModel, HCAPort, Node, Offering, Region
 from cloud.transitions import NODE_RETURNABLE, NODE_TRANSITIONS
 from core.errors import Conflict
@@ -122,6 +122,18 @@ def node_enrol(*, actor, gpus: list[dict], gpu_model, ib_port_guids: list[str],
                  after={"hostname": node.hostname, "region": node.region.slug, "pool": node.pool,
                         "gpus": len(gpus), "gpu_model": gpu_model.slug, "ib_ports": len(ib_port_guids)})
     return node
+
+
+def node_cc_observed(*, node: Node, cc_mode: str) -> bool:
+    """
+    Record the GPUs' confidential-computing mode a passing attestation showed; the node is
+    confidential capacity when it is on and, for a shared host's VMs, its CPUs run confidential VMs.
+    """
+    confidential = cc_mode == "on" and (node.pool == NodePool.BARE_METAL or node.cvm_host)
+    if (node.gpu_cc_mode, node.confidential) != (cc_mode, confidential):
+        Node.objects.filter(pk=node.pk).update(gpu_cc_mode=cc_mode, confidential=confidential)
+        node.gpu_cc_mode, node.confidential = cc_mode, confidential
+    return confidential
 
 
 def node_maintenance_end(*, actor, node: Node) -> Node:

@@ -173,7 +173,8 @@ def not_sold_in(offering: Offering, regions) -> DomainError:
     """400 on ``regions``: none of them has sellable capacity of the offering; names those that have."""
     selling = sorted(set(
         GPU.objects.filter(model_id=offering.gpu_model_id, node__pool=pool_of(offering.kind), node__is_spare=False,
-                           health__in=SELLABLE_HEALTH, node__region__is_active=True)
+                           node__confidential=offering.confidential, health__in=SELLABLE_HEALTH,
+                           node__region__is_active=True)
         .values_list("node__region__slug", flat=True).distinct()))
     where = (f"it is sold in {', '.join(selling)}." if selling else "it is sold in no region at the moment.")
     return invalid("regions", f"{offering.slug} is not sold in {', '.join(r.slug for r in regions)}; {where}",
@@ -209,15 +210,15 @@ class RegionSizes:
 
     def largest(self, offering: Offering, regions, *, at_least: float) -> int:
         """The most sellable GPUs of ``offering``'s kind in one of ``regions``: remembered when enough, else counted."""
-        model, pool, now = offering.gpu_model_id, pool_of(offering.kind), time.monotonic()
+        model, pool, now = offering.gpu_model_id, (pool_of(offering.kind), offering.confidential), time.monotonic()
         with self._lock:
             remembered = [self._counted.get((model, pool, region.pk)) for region in regions]
         largest = max((n for when, n in filter(None, remembered) if now - when <= self.ttl_s), default=0)
         if largest >= at_least:
             return largest
         counted = dict(
-            GPU.objects.filter(model_id=model, node__pool=pool, node__is_spare=False, health__in=SELLABLE_HEALTH,
-                               node__region__in=list(regions))
+            GPU.objects.filter(model_id=model, node__pool=pool[0], node__confidential=pool[1], node__is_spare=False,
+                               health__in=SELLABLE_HEALTH, node__region__in=list(regions))
             .values_list("node__region_id").annotate(n=Count("pk")))
         with self._lock:
             for region in regions:

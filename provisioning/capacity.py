@@ -32,7 +32,7 @@ def availability(offerings: list[Offering]) -> dict:
     attesting = Operation.objects.filter(kind=OperationKind.ATTEST,
                                          state__in=[OperationState.PENDING, OperationState.RUNNING])
     model_ids = {o.gpu_model_id for o in offerings}
-    # Whole available bare-metal nodes per (region, GPU model).
+    # Whole available bare-metal nodes per (region, GPU model, confidential capacity or not).
     nodes = defaultdict(int)
     if any(o.kind == OfferingKind.BARE_METAL for o in offerings):
         # A node's GPUs are of one model (enrolment checks it): the node is counted under it, one
@@ -47,35 +47,36 @@ def availability(offerings: list[Offering]) -> dict:
             .exclude(Exists(attesting.filter(node=OuterRef("pk"))))
             # typed, so SQLite's text ids come back as UUIDs like the offerings' model ids
             .annotate(gpu_model=Subquery(of_model.order_by().values("model_id")[:1], output_field=UUIDField()))
-            .values("region__slug", "gpu_model")
+            .values("region__slug", "gpu_model", "confidential")
             .annotate(n=Count("id"))
         )
         for row in rows:
-            nodes[(row["region__slug"], row["gpu_model"])] += row["n"]
+            nodes[(row["region__slug"], row["gpu_model"], row["confidential"])] += row["n"]
     # Shared hosts per (region, GPU model) by how many GPUs each has free: a unit cannot span hosts,
     # so the count of hosts with n free is all the arithmetic needs -- a handful of rows (n is at
     # most a host's GPUs) rather than one per host.
-    hosts_with_free = defaultdict(list)  # (region, model) -> [(free GPUs, hosts with that many)]
+    hosts_with_free = defaultdict(list)  # (region, model, confidential) -> [(free GPUs, hosts with that many)]
     if any(o.kind != OfferingKind.BARE_METAL for o in offerings):
         per_host = (
             GPU.objects.filter(node__pool=NodePool.SHARED, node__state=NodeState.IN_SERVICE, node__is_spare=False,
                                state=GPUState.AVAILABLE, health__in=SELLABLE_HEALTH, model_id__in=model_ids)
             .exclude(Exists(held_now.filter(gpu=OuterRef("pk"))))
             .exclude(Exists(attesting.filter(node=OuterRef("node_id"))))
-            .values("node_id", "node__region__slug", "model_id")
+            .values("node_id", "node__region__slug", "model_id", "node__confidential")
             .annotate(n=Count("id"))
         )
-        for region, model, free, hosts in _histogram(per_host, ("node__region__slug", "model_id", "n")):
-            # SQLite hands the model id back as its stored hex text
+        for region, model, confidential, free, hosts in _histogram(
+                per_host, ("node__region__slug", "model_id", "node__confidential", "n")):
+            # SQLite hands the model id back as its stored hex text (and the flag as 0 or 1)
             model = model if isinstance(model, UUID) else UUID(model)
-            hosts_with_free[(region, model)].append((free, hosts))
-    regions = {region for region, _ in nodes} | {region for region, _ in hosts_with_free}
+            hosts_with_free[(region, model, bool(confidential))].append((free, hosts))
+    regions = {key[0] for key in nodes} | {key[0] for key in hosts_with_free}
 
     result = {}
     for offering in offerings:
         by_region = {}
         for region in sorted(regions):
-            key = (region, offering.gpu_model_id)
+            key = (region, offering.gpu_model_id, offering.confidential)
             if offering.kind == OfferingKind.BARE_METAL:
                 units = nodes.get(key, 0)
                 gpus = units * offering.gpus_per_unit

@@ -84,7 +84,8 @@ def _expected_start(ask: Ask, fits_now: str | None, now: datetime) -> tuple[date
     # When enough GPUs of the model free up in the first region for it and what is queued of that
     # model (as a queued reservation's estimate is made, provisioning.scheduling.queue).
     region = ask.regions[0]
-    start = free_enough_at(gpu_model_id=ask.offering.gpu_model_id, region=Q(node__region=region),
+    start = free_enough_at(gpu_model_id=ask.offering.gpu_model_id,
+                           region=Q(node__region=region, node__confidential=ask.offering.confidential),
                            pool=pool_of(ask.offering.kind), needed=max(ask.gpus, 1) + queued, start=now, now=now)
     behind = f", behind {queued} queued GPUs of this model" if queued else ""
     if start is not None:

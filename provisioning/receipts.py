@@ -26,6 +26,8 @@ def receipt_store(*, reservation, node, report, instances) -> str:
         "report": str(report.pk),
         "verified_at": report.verified_at.isoformat(),
         "gpus": [gpu for gpu in report.gpus if gpu.get("uuid") in uuids],
+        # Confidential computing: the work runs only on GPUs whose evidence above shows CC mode on.
+        "confidential": reservation.offering.confidential,
     }
     if reservation.offering.kind == OfferingKind.BARE_METAL:
         claims["node"] = node.hostname  # a server is the tenant's; a shared host's name is not

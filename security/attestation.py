@@ -12,7 +12,10 @@ Wire format
 
     GPU = {"uuid": str, "serial": str, "gpu_model": str, "vbios": str, "driver": str,
            "measurements": {"0": "<96 hex>", ...}, "nonce": "<64 hex>", "generated_at": int,
-           "certificate_chain": ["-----BEGIN CERTIFICATE-----...", ...], "signature": "<base64>"}
+           "certificate_chain": ["-----BEGIN CERTIFICATE-----...", ...], "signature": "<base64>",
+           "cc_mode": "on" | "devtools" | "off"}                         cc_mode optional
+
+A GPU with a ``format`` member is NVIDIA's evidence instead (security.nvidia: SPDM reports).
 
 Strings are printable ASCII, hex is lower case, unknown members are refused (evidence is a
 security claim: a field the verifier ignores is a field an attacker controls).
@@ -21,7 +24,7 @@ Canonical encoding (what each GPU signs)
 ----------------------------------------
 ``canonical_bytes(gpu)`` is the UTF-8 encoding of one JSON object with exactly these members:
 ``driver``, ``generated_at``, ``gpu_model``, ``measurements``, ``nonce``, ``serial``, ``uuid``,
-``vbios``.
+``vbios``, and ``cc_mode`` when the evidence has it.
 
 - ``generated_at`` is a JSON integer (unix seconds: no sign unless negative, no fraction, no
   exponent). Every other member is a string, except ``measurements``: an object mapping each
@@ -145,17 +148,19 @@ class GPUEvidence:
     generated_at: int
     certificate_chain: list[str]
     signature: str
+    cc_mode: str | None = None  # optional: "on", "devtools" or "off"; signed when present
 
     def to_dict(self) -> dict[str, Any]:
         return {"uuid": self.uuid, "serial": self.serial, "gpu_model": self.gpu_model, "vbios": self.vbios,
                 "driver": self.driver, "measurements": _measurements_json(self.measurements), "nonce": self.nonce,
                 "generated_at": self.generated_at, "certificate_chain": list(self.certificate_chain),
-                "signature": self.signature}
+                "signature": self.signature, **({"cc_mode": self.cc_mode} if self.cc_mode is not None else {})}
 
     @classmethod
     def from_dict(cls, data: Any) -> GPUEvidence:
         """Parse one GPU's evidence, refusing anything malformed with a ValueError that says what."""
-        require_members(data, _GPU_FIELDS, "GPU evidence")
+        optional = ("cc_mode",) if isinstance(data, dict) and "cc_mode" in data else ()
+        require_members(data, _GPU_FIELDS + optional, "GPU evidence")
         uuid = text(data, "uuid", MAX_FIELD)
         where = f"GPU {uuid}"
         return cls(
@@ -169,6 +174,7 @@ class GPUEvidence:
             generated_at=_timestamp(data["generated_at"], where),
             certificate_chain=parse_chain(data["certificate_chain"], where),
             signature=_parse_signature(data["signature"], where),
+            cc_mode=_cc_mode(data["cc_mode"], where) if optional else None,
         )
 
 
@@ -206,6 +212,7 @@ def _gpu_from_dict(data: Any) -> GPUEvidence | nvidia.NvidiaGPUEvidence:
 def canonical_bytes(gpu: GPUEvidence) -> bytes:
     """The exact bytes a GPU signs; the module docstring specifies them for agents in other languages."""
     document = {
+        **({"cc_mode": gpu.cc_mode} if gpu.cc_mode is not None else {}),
         "driver": gpu.driver,
         "generated_at": int(gpu.generated_at),
         "gpu_model": gpu.gpu_model,
@@ -226,6 +233,12 @@ def _measurements_json(measurements: Mapping[int, str]) -> dict[str, str]:
 def _nonce(value: Any, where: str) -> str:
     if not isinstance(value, str) or not _HEX_NONCE.fullmatch(value):
         raise ValueError(f"{where}: nonce must be 64 lower-case hex characters")
+    return value
+
+
+def _cc_mode(value: Any, where: str) -> str:
+    if value not in nvidia.CC_MODES:
+        raise ValueError(f"{where}: cc_mode must be one of {', '.join(nvidia.CC_MODES)}")
     return value
 
 
@@ -381,7 +394,8 @@ def _summary(gpu: GPUEvidence | nvidia.NvidiaGPUEvidence) -> dict[str, Any]:
     if isinstance(gpu, nvidia.NvidiaGPUEvidence):
         return nvidia.summary(gpu)
     return {"uuid": gpu.uuid, "serial": gpu.serial, "model": gpu.gpu_model, "vbios": gpu.vbios,
-            "driver": gpu.driver, "measurements": _measurements_json(gpu.measurements)}
+            "driver": gpu.driver, "measurements": _measurements_json(gpu.measurements),
+            **({"cc_mode": gpu.cc_mode} if gpu.cc_mode is not None else {})}
 
 
 def _nonce_checks(evidence: NodeEvidence, nonce: NonceRecord, now: datetime) -> list[Reason]:

@@ -73,11 +73,12 @@ def make_device(issuer_key: PrivateKey, issuer_cert: x509.Certificate, *, gpu_uu
 
 
 def sign_gpu_evidence(key: PrivateKey, chain_pems: list[str], *, uuid: str, serial: str, gpu_model: str, vbios: str,
-                      driver: str, measurements: dict[int, str], nonce: str, generated_at: int) -> GPUEvidence:
+                      driver: str, measurements: dict[int, str], nonce: str, generated_at: int,
+                      cc_mode: str | None = None) -> GPUEvidence:
     """One GPU's evidence, signed with its device key as security.attestation.canonical_bytes specifies."""
     unsigned = GPUEvidence(uuid=uuid, serial=serial, gpu_model=gpu_model, vbios=vbios, driver=driver,
                            measurements=dict(measurements), nonce=nonce, generated_at=int(generated_at),
-                           certificate_chain=list(chain_pems), signature="")
+                           certificate_chain=list(chain_pems), signature="", cc_mode=cc_mode)
     signature = key.sign(canonical_bytes(unsigned), ec.ECDSA(hashes.SHA384()))
     return replace(unsigned, signature=base64.b64encode(signature).decode("ascii"))
 

@@ -216,6 +216,12 @@ def attestation_outcome(*, node, report: AttestationReport, gpus=None) -> None:
                                       "gpus": [g.uuid for g in gpus] if gpus is not None else None})
 
 
+def evidence_cc_mode(summaries: list[dict]) -> str:
+    """The node's GPUs' CC mode as their verified evidence states it: on only when every GPU says on."""
+    modes = {summary.get("cc_mode") or "off" for summary in summaries}
+    return modes.pop() if len(modes) == 1 else "off"
+
+
 #
 # What the verifier trusts (staff)
 #

@@ -53,7 +53,8 @@ class OfferingSerializer(StrictModelSerializer):
     class Meta:
         model = Offering
         fields = ["id", "slug", "name", "kind", "gpu_model", "gpus_per_unit", "slots_per_gpu", "isolation_mode",
-                  "time_slice_class", "price_per_gpu_hour", "reserved_discount_pct", "reserved_price_per_gpu_hour",
+                  "time_slice_class", "confidential", "price_per_gpu_hour", "reserved_discount_pct",
+                  "reserved_price_per_gpu_hour",
                   "spot_available", "spot_floor_price", "is_active", "no_show_grace_minutes", "no_show_warning_minutes",
                   "release_grace_minutes", "availability", "prices", "created_at"]
         read_only_fields = ["id", "created_at"]
@@ -92,9 +93,9 @@ class NodeSerializer(StrictModelSerializer):
     class Meta:
         model = Node
         # bmc_password is deliberately absent: credentials never leave through the API.
-        fields = ["id", "hostname", "region", "fabric", "leaf", "pool", "is_spare", "bmc_address", "cpu_cores",
-                  "ram_gib", "nvme_tb", "state", "state_reason", "state_changed_at", "health", "gpu_count",
-                  "created_at"]
+        fields = ["id", "hostname", "region", "fabric", "leaf", "pool", "is_spare", "cvm_host", "gpu_cc_mode",
+                  "confidential", "bmc_address", "cpu_cores", "ram_gib", "nvme_tb", "state", "state_reason",
+                  "state_changed_at", "health", "gpu_count", "created_at"]
         read_only_fields = fields
 
 
@@ -117,6 +118,7 @@ class NodeEnrolSerializer(StrictSerializer):
     leaf = serializers.CharField(max_length=100)
     pool = serializers.ChoiceField(choices=NodePool.choices)
     is_spare = serializers.BooleanField(default=False)
+    cvm_host = serializers.BooleanField(default=False, help_text="The CPUs run confidential VMs (SEV-SNP or TDX).")
     bmc_address = serializers.URLField(max_length=255)
     bmc_username = serializers.CharField(max_length=64, allow_blank=True, default="")
     bmc_password = serializers.CharField(max_length=256, allow_blank=True, default="", write_only=True,

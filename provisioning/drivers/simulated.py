@@ -279,7 +279,8 @@ class SimulatedHost(Simulated, HostDriver):
         self._act(target, "attest", lambda state: None)
         node = Node.objects.get(pk=target.node_id)
         rows = GPU.objects.filter(node=node, index__in=list(gpus)).select_related("model").order_by("index")
-        return simulated_evidence(node, nonce, list(rows), mode=misbehaviour(target.hostname))
+        return simulated_evidence(node, nonce, list(rows), mode=misbehaviour(target.hostname),
+                                  cc_mode=self._state(target).get("cc_mode"))
 
     def acceptance(self, target, reference=""):
         """A healthy node's readings, with what a test broke (state "acceptance": by GPU index, and "node")."""
@@ -290,6 +291,10 @@ class SimulatedHost(Simulated, HostDriver):
                  **broken.get(str(gpu.index), {})} for gpu in rows]
         model = rows[0].model.slug if rows else ""
         return {"gpus": gpus, "node": {**acceptance.nominal_node(model), **broken.get("node", {})}}
+
+    def set_cc_mode(self, target, mode: str | None) -> None:
+        """Set the simulated GPUs' confidential-computing mode (as an operator's nvidia-smi conf-compute would)."""
+        self._act(target, "set_cc_mode", lambda state: state.update(cc_mode=mode))
 
     def use(self, target, devices) -> None:
         """A tenant wrote to this memory (the handover does it): it needs a scrub before reuse."""

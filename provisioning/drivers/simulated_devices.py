@@ -101,10 +101,11 @@ def misbehaviour(hostname: str) -> str:
     return table.get(hostname, table.get("default", ""))
 
 
-def simulated_evidence(node, nonce: str, gpus, *, mode: str = "") -> dict:
+def simulated_evidence(node, nonce: str, gpus, *, mode: str = "", cc_mode: str | None = None) -> dict:
     """
     The evidence a simulated node answers ``nonce`` with for ``gpus`` (GPU rows), each signed by
-    its own device key -- or wrong in the way ``mode`` says.
+    its own device key -- or wrong in the way ``mode`` says; ``cc_mode``: the GPUs' confidential-
+    computing mode, when the simulated host is set up for it.
     """
     now = int(time.time())
     reports = []
@@ -124,6 +125,6 @@ def simulated_evidence(node, nonce: str, gpus, *, mode: str = "") -> dict:
         evidence = device_pki.sign_gpu_evidence(
             key, chain, uuid=uuid, serial=gpu.serial, gpu_model=gpu.model.slug, vbios=vbios,
             driver=SIMULATED_DRIVER, measurements=measurements,
-            nonce="f" * 64 if mode == "stale_nonce" else nonce, generated_at=now)
+            nonce="f" * 64 if mode == "stale_nonce" else nonce, generated_at=now, cc_mode=cc_mode)
         reports.append(evidence.to_dict())
     return {"node": node.hostname, "nonce": nonce, "gpus": reports}

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from cloud.choices import NodePool, OfferingKind
+from cloud.services import node_cc_observed
 from core.errors import DomainError
 from provisioning import cloud_init, host_keys
 from provisioning.choices import OperationKind
@@ -37,7 +38,7 @@ from provisioning.networks.ports import VPCRefused, ports_join, ports_join_many,
 from provisioning.networks.vpcs import default_vpc
 from security import acceptance
 from security.models import AttestationNonce, AttestationReport, ReferenceManifest, ReferenceMeasurement
-from security.services import attestation_challenge, attestation_outcome, attestation_submit
+from security.services import attestation_challenge, attestation_outcome, attestation_submit, evidence_cc_mode
 
 # What other modules take from here beside the steps: the context a step gets, and the guest
 # steps' helpers (kept importable from the module that lists the pipelines).
@@ -210,10 +211,31 @@ def _attest(ctx: Context, node, gpus: list, *, instances: list, shared: bool = F
         attestation_outcome(node=node, report=report, gpus=gpus if shared else None)
         why = "; ".join(dict.fromkeys(f"{r['check']}: {r['detail']}" for r in report.reasons))[:900]
         raise NodeFault(node, f"attestation {report.status}: {why}", transient=False, held=True)
+    if not shared:  # the whole node's evidence: its GPUs' CC mode decides whether it is confidential capacity
+        node_cc_observed(node=node, cc_mode=evidence_cc_mode(report.gpus))
+    _confidential_check(ctx, node, report)
     if ctx.operation.kind == OperationKind.PROVISION:
         from provisioning.receipts import receipt_store
 
         receipt_store(reservation=ctx.reservation, node=node, report=report, instances=instances)
+
+
+def _confidential_check(ctx: Context, node, report) -> None:
+    """
+    A confidential reservation is handed over only when the evidence just verified shows every one
+    of its GPUs in CC mode (and, for a VM, a host that runs confidential VMs); otherwise the node
+    leaves the confidential pool and the reservation is placed again elsewhere.
+    """
+    if ctx.reservation is None or not ctx.reservation.offering.confidential:
+        return
+    off = [gpu["uuid"] for gpu in report.gpus if gpu.get("cc_mode") != "on"]
+    if not off and (node.pool == NodePool.BARE_METAL or node.cvm_host):
+        return
+    node_cc_observed(node=node, cc_mode="off" if off else node.gpu_cc_mode)
+    cause = (f"the evidence shows confidential computing off on {', '.join(off)}" if off
+             else "the host does not run confidential VMs")
+    raise NodeFault(node, f"{cause}: the confidential reservation is placed on another node", transient=False,
+                    blame=False)
 
 
 def _passed_before(node, reference: str):

@@ -25,7 +25,7 @@ from uuid import UUID
 from django.db import connection
 
 from cloud.models import GPU, Node
-from provisioning.scheduling.plan_types import GPUCapacity, NodeCapacity, Snapshot
+from provisioning.scheduling.plan_types import GPUCapacity, NodeCapacity, Snapshot, capacity_pool
 from provisioning.scheduling.snapshot import SELLABLE_GPU, sellable_nodes, window_allocations
 
 
@@ -103,9 +103,10 @@ class FleetShape:
                 "id", "node_id", "index", "memory_mib", "model_id"):
             gpus[node_id].append(GpuShape(gpu_id, index, memory, model_id))
         nodes = [
-            NodeShape(node_id, region, fabric_id, leaf_id, pod, pool, tuple(gpus[node_id]))
-            for node_id, region, fabric_id, leaf_id, pod, pool in Node.objects.order_by("hostname").values_list(
-                "id", "region__slug", "fabric_id", "leaf_id", "leaf__pod", "pool")
+            NodeShape(node_id, region, fabric_id, leaf_id, pod, capacity_pool(pool, confidential), tuple(gpus[node_id]))
+            for node_id, region, fabric_id, leaf_id, pod, pool, confidential in Node.objects.order_by(
+                "hostname").values_list("id", "region__slug", "fabric_id", "leaf_id", "leaf__pod", "pool",
+                                        "confidential")
         ]
         if nodes != self.nodes:
             self.nodes, self.version = nodes, self.version + 1
@@ -115,15 +116,17 @@ class FleetShape:
 def _hardware_counts() -> tuple:
     """
     What hardware added or removed changes (removing one and adding another too): the nodes,
-    the newest node's enrolment, the GPUs. One round trip; it is asked every cycle.
+    the newest node's enrolment, the GPUs, and how many nodes are confidential capacity (a node
+    moves between pools when its CC mode does). One round trip; it is asked every cycle.
     """
     qn = connection.ops.quote_name
     nodes, gpus = qn(Node._meta.db_table), qn(GPU._meta.db_table)
     created = qn(Node._meta.get_field("created_at").column)
+    confidential = qn(Node._meta.get_field("confidential").column)
     with connection.cursor() as cursor:
         # Only quoted names from the models' metadata are formatted in.
         cursor.execute(f"SELECT (SELECT count(*) FROM {nodes}), (SELECT max({created}) FROM {nodes}), "  # noqa: S608
-                       f"(SELECT count(*) FROM {gpus})")
+                       f"(SELECT count(*) FROM {gpus}), (SELECT count(*) FROM {nodes} WHERE {confidential})")
         return tuple(cursor.fetchone())
 
 

@@ -95,7 +95,8 @@ class FreeHint:
 
 
 def _key(request: Request) -> tuple:
-    return request.kind, request.regions, request.gpu_model_ids, request.fabric_id, request.gpus_per_unit
+    return (request.kind, request.regions, request.gpu_model_ids, request.fabric_id, request.gpus_per_unit,
+            request.confidential)
 
 
 FREE_HINT = FreeHint()

@@ -24,6 +24,12 @@ VM = "vm"
 CONTAINER = "container"
 SHARED_POOL = "shared"
 BARE_METAL_POOL = "bare_metal"
+CONFIDENTIAL_POOL_SUFFIX = "+cc"
+
+
+def capacity_pool(pool: str, confidential: bool) -> str:
+    """The planner's pool of a node: confidential nodes are a pool of their own (they serve only confidential work)."""
+    return pool + CONFIDENTIAL_POOL_SUFFIX if confidential else pool
 
 
 class Busy(NamedTuple):
@@ -93,6 +99,9 @@ class Request:
     eviction_grace: timedelta = timedelta(0)
     # Only this fabric (the reservation's VPC lives there); None: any fabric of the region.
     fabric_id: UUID | None = None
+    # Confidential: only on confidential capacity (GPUs in CC mode, their pool suffixed "+cc"), and never
+    # the other way round.
+    confidential: bool = False
     # Time-sliced slots: their slice class; they share GPUs only with slots of the same class and size.
     share_class: str = ""
 

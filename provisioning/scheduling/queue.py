@@ -46,7 +46,8 @@ def estimated_start(reservation: Reservation, now: datetime) -> datetime | None:
                                        ).filter(Q(score__gt=reservation.score)
                                                 | Q(score=reservation.score, submitted_at__lt=reservation.submitted_at)
                                                 ).aggregate(n=Sum("gpus"))["n"] or 0
-    return free_enough_at(gpu_model_id=reservation.gpu_model_id, region=Q(node__region__slug=reservation.regions[0]),
+    where = Q(node__region__slug=reservation.regions[0], node__confidential=reservation.offering.confidential)
+    return free_enough_at(gpu_model_id=reservation.gpu_model_id, region=where,
                           pool=pool_of(reservation.offering.kind), needed=max(reservation.gpus, 1) + ahead,
                           start=max(reservation.requested_start or now, now), now=now)
 

@@ -55,7 +55,7 @@ QUEUE_COLUMNS = ["id", "tenant_id", "team_id", "name", "gpu_model_id", "offering
                  "units", "gpus", "regions", "requested_start", "duration", "billing_term", "eviction_policy", "score",
                  "state", "state_reason", "vpc__fabric", "managed_by"]
 MIRROR_BY_IDS = 2000  # the most rows the queue mirror reads by id; more are read by one scan
-OFFERING_COLUMNS = ["id", "kind", "gpus_per_unit", "slots_per_gpu", "gpu_model_id", "time_slice_class"]
+OFFERING_COLUMNS = ["id", "kind", "gpus_per_unit", "slots_per_gpu", "gpu_model_id", "time_slice_class", "confidential"]
 WAITING_REASONS_PER_CYCLE = 200
 MODEL_NAMES_REFRESH_S = 60.0
 APPLY_BATCH = 100

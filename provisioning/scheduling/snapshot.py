@@ -22,21 +22,29 @@ from provisioning.allocations import ALLOCATABLE_NODE_STATES
 from provisioning.capacity import SELLABLE_HEALTH
 from provisioning.choices import BillingTerm, OperationKind, OperationState
 from provisioning.models import Allocation, Operation, Reservation
-from provisioning.scheduling.plan_types import Busy, GPUCapacity, NodeCapacity, Request, Snapshot
+from provisioning.scheduling.plan_types import (
+    CONFIDENTIAL_POOL_SUFFIX,
+    Busy,
+    GPUCapacity,
+    NodeCapacity,
+    Request,
+    Snapshot,
+    capacity_pool,
+)
 
 UNUSABLE_GPU_STATES = [GPUState.QUARANTINED]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids=None, pool=None,
-                  free_only: bool = False, node_ids=None) -> Snapshot:
+                  free_only: bool = False, node_ids=None, confidential: bool | None = None) -> Snapshot:
     """
     Capacity of the sellable fleet (optionally narrowed), with every allocation overlapping
     [now, until). ``free_only``: only GPUs with nothing in that window (what a whole-GPU request
     can use without evicting anyone); ``node_ids``: only these nodes (see ``free_candidates``).
     """
     nodes, gpus = _sellable(now=now, until=until, regions=regions, gpu_model_ids=gpu_model_ids, pool=pool,
-                            free_only=free_only)
+                            free_only=free_only, confidential=confidential)
     if node_ids is not None:
         nodes, gpus = nodes.filter(pk__in=list(node_ids)), gpus.filter(node_id__in=list(node_ids))
     busy = {} if free_only else window_allocations(now, until, gpus)
@@ -49,10 +57,12 @@ def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids
                                             busy=busy.get(gpu_id, [])))
         models[node_id] = model_id
     capacity = [
-        NodeCapacity(node_id=node_id, region=region, fabric_id=fabric_id, leaf_id=leaf_id, pod=pod, pool=node_pool,
-                     gpu_model_id=models[node_id], gpus=sorted(by_node[node_id], key=lambda g: g.index))
-        for node_id, region, fabric_id, leaf_id, pod, node_pool in nodes.filter(pk__in=list(by_node)).values_list(
-            "id", "region__slug", "fabric_id", "leaf_id", "leaf__pod", "pool")
+        NodeCapacity(node_id=node_id, region=region, fabric_id=fabric_id, leaf_id=leaf_id, pod=pod,
+                     pool=capacity_pool(node_pool, confidential_node), gpu_model_id=models[node_id],
+                     gpus=sorted(by_node[node_id], key=lambda g: g.index))
+        for node_id, region, fabric_id, leaf_id, pod, node_pool, confidential_node in nodes.filter(
+            pk__in=list(by_node)).values_list("id", "region__slug", "fabric_id", "leaf_id", "leaf__pod", "pool",
+                                              "confidential")
     ]
     return Snapshot(now=now, nodes=capacity)
 
@@ -70,13 +80,15 @@ def sellable_nodes():
         Exists(attesting))
 
 
-def _sellable(*, now, until, regions, gpu_model_ids, pool, free_only):
+def _sellable(*, now, until, regions, gpu_model_ids, pool, free_only, confidential=None):
     """The nodes that may take work and their usable GPUs (only those free in the window, if asked)."""
     nodes = sellable_nodes()
     if regions is not None:
         nodes = nodes.filter(region__slug__in=list(regions))
     if pool is not None:
         nodes = nodes.filter(pool=pool)
+    if confidential is not None:
+        nodes = nodes.filter(confidential=confidential)
     gpus = GPU.objects.filter(SELLABLE_GPU, node__in=nodes)
     if gpu_model_ids is not None:
         gpus = gpus.filter(model_id__in=list(gpu_model_ids))
@@ -95,7 +107,7 @@ def free_candidates(request: Request, *, now: datetime, spare: int = 4) -> list 
     (the caller reads the pool).
     """
     _, gpus = _sellable(now=now, until=request.end, regions=request.regions, gpu_model_ids=request.gpu_model_ids,
-                        pool=pool_of(request.kind), free_only=True)
+                        pool=pool_of(request.kind), free_only=True, confidential=request.confidential)
     if request.fabric_id is not None:
         gpus = gpus.filter(node__fabric_id=request.fabric_id)
     per_node = gpus.values_list("node_id", "node__leaf_id").annotate(free=Count("pk"))
@@ -143,14 +155,14 @@ def free_snapshot(request: Request, *, now: datetime, spare: int = 4, nodes: lis
             return None
         snapshot = load_snapshot(now=now, until=request.end, regions=request.regions,
                                  gpu_model_ids=request.gpu_model_ids, pool=pool_of(request.kind), free_only=True,
-                                 node_ids=candidates)
+                                 node_ids=candidates, confidential=request.confidential)
         return snapshot if _settles(snapshot, request) else None
     g = request.gpus_per_unit
     params = {
         "health": list(SELLABLE_HEALTH), "unusable": list(UNUSABLE_GPU_STATES),
         "models": list(request.gpu_model_ids), "node_states": sorted(ALLOCATABLE_NODE_STATES),
-        "regions": list(request.regions), "pool": pool_of(request.kind),
-        "fabric": request.fabric_id, "attest": OperationKind.ATTEST,
+        "regions": list(request.regions), "pool": pool_of(request.kind), "confidential": request.confidential,
+        "fabric": request.fabric_id, "attest": OperationKind.ATTEST, "cc_suffix": CONFIDENTIAL_POOL_SUFFIX,
         "attesting": [OperationState.PENDING, OperationState.RUNNING], "now": now, "until": request.end, "g": g,
         "units": request.units, "take": request.units + spare, "nodes": list(nodes or ()),
     }
@@ -207,6 +219,7 @@ def _free_sql(chosen: str, on_nodes: bool = False) -> str:
             WHERE g.health = ANY(%(health)s) AND NOT (g.state = ANY(%(unusable)s))
               AND g.model_id = ANY(%(models)s) AND NOT n.is_spare AND n.state = ANY(%(node_states)s)
               AND n.health = ANY(%(health)s) AND r.slug = ANY(%(regions)s) AND n.pool = %(pool)s
+              AND n.confidential = %(confidential)s
               {"AND n.id = ANY(%(nodes)s::uuid[])" if on_nodes else ""}
               AND (%(fabric)s::uuid IS NULL OR n.fabric_id = %(fabric)s::uuid)
               AND NOT EXISTS (SELECT 1 FROM {operation} o WHERE o.node_id = n.id AND o.kind = %(attest)s
@@ -215,7 +228,8 @@ def _free_sql(chosen: str, on_nodes: bool = False) -> str:
         ),
         per_node AS (SELECT node_id, leaf_id, count(*) AS free FROM free GROUP BY node_id, leaf_id),
         chosen AS ({chosen})
-        SELECT n.id, r.slug, n.fabric_id, n.leaf_id, s.pod, n.pool,
+        SELECT n.id, r.slug, n.fabric_id, n.leaf_id, s.pod,
+               n.pool || CASE WHEN n.confidential THEN %(cc_suffix)s ELSE '' END,
                (array_agg(f.model_id ORDER BY f.index DESC))[1],
                array_agg(f.id ORDER BY f.index), array_agg(f.index ORDER BY f.index),
                array_agg(f.memory_mib ORDER BY f.index)
@@ -246,6 +260,7 @@ def request_for(reservation: Reservation, now: datetime) -> Request:
         eviction_grace=settings.MERIDIAN_SPOT_GRACE,
         fabric_id=reservation.vpc.fabric_id if reservation.vpc_id else None,
         share_class=offering.time_slice_class,
+        confidential=offering.confidential,
     )
 
 

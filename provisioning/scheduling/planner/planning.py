@@ -16,6 +16,7 @@ from uuid import UUID
 from provisioning.scheduling.plan_types import (
     BARE_METAL,
     BARE_METAL_POOL,
+    CONFIDENTIAL_POOL_SUFFIX,
     CONTAINER,
     SHARED_POOL,
     VM,
@@ -176,7 +177,7 @@ class Planner:
         if self._may_evict(request):
             evicting = (self.capacity.victims_below(request.priority), request.eviction_grace)
         return (request.kind, request.gpu_model_ids, request.regions, request.fabric_id, request.gpus_per_unit,
-                request.slots_per_gpu, request.share_class, request.on_demand, s, evicting)
+                request.slots_per_gpu, request.share_class, request.on_demand, request.confidential, s, evicting)
 
     @staticmethod
     def _may_evict(request: Request) -> bool:
@@ -190,14 +191,15 @@ class Planner:
 
     @staticmethod
     def _pool_kind(request: Request) -> str:
-        return BARE_METAL_POOL if request.kind == BARE_METAL else SHARED_POOL
+        kind = BARE_METAL_POOL if request.kind == BARE_METAL else SHARED_POOL
+        return kind + CONFIDENTIAL_POOL_SUFFIX if request.confidential else kind
 
     def _place_in(self, request: Request, region: str, model: UUID, s: int, e: int) -> Placement | str:
         """The best fit over the fabrics of one region and model, recorded; or what they lack."""
         where = self.wording.where(region, model)
         pools = self._pools(request, region, model)
         if not pools:
-            return f"{where}: no {self._pool_kind(request).replace('_', '-')} nodes"
+            return f"{where}: no {self._pool_kind(request).replace('_', '-').replace('+cc', ' confidential')} nodes"
         fits: list[Fit] = []
         short = Shortfall()
         for pool in pools:
