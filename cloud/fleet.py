@@ -124,7 +124,7 @@ def _build_fabric(region: Region, fabric_slug: str, model: GPUModel, spec: Fleet
             bmc_address=f"https://{hostname}-bmc.oob.internal/redfish/v1", bmc_username="meridian",
             bmc_password=secrets.token_urlsafe(18), cpu_cores=112, ram_gib=2048, nvme_tb="30.72",
             state=NodeState.IN_SERVICE if shared else NodeState.AVAILABLE, state_changed_at=now,
-            health=Health.HEALTHY,
+            health=Health.HEALTHY, gpus_installed=GPUS_PER_NODE,
         )
         nodes.append(node)
         for g in range(GPUS_PER_NODE):

@@ -164,6 +164,9 @@ class Node(models.Model):
     )
     pool = models.CharField(max_length=16, choices=NodePool.choices, default=NodePool.BARE_METAL)
     is_spare = models.BooleanField(default=False, help_text="Held back for fast replacement of failed nodes.")
+    # The node's shape: GPUs it was enrolled with (1 to 16: 4-GPU trays, 8-GPU HGX boards, 16-GPU servers).
+    # A bare-metal offering of N GPUs sells only nodes of N, whole.
+    gpus_installed = models.PositiveSmallIntegerField(default=0)
     # Confidential computing: the host's CPUs run confidential VMs (inventory), its GPUs' CC mode as the
     # last passing attestation's evidence showed it, and what follows (cloud.services.node_cc_observed):
     # a confidential node sells only confidential offerings, a GPU in CC mode serving a TEE alone.
@@ -454,7 +457,7 @@ class Offering(models.Model):
     name = models.CharField(max_length=100)
     kind = models.CharField(max_length=16, choices=OfferingKind.choices)
     gpu_model = models.ForeignKey(GPUModel, on_delete=models.PROTECT, related_name="offerings")
-    gpus_per_unit = models.PositiveSmallIntegerField(validators=[MinValueValidator(1), MaxValueValidator(8)])
+    gpus_per_unit = models.PositiveSmallIntegerField(validators=[MinValueValidator(1), MaxValueValidator(16)])
     slots_per_gpu = models.PositiveSmallIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
     )
@@ -500,9 +503,9 @@ class Offering(models.Model):
         ordering = ["slug"]
         constraints = [
             models.CheckConstraint(
-                condition=~Q(kind=OfferingKind.BARE_METAL) | Q(gpus_per_unit=8, slots_per_gpu=1),
+                condition=~Q(kind=OfferingKind.BARE_METAL) | Q(slots_per_gpu=1),
                 name="offering_bare_metal_whole_node",
-                violation_error_message="A bare-metal offering sells whole 8-GPU nodes.",
+                violation_error_message="A bare-metal offering sells whole nodes (of its GPUs per unit), not slots.",
             ),
             models.CheckConstraint(
                 condition=Q(confidential=False) | ~Q(kind=OfferingKind.CONTAINER),

@@ -107,7 +107,8 @@ def node_enrol(*, actor, gpus: list[dict], gpu_model, ib_port_guids: list[str],
     """
     try:
         with transaction.atomic():
-            node = Node.objects.create(state=NodeState.ENROLLED, state_changed_at=timezone.now(), **fields)
+            node = Node.objects.create(state=NodeState.ENROLLED, state_changed_at=timezone.now(),
+                                       gpus_installed=len(gpus), **fields)
             GPU.objects.bulk_create([GPU(node=node, model=gpu_model, memory_mib=gpu_model.memory_gib * 1024, **gpu)
                                      for gpu in gpus])
             addresses = ib_port_pci_bus_ids or [""] * len(ib_port_guids)

@@ -62,9 +62,12 @@ class NodeCapacity:
     fabric_id: UUID
     leaf_id: UUID
     pod: int  # leaves of one pod share spine switches: the "leaf group"
-    pool: str  # BARE_METAL_POOL or SHARED_POOL
+    pool: str  # BARE_METAL_POOL or SHARED_POOL (suffixed for confidential capacity)
     gpu_model_id: UUID
     gpus: list[GPUCapacity]
+    # The node's shape (GPUs installed); 0: as many as ``gpus`` (a snapshot of every sellable GPU). A
+    # free-only snapshot holds only the free GPUs: a bare-metal node is whole only when they are all.
+    installed: int = 0
 
 
 @dataclass

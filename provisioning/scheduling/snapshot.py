@@ -13,7 +13,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count, Exists, Max, OuterRef, Q
 
 from cloud.choices import GPUState, OfferingKind, pool_of
 from cloud.models import GPU, Node, Region, Switch
@@ -110,7 +110,8 @@ def free_candidates(request: Request, *, now: datetime, spare: int = 4) -> list 
                         pool=pool_of(request.kind), free_only=True, confidential=request.confidential)
     if request.fabric_id is not None:
         gpus = gpus.filter(node__fabric_id=request.fabric_id)
-    per_node = gpus.values_list("node_id", "node__leaf_id").annotate(free=Count("pk"))
+    per_node = gpus.values_list("node_id", "node__leaf_id").annotate(free=Count("pk"), installed=Max(
+        "node__gpus_installed"))
     return choose_nodes(per_node, request, spare=spare)
 
 
@@ -124,11 +125,13 @@ def choose_nodes(per_node, request: Request, *, spare: int, leaves: int = 2) -> 
     """
     g = request.gpus_per_unit
     if request.kind != OfferingKind.BARE_METAL:
-        fitting = sorted((free, str(node), node) for node, _, free in per_node if free >= g)[:request.units + spare]
+        fitting = sorted((free, str(node), node) for node, _, free, *_ in per_node if free >= g)[:request.units + spare]
         return [node for *_, node in fitting] if sum(free // g for free, *_ in fitting) >= request.units else None
     by_leaf = defaultdict(list)
-    for node, leaf, free in per_node:
-        if free == g:  # nodes whose sellable GPUs are all free: what the planner calls whole
+    for node, leaf, free, *installed in per_node:
+        # Whole: every GPU of a node of the request's shape is free (a hint's rows do not know the shape:
+        # the read of the chosen nodes checks it).
+        if free == g and (not installed or installed[0] == g):
             by_leaf[leaf].append(node)
     holding = sorted((len(free), str(leaf), free) for leaf, free in by_leaf.items() if len(free) >= request.units)
     if leaves == 1:
@@ -156,7 +159,7 @@ def free_snapshot(request: Request, *, now: datetime, spare: int = 4, nodes: lis
         snapshot = load_snapshot(now=now, until=request.end, regions=request.regions,
                                  gpu_model_ids=request.gpu_model_ids, pool=pool_of(request.kind), free_only=True,
                                  node_ids=candidates, confidential=request.confidential)
-        return snapshot if _settles(snapshot, request) else None
+        return snapshot if _settles(_whole_only(snapshot, request), request) else None
     g = request.gpus_per_unit
     params = {
         "health": list(SELLABLE_HEALTH), "unusable": list(UNUSABLE_GPU_STATES),
@@ -180,12 +183,19 @@ def free_snapshot(request: Request, *, now: datetime, spare: int = 4, nodes: lis
         rows = cursor.fetchall()
     snapshot = Snapshot(now=now, nodes=[
         NodeCapacity(node_id=node_id, region=region, fabric_id=fabric_id, leaf_id=leaf_id, pod=pod, pool=pool,
-                     gpu_model_id=model_id,
+                     gpu_model_id=model_id, installed=installed,
                      gpus=[GPUCapacity(gpu_id=gpu_id, index=index, memory_mib=memory)
                            for gpu_id, index, memory in zip(ids, indexes, memories, strict=True)])
-        for node_id, region, fabric_id, leaf_id, pod, pool, model_id, ids, indexes, memories in rows
+        for node_id, region, fabric_id, leaf_id, pod, pool, model_id, ids, indexes, memories, installed in rows
     ])
-    return snapshot if _settles(snapshot, request) else None
+    return snapshot if _settles(_whole_only(snapshot, request), request) else None
+
+
+def _whole_only(snapshot: Snapshot, request: Request) -> Snapshot:
+    """Bare metal from free GPUs only: the nodes all of whose installed GPUs are free (a node sells whole)."""
+    if request.kind == OfferingKind.BARE_METAL:
+        snapshot.nodes = [node for node in snapshot.nodes if not node.installed or len(node.gpus) == node.installed]
+    return snapshot
 
 
 def _settles(snapshot: Snapshot, request: Request) -> bool:
@@ -214,7 +224,7 @@ def _free_sql(chosen: str, on_nodes: bool = False) -> str:
             WHERE a.ends_at > %(now)s AND a.starts_at < %(until)s AND NOT a.archived {on_given}
         ),
         free AS (
-            SELECT g.id, g.node_id, g.index, g.memory_mib, g.model_id, n.leaf_id
+            SELECT g.id, g.node_id, g.index, g.memory_mib, g.model_id, n.leaf_id, n.gpus_installed AS installed
             FROM {gpu} g JOIN {node} n ON n.id = g.node_id JOIN {region} r ON r.id = n.region_id
             WHERE g.health = ANY(%(health)s) AND NOT (g.state = ANY(%(unusable)s))
               AND g.model_id = ANY(%(models)s) AND NOT n.is_spare AND n.state = ANY(%(node_states)s)
@@ -226,13 +236,14 @@ def _free_sql(chosen: str, on_nodes: bool = False) -> str:
                               AND o.state = ANY(%(attesting)s))
               AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.gpu_id = g.id)
         ),
-        per_node AS (SELECT node_id, leaf_id, count(*) AS free FROM free GROUP BY node_id, leaf_id),
+        per_node AS (SELECT node_id, leaf_id, count(*) AS free, max(installed) AS installed FROM free
+                     GROUP BY node_id, leaf_id),
         chosen AS ({chosen})
         SELECT n.id, r.slug, n.fabric_id, n.leaf_id, s.pod,
                n.pool || CASE WHEN n.confidential THEN %(cc_suffix)s ELSE '' END,
                (array_agg(f.model_id ORDER BY f.index DESC))[1],
                array_agg(f.id ORDER BY f.index), array_agg(f.index ORDER BY f.index),
-               array_agg(f.memory_mib ORDER BY f.index)
+               array_agg(f.memory_mib ORDER BY f.index), max(f.installed)
         FROM chosen c JOIN free f ON f.node_id = c.node_id JOIN {node} n ON n.id = c.node_id
         JOIN {region} r ON r.id = n.region_id JOIN {switch} s ON s.id = n.leaf_id
         GROUP BY n.id, r.slug, s.pod ORDER BY n.hostname
@@ -323,9 +334,9 @@ _FREE_BEST_FIT_SQL = _free_sql("SELECT node_id FROM per_node WHERE free >= %(g)s
 # The leaves as an array (computed once): as an IN subquery PostgreSQL planned the window eight
 # times slower.
 _FREE_BARE_METAL_SQL = _free_sql(
-    "SELECT node_id FROM per_node WHERE free = %(g)s AND leaf_id = ANY(ARRAY("
+    "SELECT node_id FROM per_node WHERE free = %(g)s AND installed = %(g)s AND leaf_id = ANY(ARRAY("
     "SELECT leaf_id FROM (SELECT leaf_id, count(*) AS whole, row_number() OVER w AS rank, "
-    "sum(count(*)) OVER w AS running FROM per_node WHERE free = %(g)s GROUP BY leaf_id "
+    "sum(count(*)) OVER w AS running FROM per_node WHERE free = %(g)s AND installed = %(g)s GROUP BY leaf_id "
     "HAVING count(*) >= %(units)s WINDOW w AS (ORDER BY count(*), leaf_id::text)) AS leaves "
     "WHERE rank <= 2 OR running - whole < %(take)s))")
 # The nodes a recent read chose (free_hint): those with a free GPU, counted again now.
