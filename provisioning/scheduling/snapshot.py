@@ -59,10 +59,10 @@ def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids
     capacity = [
         NodeCapacity(node_id=node_id, region=region, fabric_id=fabric_id, leaf_id=leaf_id, pod=pod,
                      pool=capacity_pool(node_pool, confidential_node), gpu_model_id=models[node_id],
-                     gpus=sorted(by_node[node_id], key=lambda g: g.index))
-        for node_id, region, fabric_id, leaf_id, pod, node_pool, confidential_node in nodes.filter(
+                     gpus=sorted(by_node[node_id], key=lambda g: g.index), installed=installed)
+        for node_id, region, fabric_id, leaf_id, pod, node_pool, confidential_node, installed in nodes.filter(
             pk__in=list(by_node)).values_list("id", "region__slug", "fabric_id", "leaf_id", "leaf__pod", "pool",
-                                              "confidential")
+                                              "confidential", "gpus_installed")
     ]
     return Snapshot(now=now, nodes=capacity)
 

@@ -245,11 +245,12 @@ def _offering(gpu_model: GPUModel, **fields) -> Offering:
 
 @pytest.mark.parametrize(("fields", "ok"), [
     ({"kind": OfferingKind.BARE_METAL, "gpus_per_unit": 8}, True),
-    ({"kind": OfferingKind.BARE_METAL, "gpus_per_unit": 4}, False),
+    ({"kind": OfferingKind.BARE_METAL, "gpus_per_unit": 4}, True),  # a node shape: 4-GPU trays
+    ({"kind": OfferingKind.BARE_METAL, "gpus_per_unit": 16}, True),
     ({"kind": OfferingKind.BARE_METAL, "gpus_per_unit": 8, "slots_per_gpu": 2}, False),
 ])
-def test_bare_metal_offering_sells_whole_eight_gpu_nodes(gpu_model, fields, ok):
-    """Bare metal is 8 GPUs per unit with one slot per GPU, nothing else."""
+def test_bare_metal_offering_sells_whole_nodes_of_its_shape(gpu_model, fields, ok):
+    """Bare metal is whole nodes of 1 to 16 GPUs, one slot per GPU, nothing else."""
     assert refused(lambda: _offering(gpu_model, **fields).save()) is not ok
 
 
