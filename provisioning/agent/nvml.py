@@ -119,7 +119,7 @@ class SimulatedGPU:
     used: set = field(default_factory=set)  # memory ranges (lo, hi) a tenant wrote to
     name: str = "Simulated GPU"
     serial: str | None = None
-    vbios: str | None = "96.00.00.00.00"
+    vbios: str | None = "96.00.9f.00.01"  # the simulated fleet's firmware (simulated_devices): it validates
     processes: list[dict] = field(default_factory=list)  # {"pid", "used_memory_mib"}, as tests need them
     ecc: dict | None = field(default_factory=lambda: {"corrected": 0, "uncorrected": 0})
     xid: dict | None = field(
@@ -155,7 +155,7 @@ class SimulatedNVML:
 
     def __init__(self, gpus: list[SimulatedGPU], *, versions: dict | None = None):
         self.gpus = {gpu.index: gpu for gpu in gpus}
-        self._versions = versions or {"driver": "570.00.00", "nvml": "12.570.00", "cuda_driver": "12.8"}
+        self._versions = versions or {"driver": "570.124.06", "nvml": "12.570.124.06", "cuda_driver": "12.8"}
 
     def inventory(self) -> list[dict]:
         return [
