@@ -12,6 +12,7 @@ from django.utils import timezone
 from cloud import telemetry
 from cloud.models import GPUSampleRollup, RollupPeriod
 from cloud.telemetry import gpu_error_history
+from provisioning.models import NodeValidation
 from tests.cloud.test_telemetry import ports_of, samples_of
 from tests.world import small_fleet
 
@@ -87,3 +88,17 @@ def test_nvlink_readings_out_of_range_are_refused_and_nothing_is_stored(node, up
 def test_a_port_never_reported_says_so(console, node):
     body = console("platform_approver").get(f"/staff/fleet/nodes/{node.pk}/").content.decode()
     assert body.count("not reported yet") == node.ib_ports.count() > 0
+
+
+def test_the_node_page_shows_the_failed_acceptance_checks_and_the_node_shape(console, node):
+    NodeValidation.objects.create(node=node, passed=False, results=[
+        {"gpu": 5, "check": "pcie_width", "value": 8, "bound": "at least x16", "passed": False},
+        {"gpu": None, "check": "nccl_busbw_gbs", "value": 120.0, "bound": "at least 350.0 GB/s", "passed": False},
+        {"gpu": 0, "check": "ecc_mode", "value": "on", "bound": "on", "passed": True}])
+
+    body = console("platform_admin").get(f"/staff/fleet/nodes/{node.pk}/").content.decode()
+
+    assert "2 of 3 failed" in body
+    assert "<td>GPU 5</td><td>pcie_width</td><td>8</td><td>at least x16</td>" in body
+    assert "<td>node</td><td>nccl_busbw_gbs</td>" in body and "ecc_mode" not in body
+    assert "8 GPUs, " in body and "GPU CC mode" in body
