@@ -314,6 +314,7 @@ class HCAPortStatus(models.Model):
 class TelemetrySource(models.TextChoices):
     AGENT = "agent", "Node agent (NVML)"
     BMC = "bmc", "BMC (Redfish), out of band"
+    GUEST = "guest", "In-guest agent (the instance's own NVML)"
 
 
 class GPUTelemetry(models.Model):

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from operations import metrics_views
+from operations import guest_api, metrics_views
 from operations import views as operations_views
 from provisioning import instance_views
 from security.views import jwks_view
@@ -37,6 +37,8 @@ urlpatterns = [
     path("instance-data/<uuid:instance_id>/<str:token>/report", instance_views.report, name="instance-report"),
     path("instance-data/<uuid:instance_id>/<str:token>/spot/termination-time", instance_views.spot_termination_time,
          name="instance-spot-termination"),
+    path("instance-data/<uuid:instance_id>/<str:token>/gpu-telemetry", guest_api.gpu_telemetry,
+         name="instance-gpu-telemetry"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("admin/", admin.site.urls),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import ipaddress
+import json
 import secrets
 
 import pycdlib
@@ -77,15 +78,23 @@ def meta_data(instance: Instance, keys: list[str]) -> dict:
             "hostname": instance.address or instance.name, "public-keys": keys}
 
 
-def vendor_data(report_url: str, mounts: list[Mount] = ()) -> str:
+GUEST_AGENT_CONFIG = "/etc/meridian/guest-agent.json"
+
+
+def vendor_data(report_url: str, mounts: list[Mount] = (), telemetry_url: str = "") -> str:
     """
     Meridian's own cloud-config: report in once booted, with the host's public keys (cloud-init's
     ``phone_home``), so the tenant sees the fingerprints before the first login; and the
     reservation's volumes mounted (a block volume formatted first if it has no file system yet:
-    ``fs_setup`` never overwrites one). The tenant's user-data is merged over it and may turn it off.
+    ``fs_setup`` never overwrites one); and where the optional in-guest agent posts the GPUs' telemetry
+    (``GUEST_AGENT_CONFIG``, readable by root only: its URL holds the instance's secret). The tenant's
+    user-data is merged over it and may turn it off.
     """
     config: dict = {"phone_home": {"url": report_url, "post": ["pub_key_rsa", "pub_key_ecdsa", "pub_key_ed25519",
                                                                "instance_id", "hostname", "fqdn"], "tries": 10}}
+    if telemetry_url:
+        config["write_files"] = [{"path": GUEST_AGENT_CONFIG, "permissions": "0600", "owner": "root:root",
+                                  "content": json.dumps({"telemetry_url": telemetry_url})}]
     if mounts:
         blocks = [m for m in mounts if m.kind == "block"]
         if blocks:
@@ -156,7 +165,8 @@ def drive_for(instance: Instance, *, keys: list[str], mounts: list[Mount], mac: 
     token = secrets.token_urlsafe(32)
     files = {"meta-data": yaml.safe_dump(meta_data(instance, keys), sort_keys=False),
              "user-data": reservation.user_data or "#cloud-config\n{}\n",
-             "vendor-data": vendor_data(report_url(instance, token), mounts),
+             "vendor-data": vendor_data(report_url(instance, token), mounts,
+                                        telemetry_url=instance_url(instance, token, "instance-gpu-telemetry")),
              "network-config": yaml.safe_dump(network_config(instance, mac), sort_keys=False)}
     image = iso(files)
     try:
@@ -174,7 +184,12 @@ def drive_url(drive: ConfigDrive) -> str:
 
 
 def report_url(instance: Instance, token: str) -> str:
-    path = reverse("instance-report", kwargs={"instance_id": instance.pk, "token": token})
+    return instance_url(instance, token, "instance-report")
+
+
+def instance_url(instance: Instance, token: str, name: str) -> str:
+    """An ``instance-data`` URL of the instance, its secret in the path."""
+    path = reverse(name, kwargs={"instance_id": instance.pk, "token": token})
     return settings.MERIDIAN_PUBLIC_URL.rstrip("/") + path
 
 

@@ -16,15 +16,16 @@ from pathlib import Path
 
 from provisioning.agent.agent import Agent, ControlPlane, simulated_host
 from provisioning.agent.attester import NvidiaAttester
+from provisioning.agent.guest import GuestReporter
 from provisioning.agent.nvml import RealNVML, SimulatedGPU, SimulatedNVML
 from provisioning.agent.ports import SimulatedPorts, SysfsPorts
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m provisioning.agent", description=__doc__)
-    parser.add_argument("--url", required=True, help="The control plane, e.g. https://meridian.example")
-    parser.add_argument("--key-id", required=True, help="This node's key id (nk_...), from enrolment.")
-    parser.add_argument("--secret-file", required=True, type=Path, help="A file holding this node's secret.")
+    parser.add_argument("--url", help="The control plane, e.g. https://meridian.example (a node's agent).")
+    parser.add_argument("--key-id", help="This node's key id (nk_...), from enrolment (a node's agent).")
+    parser.add_argument("--secret-file", type=Path, help="A file holding this node's secret (a node's agent).")
     parser.add_argument(
         "--interval",
         type=float,
@@ -66,6 +67,11 @@ def main(argv=None) -> None:
         help='The acceptance fabric step; it prints {"nccl_busbw_gbs": ..., "ib_bandwidth_gbps": ...} (e.g. a '
              "wrapper running NCCL's all_reduce_perf across the leaf and ib_write_bw to a neighbour).",
     )
+    parser.add_argument(
+        "--guest", type=Path, default=None, metavar="CONFIG",
+        help="Run as the in-guest agent of a VM or bare-metal server: post its GPUs' telemetry to the URL in "
+             "CONFIG (/etc/meridian/guest-agent.json, written by the instance's config drive).",
+    )
     parser.add_argument("--gpus", type=int, default=8, help="Simulated GPUs (the simulated NVML backend).")
     parser.add_argument("--memory-mib", type=int, default=81920, help="Memory of each simulated GPU (81920).")
     parser.add_argument(
@@ -78,6 +84,8 @@ def main(argv=None) -> None:
         help="GUIDs of the simulated InfiniBand ports (as enrolled); real hosts read /sys.",
     )
     args = parser.parse_args(argv)
+    if args.guest is None and not (args.url and args.key_id and args.secret_file):
+        parser.error("a node's agent needs --url, --key-id and --secret-file (or run --guest CONFIG in an instance)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     host = {}
     if args.nvml == "real":
@@ -97,10 +105,13 @@ def main(argv=None) -> None:
         nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=args.memory_mib) for i, u in enumerate(uuids)])
         host = dict(zip(("process_owner", "kill"), simulated_host(nvml), strict=True))
         host["ports"] = SimulatedPorts(args.port_guid) if args.port_guid else None
-    secret = args.secret_file.read_text().strip()
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
+    if args.guest is not None:
+        GuestReporter(nvml, args.guest).run(interval=args.interval, stop=stopping.is_set)
+        return
+    secret = args.secret_file.read_text().strip()
     Agent(ControlPlane(args.url, args.key_id, secret), nvml, **host).run(interval=args.interval, stop=stopping.is_set)
 
 
