@@ -1,22 +1,27 @@
 """
 Out of band: the bare-metal nodes a tenant holds run no Meridian agent, so they are watched from
 outside -- the BMC through the power driver's ``readings`` (Redfish on real hardware) and the HCA
-ports through each fabric's driver.
+ports through each fabric's driver. A shared host's GPUs passed through to VMs are invisible to its
+agent's NVML: ``vm_gpu_collect`` fills their temperature from the host's BMC where neither the
+agent nor the in-guest agent has reported lately.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from cloud.choices import NodePool, NodeState
+from cloud.choices import NodePool, NodeState, OfferingKind
 from cloud.models import GPU, GPUSample, GPUTelemetry, Node, NodeBMCReading, PortLink, TelemetrySource
 from cloud.telemetry.ingestion import LATEST_FIELDS, known_ports, port_updates, upsert_ports
 from operations.detection import judge_bmc
+from provisioning.choices import InstanceState
 from provisioning.drivers import DriverError, Target, drivers_for, fabric_driver_for
+from provisioning.models import Instance
 
 log = logging.getLogger(__name__)
 
@@ -137,3 +142,48 @@ def _fabric_port_rows(held: list[Node], now: datetime, fabric_driver_for, readin
                 if readings is not None:
                     readings[node.pk] = [reading for _, reading in updates]
     return rows
+
+
+def vm_gpu_collect(*, now: datetime | None = None) -> dict:
+    """
+    The GPU sensors of shared hosts' BMCs for GPUs held by active VMs, written only for a GPU whose
+    latest sample is older than three agent intervals (a GPU passed through to a VM: its host's NVML
+    cannot see it; an in-guest agent's samples, when the tenant runs one, are fresher and kept).
+    Node-level judgement stays with the host's agent (its heartbeat is the host's liveness).
+    """
+    now = now or timezone.now()
+    fresh = now - timedelta(seconds=3 * settings.MERIDIAN_AGENT_INTERVAL)
+    held = list(Instance.objects.filter(state=InstanceState.ACTIVE, reservation__offering__kind=OfferingKind.VM,
+                                        node__pool=NodePool.SHARED).values_list("node_id", "devices"))
+    wanted: dict = {}
+    for node_id, devices in held:
+        wanted.setdefault(node_id, set()).update(str(d["gpu_id"]) for d in devices)
+    stale = set(map(str, GPU.objects.filter(pk__in=[g for gpus in wanted.values() for g in gpus]).exclude(
+        telemetry__sampled_at__gte=fresh).values_list("pk", flat=True)))
+    result = {"gpus": 0, "failed": 0}
+    latest, samples = [], []
+    for node in Node.objects.filter(pk__in=[n for n, gpus in wanted.items() if gpus & stale]).select_related("region"):
+        target = Target(node_id=str(node.pk), hostname=node.hostname, bmc_address=node.bmc_address,
+                        bmc_username=node.bmc_username, bmc_password=node.bmc_password)
+        try:
+            reading = drivers_for(node.region.slug).power.readings(target)
+        except DriverError as exc:
+            log.warning("BMC GPU sensors of %s: %s", node.hostname, exc)
+            result["failed"] += 1
+            continue
+        sensors = [t.get("celsius") for t in reading.get("temperatures") or []
+                   if str(t.get("context", "")).lower() == "gpu"]
+        for gpu_id, index in node.gpus.order_by("index").values_list("pk", "index"):
+            if str(gpu_id) not in stale or str(gpu_id) not in wanted[node.pk] or index >= len(sensors):
+                continue
+            celsius = sensors[index]
+            celsius = int(round(celsius)) if isinstance(celsius, int | float) and 0 <= celsius <= 200 else None
+            latest.append(GPUTelemetry(gpu_id=gpu_id, node_id=node.pk, sampled_at=now, temperature_c=celsius,
+                                       xids=[], source=TelemetrySource.BMC))
+            samples.append(GPUSample(gpu_id=gpu_id, sampled_at=now, temperature_c=celsius))
+    with transaction.atomic():
+        GPUSample.objects.bulk_create(samples)
+        GPUTelemetry.objects.bulk_create(latest, update_conflicts=True, unique_fields=["gpu"],
+                                         update_fields=["node", *LATEST_FIELDS])
+    result["gpus"] = len(latest)
+    return result

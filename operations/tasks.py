@@ -37,10 +37,13 @@ def telemetry_prune() -> dict:
 
 @shared_task(name="cloud.telemetry_bmc_collect")
 def telemetry_bmc_collect() -> dict:
-    """BMC readings and fabric port states of the bare-metal nodes a tenant holds (no agent runs there)."""
-    from operations.bmc import bmc_collect
+    """
+    BMC readings and fabric port states of the bare-metal nodes a tenant holds (no agent runs there),
+    and the BMC's GPU sensors for VMs' passed-through GPUs nothing else reported lately.
+    """
+    from operations.bmc import bmc_collect, vm_gpu_collect
 
-    return bmc_collect()
+    return {**bmc_collect(), "vm_gpus": vm_gpu_collect()}
 
 
 #

@@ -8,14 +8,19 @@ detection (source "guest").
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 import yaml
+from django.utils import timezone
 
 from cloud.models import GPU, GPUTelemetry
+from operations.bmc import vm_gpu_collect
 from provisioning.agent.guest import GuestReporter
 from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
 from provisioning.cloud_init import GUEST_AGENT_CONFIG, read_iso
+from provisioning.drivers.simulated import SimulatedPower
+from provisioning.lifecycle.steps import target_of
 from provisioning.models import ConfigDrive, Instance, Reservation
 from security.models import Incident
 from tests.provisioning.pipeline import SSH_KEY
@@ -140,3 +145,19 @@ def test_the_guest_agent_keeps_xids_it_could_not_deliver(tmp_path):
     with pytest.raises(ConnectionError, match="posting GPU telemetry"):
         reporter.turn()
     assert reporter.sampler.unsent_xids == {"GPU-guest": [48]}
+
+
+def test_the_bmc_fills_in_a_vm_gpu_nobody_else_reported_and_leaves_fresh_ones(vms):
+    silent, reported = vms
+    now = timezone.now()
+    GPUTelemetry.objects.filter(gpu__in=[own_gpu(silent), own_gpu(reported)]).delete()
+    GPUTelemetry.objects.create(gpu=own_gpu(reported), node=reported.node, sampled_at=now, utilization_pct=40,
+                                source="guest", xids=[])
+    SimulatedPower().set_readings(target_of(silent.node), gpu_celsius=[70 + i for i in range(8)])
+
+    result = vm_gpu_collect(now=now + timedelta(seconds=1))
+
+    assert result["gpus"] >= 1
+    filled = GPUTelemetry.objects.get(gpu=own_gpu(silent))
+    assert (filled.source, filled.temperature_c) == ("bmc", 70 + own_gpu(silent).index)
+    assert GPUTelemetry.objects.get(gpu=own_gpu(reported)).source == "guest"  # fresh: left alone
