@@ -23,7 +23,9 @@ import pytest
 
 pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
 
-from provisioning.agent.nvml import NVMLUnavailable, RealNVML  # noqa: E402 -- only once pynvml is known
+from provisioning.agent import acceptance  # noqa: E402 -- only once pynvml is known
+from provisioning.agent.nvml import NVMLUnavailable, RealNVML  # noqa: E402
+from security.acceptance import evaluate  # noqa: E402
 
 READ_ONLY = re.compile(r"^nvml(Init\w*|Shutdown|ErrorString|\w*Get\w*)$")
 XID_KEYS = {"recovery_action", "retired_pages_pending", "row_remap_pending", "row_remap_failure"}
@@ -68,9 +70,11 @@ def summary(nvml) -> dict:
                                "ecc": nvml.ecc(gpu["index"]), "xid": nvml.xid_errors(gpu["index"]),
                                "vbios": nvml.vbios(gpu["index"]), "mig_mode": nvml.mig_mode(gpu["index"]),
                                "time_slice_ms": nvml.time_slice(gpu["index"]),
-                               "nvlinks": nvml.nvlinks(gpu["index"])}
+                               "nvlinks": nvml.nvlinks(gpu["index"]),
+                               "acceptance": acceptance.readings(nvml, gpu["index"])}
                 for gpu in gpus}
-    return {"versions": nvml.versions(), "gpus": [{**gpu, **readings[gpu["index"]]} for gpu in gpus]}
+    return {"versions": nvml.versions(), "cc_mode": nvml.cc_mode(),
+            "gpus": [{**gpu, **readings[gpu["index"]]} for gpu in gpus]}
 
 
 def test_inventory_names_every_gpu(summary):
@@ -108,6 +112,22 @@ def test_nvlinks_are_counted_or_absent(summary):
     for gpu in summary["gpus"]:
         links = gpu["nvlinks"]
         assert links is None or 0 <= links["up"] <= links["total"] <= 36, links
+
+
+def test_the_cc_mode_is_a_state_not_a_crash(summary):
+    """A GPU without confidential computing on (the likely case on a lent machine) is "off", not an error."""
+    assert summary["cc_mode"] in ("on", "devtools", "off")
+
+
+def test_acceptance_readings_are_measured_and_judged(summary):
+    """NVML's idle readings of each GPU, judged by the H200 profile (the stress steps are not run here)."""
+    for gpu in summary["gpus"]:
+        reading = gpu["acceptance"]
+        assert reading["pcie_generation"] is None or 1 <= reading["pcie_generation"] <= 6, reading
+        assert reading["pcie_width"] is None or 1 <= reading["pcie_width"] <= 32, reading
+        assert isinstance(reading["ecc_enabled"], bool) and isinstance(reading["persistence"], bool)
+        results = evaluate("h200-141gb-sxm", [reading], {})
+        gpu["acceptance_results"] = [str(result) for result in results if not result.passed]
 
 
 def test_versions_are_read(summary):

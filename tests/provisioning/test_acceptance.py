@@ -9,17 +9,20 @@ from __future__ import annotations
 import json
 import sys
 
+import pynvml
 import pytest
 
 from cloud.catalogue import GPU_MODELS
 from cloud.models import Node
+from provisioning.agent import acceptance as agent_acceptance
 from provisioning.agent.agent import Agent
-from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
+from provisioning.agent.nvml import RealNVML, SimulatedGPU, SimulatedNVML
 from provisioning.drivers.simulated import SimulatedHost
 from provisioning.lifecycle import validate as validating
 from provisioning.lifecycle.steps import target_of
 from provisioning.models import NodeValidation, Operation
 from security.acceptance import PROFILES, evaluate, failures, nominal, nominal_node
+from tests.provisioning.test_nvml_backend import FakeNVML, table
 from tests.world import small_fleet
 
 H100 = "h100-80gb-sxm"
@@ -129,3 +132,24 @@ def test_a_real_hosts_stress_steps_are_its_commands_and_missing_ones_fail(tmp_pa
     agent.stress_command = [sys.executable, "-c", "print('no json here')"]
     failed = agent.execute({"id": "c2", "kind": "acceptance", "payload": {"model": H100}})
     assert not failed["ok"] and "printed no JSON object" in failed["detail"]
+
+
+def test_a_real_gpus_idle_readings_come_from_nvml(monkeypatch):
+    FakeNVML(table()[:1]).install(monkeypatch)
+    answers = {"nvmlDeviceGetMaxPcieLinkGeneration": 5, "nvmlDeviceGetCurrPcieLinkWidth": 16,
+               "nvmlDeviceGetEccMode": [1, 1], "nvmlDeviceGetPersistenceMode": 1,
+               "nvmlDeviceGetCurrentClocksEventReasons": 0x1}
+    for name, value in answers.items():
+        monkeypatch.setattr(pynvml, name, lambda handle, value=value: value)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMaxClockInfo", lambda handle, clock: 1980)
+    nvml = RealNVML()
+
+    reading = agent_acceptance.readings(nvml, 0)
+    nvml.shutdown()
+
+    assert (reading["pcie_generation"], reading["pcie_width"], reading["sm_clock_max_mhz"]) == (5, 16, 1980)
+    assert reading["ecc_enabled"] and reading["persistence"] and reading["nvlinks_up"] == 17
+    assert reading["vbios"] == "96.00.99.00.01" and reading["driver"] == "570.124.06"
+    failed = failures(evaluate(H100, [{**reading, "stress_tflops": 700.0, "memtest_errors": 0}], nominal_node(H100)))
+    assert [(r.check, r.value) for r in failed] == [("nvlinks_up", 17), ("idle_temperature_c", 54),
+                                                     ("idle_power_w", 412.3)]
