@@ -145,11 +145,17 @@ def summary(gpu: NvidiaGPUEvidence) -> dict[str, Any]:
             "cc_mode": gpu.cc_mode}
     if report is None:
         return {**base, "vbios": "", "driver": "", "identity": "", "measurements": {}}
-    certs = x509.load_pem_x509_certificates("".join(gpu.certificate_chain[:1]).encode()) if gpu.certificate_chain \
-        else []
     return {**base, "vbios": report.vbios_version, "driver": report.driver_version, "board": report.board,
-            "identity": device_id(certs[0]) if certs else "",
+            "identity": _presented_id(gpu.certificate_chain),
             "measurements": {str(index - 1): value.hex() for index, value in sorted(report.measurements.items())}}
+
+
+def _presented_id(chain: list[str]) -> str:
+    """The device ID of the chain's first certificate; "" when it does not parse (a reason says so already)."""
+    try:
+        return device_id(x509.load_pem_x509_certificate(chain[0].encode())) if chain else ""
+    except ValueError:
+        return ""
 
 
 def device_id(cert: x509.Certificate) -> str:

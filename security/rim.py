@@ -26,6 +26,7 @@ from signxml.exceptions import InvalidInput, InvalidSignature
 
 from security.chains import ChainCache, Reason, Revocation, Trust, verified_chain
 
+MAX_VERSION = 64  # as evidence states versions (security.attestation.MAX_FIELD)
 MAX_RIM = 512 * 1024  # NVIDIA's RIMs are about 20 KiB
 SWID = "http://standards.iso.org/iso/19770/-2/2015/schema.xsd"
 DSIG = "http://www.w3.org/2000/09/xmldsig#"
@@ -117,6 +118,8 @@ def _manifest(signed, signer: str) -> Manifest:
     if meta is None or not meta.get("colloquialVersion"):
         raise ValueError("the RIM names no version (Meta colloquialVersion)")
     version = meta.get("colloquialVersion")
+    if len(version) > MAX_VERSION or not (version.isascii() and version.isprintable()):
+        raise ValueError(f"the RIM's version must be printable ASCII of at most {MAX_VERSION} characters")
     measurements: dict[int, tuple[str, ...]] = {}
     for resource in signed.iterfind(f"{{{SWID}}}Payload/{{{SWID}}}Resource"):
         if resource.get("type") != "Measurement" or resource.get("active", "").lower() != "true":

@@ -246,3 +246,12 @@ def test_a_malformed_report_is_refused_at_parse_with_what_is_wrong(samples, chan
     with pytest.raises(ValueError, match=message):
         NodeEvidence.from_dict({"node": "n", "nonce": nvidia_samples.NONCE,
                                 "gpus": [gpu(samples, report=change(nvidia_samples.report_bytes(samples)))]})
+
+
+def test_a_chain_whose_first_certificate_does_not_parse_is_a_reason_not_a_crash(samples, rims):
+    broken = "-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n"
+    verdict = check(samples, rims, gpu(samples, chain=[broken, *nvidia_samples.chain_pems(samples)[1:]]))
+
+    assert verdict.status == "fail"
+    assert "malformed_certificate" in checks_of(verdict)
+    assert verdict.gpus[0]["identity"] == ""

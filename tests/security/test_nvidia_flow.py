@@ -213,3 +213,14 @@ def test_an_issuer_given_with_the_response_must_chain_to_a_trust_anchor(world, d
 
     assert answer.status_code == 400
     assert answer.json()["errors"][0]["code"] == "untrusted_issuer"
+
+
+def test_a_rim_whose_version_is_longer_than_a_version_is_a_400(world):
+    signer_key, chain = rim_maker.trusted_rim_ca()
+    document = rim_maker.minimal_rim(version="5" * 80, measurements={1: "a" * 96}, key=signer_key, chain=chain)
+
+    answer = world.client("platform_admin").post(f"{V1}/reference-manifests/", {"document": document.decode()},
+                                                 format="json")
+
+    assert answer.status_code == 400, answer.content
+    assert "version" in str(answer.json()) and not ReferenceManifest.objects.exists()
