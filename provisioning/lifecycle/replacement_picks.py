@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, Value, When
+from django.db.models import Case, Exists, IntegerField, OuterRef, Q, Value, When
 
 from cloud.choices import GPUState, NodePool, NodeState, OfferingKind
 from cloud.models import GPU, Node
@@ -56,10 +56,15 @@ def _nearness(failed: Node, prefix: str = ""):
                 default=Value(2), output_field=IntegerField())
 
 
-def _hosts(failed: Node, pool: str, states, exclude):
-    """Nodes of the failed node's fabric that may take the work (spares only, unless the pool may be used)."""
+def _hosts(reservation, failed: Node, pool: str, states, exclude):
+    """
+    Nodes of the failed node's fabric that may take the work (spares only, unless the pool may be
+    used), of the reservation's kind of capacity: confidential work only on confidential nodes and
+    ordinary work never there.
+    """
     attesting = Operation.objects.filter(node=OuterRef("pk"), kind=OperationKind.ATTEST, state__in=UNFINISHED)
-    nodes = (Node.objects.filter(fabric_id=failed.fabric_id, pool=pool, state__in=states, health__in=SELLABLE_HEALTH)
+    nodes = (Node.objects.filter(fabric_id=failed.fabric_id, pool=pool, state__in=states, health__in=SELLABLE_HEALTH,
+                                 confidential=reservation.offering.confidential)
              .exclude(pk__in=[failed.pk, *exclude]).exclude(Exists(attesting)))
     return nodes if settings.MERIDIAN_REPLACEMENT_FROM_POOL else nodes.filter(is_spare=True)
 
@@ -69,8 +74,9 @@ def _pick_nodes(reservation, failed, units, start, end, exclude) -> list[Pick]:
     busy = Allocation.objects.filter(node=OuterRef("pk"), starts_at__lt=end, ends_at__gt=start)
     unsound = GPU.objects.filter(node=OuterRef("pk")).filter(
         ~Q(health__in=SELLABLE_HEALTH) | Q(state=GPUState.QUARANTINED) | ~Q(model_id=reservation.gpu_model_id))
-    nodes = (_hosts(failed, NodePool.BARE_METAL, [N.AVAILABLE], exclude).exclude(Exists(busy)).exclude(Exists(unsound))
-             .annotate(size=Count("gpus"), nearness=_nearness(failed)).filter(size=reservation.offering.gpus_per_unit)
+    nodes = (_hosts(reservation, failed, NodePool.BARE_METAL, [N.AVAILABLE], exclude)
+             .filter(gpus_installed=reservation.offering.gpus_per_unit).exclude(Exists(busy)).exclude(Exists(unsound))
+             .annotate(nearness=_nearness(failed))
              .select_related("fabric", "leaf").order_by("-is_spare", "nearness", "hostname")[:units])
     picks = []
     for node in nodes:
@@ -82,7 +88,7 @@ def _pick_nodes(reservation, failed, units, start, end, exclude) -> list[Pick]:
 
 def _free_gpus(reservation, failed, start, end, exclude, *, whole: bool):
     """Sound GPUs of the model on in-service hosts of the fabric, nearest first; whole: nothing held in the window."""
-    hosts = _hosts(failed, NodePool.SHARED, [N.IN_SERVICE, N.AVAILABLE], exclude)
+    hosts = _hosts(reservation, failed, NodePool.SHARED, [N.IN_SERVICE, N.AVAILABLE], exclude)
     gpus = GPU.objects.filter(node__in=hosts, model_id=reservation.gpu_model_id, health__in=SELLABLE_HEALTH,
                               state=GPUState.AVAILABLE)
     if whole:

@@ -7,11 +7,15 @@ confidential pool and the reservation is not handed over there.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from cloud.models import GPUModel, Node, Offering
 from provisioning.drivers.simulated import SimulatedHost
 from provisioning.lifecycle import validate as validating
+from provisioning.lifecycle.replacement_picks import pick
 from provisioning.lifecycle.steps import target_of
 from provisioning.models import Allocation, Reservation
 from security.receipts import receipt_verify
@@ -119,3 +123,21 @@ def test_a_container_offering_cannot_be_confidential(world, fleet):
 
     assert answer.status_code == 400
     assert "TEE" in str(answer.json())
+
+
+def test_a_replacement_stays_in_its_kind_of_capacity(world, fleet, steps, settings):
+    settings.MERIDIAN_REPLACEMENT_FROM_POOL = True
+    pk = reserve(world, offering("bare_metal", 8)).json()["id"]
+    steps.run()
+    ordinary = Reservation.objects.select_related("offering").get(pk=pk)
+    failed = Allocation.objects.filter(reservation=ordinary).first().node
+    others = Node.objects.filter(fabric=failed.fabric, pool="bare_metal").exclude(pk=failed.pk)
+    now = timezone.now()
+
+    others.update(confidential=True)
+    none_ordinary = pick(ordinary, failed, 1, start=now, end=now + timedelta(hours=1))
+    others.update(confidential=False)
+    some = pick(ordinary, failed, 1, start=now, end=now + timedelta(hours=1))
+
+    assert none_ordinary == []
+    assert len(some) == 1 and not some[0].node.confidential
