@@ -164,9 +164,10 @@ class Node(models.Model):
     )
     pool = models.CharField(max_length=16, choices=NodePool.choices, default=NodePool.BARE_METAL)
     is_spare = models.BooleanField(default=False, help_text="Held back for fast replacement of failed nodes.")
-    # The node's shape: GPUs it was enrolled with (1 to 16: 4-GPU trays, 8-GPU HGX boards, 16-GPU servers).
-    # A bare-metal offering of N GPUs sells only nodes of N, whole.
-    gpus_installed = models.PositiveSmallIntegerField(default=0)
+    # The node's shape: GPUs it was enrolled with (1 to 16: 4-GPU trays, 8-GPU HGX boards, 16-GPU servers), an
+    # inventory fact like its cores (a GPU out for repair does not change it). No default: whoever makes a node
+    # says it. A bare-metal offering of N GPUs sells only nodes of N, whole.
+    gpus_installed = models.PositiveSmallIntegerField(validators=[MinValueValidator(1), MaxValueValidator(16)])
     # Confidential computing: the host's CPUs run confidential VMs (inventory), its GPUs' CC mode as the
     # last passing attestation's evidence showed it, and what follows (cloud.services.node_cc_observed):
     # a confidential node sells only confidential offerings, a GPU in CC mode serving a TEE alone.

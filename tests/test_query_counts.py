@@ -207,7 +207,7 @@ def _node(fabric: Fabric | None = None, pool=NodePool.BARE_METAL) -> Node:
     return Node.objects.create(
         hostname=hostname, region=fabric.region, fabric=fabric, leaf=leaf, pool=pool,
         bmc_address=f"https://{hostname}-bmc/redfish/v1", bmc_username="meridian", bmc_password=secrets.token_hex(8),
-        cpu_cores=112, ram_gib=2048, nvme_tb="30.72",
+        cpu_cores=112, ram_gib=2048, nvme_tb="30.72", gpus_installed=8,
         state=NodeState.IN_SERVICE if pool == NodePool.SHARED else NodeState.AVAILABLE,
     )
 

@@ -18,7 +18,9 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='node',
             name='gpus_installed',
-            field=models.PositiveSmallIntegerField(default=0),
+            field=models.PositiveSmallIntegerField(default=0, validators=[
+                django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(16)]),
+            preserve_default=False,
         ),
         migrations.AlterField(
             model_name='offering',

@@ -57,6 +57,7 @@ def node_with(gpus: int) -> Node:
         cpu_cores=64,
         ram_gib=512,
         nvme_tb="3.84",
+        gpus_installed=gpus,
         state=NodeState.IN_SERVICE,
     )
     GPU.objects.bulk_create(

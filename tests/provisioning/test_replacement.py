@@ -52,7 +52,7 @@ def add_node(hostname: str, leaf: Switch, *, pool="bare_metal", spare=False) -> 
         hostname=hostname, region=fabric.region, fabric=fabric, leaf=leaf, pool=pool, is_spare=spare,
         bmc_address=f"https://{hostname}-bmc.oob.internal/redfish/v1", bmc_username="meridian", bmc_password="pw",
         cpu_cores=112, ram_gib=2048, nvme_tb="30.72", state="in_service" if pool == "shared" else "available",
-        state_changed_at=timezone.now(), health="healthy")
+        state_changed_at=timezone.now(), health="healthy", gpus_installed=8)
     GPU.objects.bulk_create([GPU(node=node, index=i, uuid=f"GPU-{uuid.uuid4()}", serial=f"{secrets.randbelow(10**13)}",
                                  pci_bus_id=HGX_PCI_BUS_IDS[i], model=h100(), memory_mib=80 * 1024, state="available",
                                  health="healthy") for i in range(8)])
