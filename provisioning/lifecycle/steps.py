@@ -316,32 +316,37 @@ def scrub(ctx: Context) -> None:
     host = ctx.drivers.host
 
     reference = f"{ctx.operation.pk}:{{}}"
+    devices = scrub_devices(ctx.instances)
 
     def clean(instance, target):
         asked = reference.format(instance.pk)
         if not host.scrubbed(target, instance.devices, asked):
-            host.scrub(target, scrub_devices(instance), asked)
+            host.scrub(target, devices[instance.pk], asked)
         if not host.scrubbed(target, instance.devices, asked):
             raise DriverError("GPU memory still holds the previous tenant's data after the scrub.", transient=False)
     ctx.each(clean)
 
 
-def scrub_devices(instance) -> list[dict]:
+def scrub_devices(instances) -> dict:
     """
-    The instance's devices with what a shared GPU's scrub needs: whose slot it is (the instance,
-    and the runtime's id for it) and how many other reservations still hold the GPU -- with any,
-    the agent clears only the slot and never resets the GPU under them.
+    Each instance's devices (by instance id) with what a shared GPU's scrub needs: whose slot it
+    is (the instance, and the runtime's id for it) and how many other reservations still hold the
+    GPU -- with any, the agent clears only the slot and never resets the GPU under them. One query.
     """
-    gpu_ids = [d["gpu_id"] for d in instance.devices]
     now = timezone.now()
-    others: dict[str, set] = {}
-    for gpu_id, reservation_id in (Allocation.objects.filter(gpu_id__in=gpu_ids, starts_at__lte=now, ends_at__gt=now)
-                                   .exclude(reservation_id=instance.reservation_id)
-                                   .values_list("gpu_id", "reservation_id")):
-        others.setdefault(str(gpu_id), set()).add(reservation_id)
-    aliases = {instance.runtime_uid: instance.name} if instance.runtime_uid else {}
-    return [{**d, "owner": instance.name, "aliases": aliases, "neighbours": len(others.get(str(d["gpu_id"]), ()))}
+    holders: dict[str, set] = {}
+    for gpu_id, reservation_id in Allocation.objects.filter(
+            gpu_id__in=[d["gpu_id"] for instance in instances for d in instance.devices], starts_at__lte=now,
+            ends_at__gt=now).values_list("gpu_id", "reservation_id"):
+        holders.setdefault(str(gpu_id), set()).add(reservation_id)
+    found = {}
+    for instance in instances:
+        aliases = {instance.runtime_uid: instance.name} if instance.runtime_uid else {}
+        found[instance.pk] = [
+            {**d, "owner": instance.name, "aliases": aliases,
+             "neighbours": len(holders.get(str(d["gpu_id"]), set()) - {instance.reservation_id})}
             for d in instance.devices]
+    return found
 
 
 def reset_power(ctx: Context) -> None:

@@ -134,7 +134,7 @@ def test_the_control_plane_tells_the_agent_who_else_holds_the_gpu(world, fleet, 
     first, second = (Instance.objects.get(reservation_id=pk, state="active") for pk in made)
     same_gpu = first.devices[0]["gpu_id"] == second.devices[0]["gpu_id"]
 
-    devices = scrub_devices(first)
+    devices = scrub_devices([first, second])[first.pk]
 
     assert devices[0]["owner"] == first.name
     assert devices[0]["aliases"] == ({first.runtime_uid: first.name} if first.runtime_uid else {})
