@@ -49,13 +49,7 @@ def bmc_collect(*, now: datetime | None = None) -> dict:
     readings, latest, samples = [], [], []
     judged = []  # (node, BMC reading, power state): failure detection judges them once stored
     for node in held:
-        target = Target(
-            node_id=str(node.pk),
-            hostname=node.hostname,
-            bmc_address=node.bmc_address,
-            bmc_username=node.bmc_username,
-            bmc_password=node.bmc_password,
-        )
+        target = _target(node)
         try:
             power = drivers_for(node.region.slug).power
             reading = power.readings(target)
@@ -73,23 +67,8 @@ def bmc_collect(*, now: datetime | None = None) -> dict:
                 health=reading.get("health") or "unknown",
             )
         )
-        gpu_temperatures = [
-            t.get("celsius") for t in reading.get("temperatures") or [] if str(t.get("context", "")).lower() == "gpu"
-        ]
-        for position, (_, gpu_id) in enumerate(sorted(gpus.get(node.pk, []), key=lambda g: g[0])):
-            celsius = gpu_temperatures[position] if position < len(gpu_temperatures) else None
-            celsius = int(round(celsius)) if isinstance(celsius, int | float) and 0 <= celsius <= 200 else None
-            latest.append(
-                GPUTelemetry(
-                    gpu_id=gpu_id,
-                    node_id=node.pk,
-                    sampled_at=now,
-                    temperature_c=celsius,
-                    xids=[],
-                    source=TelemetrySource.BMC,
-                )
-            )
-            samples.append(GPUSample(gpu_id=gpu_id, sampled_at=now, temperature_c=celsius))
+        ordered = [gpu_id for _, gpu_id in sorted(gpus.get(node.pk, []), key=lambda g: g[0])]
+        _gpu_rows(node.pk, reading, list(enumerate(ordered)), now, latest, samples)
         result["nodes"] += 1
     port_readings: dict = {}
     port_rows = _fabric_port_rows(held, now, fabric_driver_for, port_readings)
@@ -153,37 +132,52 @@ def vm_gpu_collect(*, now: datetime | None = None) -> dict:
     """
     now = now or timezone.now()
     fresh = now - timedelta(seconds=3 * settings.MERIDIAN_AGENT_INTERVAL)
-    held = list(Instance.objects.filter(state=InstanceState.ACTIVE, reservation__offering__kind=OfferingKind.VM,
-                                        node__pool=NodePool.SHARED).values_list("node_id", "devices"))
-    wanted: dict = {}
-    for node_id, devices in held:
-        wanted.setdefault(node_id, set()).update(str(d["gpu_id"]) for d in devices)
-    stale = set(map(str, GPU.objects.filter(pk__in=[g for gpus in wanted.values() for g in gpus]).exclude(
-        telemetry__sampled_at__gte=fresh).values_list("pk", flat=True)))
+    in_vms = {str(d["gpu_id"]) for devices in Instance.objects.filter(
+        state=InstanceState.ACTIVE, reservation__offering__kind=OfferingKind.VM, node__pool=NodePool.SHARED
+    ).values_list("devices", flat=True) for d in devices}
+    stale = set(map(str, GPU.objects.filter(pk__in=in_vms).exclude(telemetry__sampled_at__gte=fresh)
+                    .values_list("pk", flat=True)))
     result = {"gpus": 0, "failed": 0}
+    if not stale:
+        return result
+    nodes = list(Node.objects.filter(gpus__pk__in=stale).distinct().select_related("region"))
+    in_order: dict = {}  # node -> its GPUs by index: a BMC lists the GPU sensors in that order
+    for gpu_id, node_id in GPU.objects.filter(node__in=nodes).order_by("node_id", "index").values_list("pk", "node_id"):
+        in_order.setdefault(node_id, []).append(gpu_id)
     latest, samples = [], []
-    for node in Node.objects.filter(pk__in=[n for n, gpus in wanted.items() if gpus & stale]).select_related("region"):
-        target = Target(node_id=str(node.pk), hostname=node.hostname, bmc_address=node.bmc_address,
-                        bmc_username=node.bmc_username, bmc_password=node.bmc_password)
+    for node in nodes:
         try:
-            reading = drivers_for(node.region.slug).power.readings(target)
+            reading = drivers_for(node.region.slug).power.readings(_target(node))
         except DriverError as exc:
             log.warning("BMC GPU sensors of %s: %s", node.hostname, exc)
             result["failed"] += 1
             continue
-        sensors = [t.get("celsius") for t in reading.get("temperatures") or []
-                   if str(t.get("context", "")).lower() == "gpu"]
-        for gpu_id, index in node.gpus.order_by("index").values_list("pk", "index"):
-            if str(gpu_id) not in stale or str(gpu_id) not in wanted[node.pk] or index >= len(sensors):
-                continue
-            celsius = sensors[index]
-            celsius = int(round(celsius)) if isinstance(celsius, int | float) and 0 <= celsius <= 200 else None
-            latest.append(GPUTelemetry(gpu_id=gpu_id, node_id=node.pk, sampled_at=now, temperature_c=celsius,
-                                       xids=[], source=TelemetrySource.BMC))
-            samples.append(GPUSample(gpu_id=gpu_id, sampled_at=now, temperature_c=celsius))
+        stale_here = [(position, gpu) for position, gpu in enumerate(in_order[node.pk]) if str(gpu) in stale]
+        _gpu_rows(node.pk, reading, stale_here, now, latest, samples)
     with transaction.atomic():
         GPUSample.objects.bulk_create(samples)
         GPUTelemetry.objects.bulk_create(latest, update_conflicts=True, unique_fields=["gpu"],
                                          update_fields=["node", *LATEST_FIELDS])
     result["gpus"] = len(latest)
     return result
+
+
+def _target(node: Node) -> Target:
+    return Target(node_id=str(node.pk), hostname=node.hostname, bmc_address=node.bmc_address,
+                  bmc_username=node.bmc_username, bmc_password=node.bmc_password)
+
+
+def _gpu_rows(node_id, reading: dict, positions: list[tuple[int, object]], now: datetime, latest: list,
+              samples: list) -> None:
+    """
+    The GPUs' latest and raw samples from a BMC reading: each GPU's temperature from the GPU sensor at
+    its position (BMCs list them in index order); a reading out of range or missing stays None.
+    """
+    sensors = [t.get("celsius") for t in reading.get("temperatures") or []
+               if str(t.get("context", "")).lower() == "gpu"]
+    for position, gpu_id in positions:
+        celsius = sensors[position] if position < len(sensors) else None
+        celsius = int(round(celsius)) if isinstance(celsius, int | float) and 0 <= celsius <= 200 else None
+        latest.append(GPUTelemetry(gpu_id=gpu_id, node_id=node_id, sampled_at=now, temperature_c=celsius, xids=[],
+                                   source=TelemetrySource.BMC))
+        samples.append(GPUSample(gpu_id=gpu_id, sampled_at=now, temperature_c=celsius))
