@@ -150,6 +150,11 @@ class GPUEvidence:
     signature: str
     cc_mode: str | None = None  # optional: "on", "devtools" or "off"; signed when present
 
+    @property
+    def model_claim(self) -> str:
+        """The model slug the evidence signs, which must be the inventory's."""
+        return self.gpu_model
+
     def to_dict(self) -> dict[str, Any]:
         return {"uuid": self.uuid, "serial": self.serial, "gpu_model": self.gpu_model, "vbios": self.vbios,
                 "driver": self.driver, "measurements": _measurements_json(self.measurements), "nonce": self.nonce,
@@ -368,6 +373,7 @@ def verify(
     strict_roots = list(strict_roots)
     trust = Trust.of(roots, intermediates, strict_roots)
     revocation = Revocation(revoked=revoked, good_until=good_until or {})
+    rim_roots = list(rim_roots)
     rim_trust = Trust.of(rim_roots, (), [root for root in rim_roots if root in strict_roots])
     context = _Context(nonce=nonce, trust=trust, revocation=revocation, references=references, now=now,
                        max_age_s=max_age_s, cache=cache,
@@ -422,8 +428,7 @@ def _membership_checks(evidence: NodeEvidence, node_gpus: Mapping[str, tuple[str
         owned = node_gpus.get(gpu.uuid)
         if owned is None:
             reasons.append(Reason(gpu.uuid, "foreign_gpu", "this GPU is not registered to this node"))
-        elif owned[0] != gpu.serial or (owned[1] != gpu.gpu_model and not isinstance(gpu, nvidia.NvidiaGPUEvidence)):
-            # NVML names an NVIDIA GPU's model in its own words; its serial is what binds it to the inventory.
+        elif owned[0] != gpu.serial or gpu.model_claim not in (None, owned[1]):
             reasons.append(Reason(gpu.uuid, "foreign_gpu", f"registered as serial {owned[0]}, model {owned[1]}; "
                                                            f"reported serial {gpu.serial}, model {gpu.gpu_model}"))
     for uuid in node_gpus:

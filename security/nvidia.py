@@ -26,7 +26,7 @@ no report and is ``not_capable``, which is a state, not an error.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +57,11 @@ class NvidiaGPUEvidence:
     report: spdm.Report | None
     report_hex: str | None
     certificate_chain: list[str]
+
+    @property
+    def model_claim(self) -> None:
+        """None: NVML names the model in its own words, unsigned; the serial binds the GPU to the inventory."""
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "uuid": self.uuid, "serial": self.serial, "gpu_model": self.gpu_model,
@@ -100,10 +105,9 @@ class Context:
     identities: Mapping[str, str]  # GPU UUID -> the device ID it attested with before
     now: datetime
     cache: ChainCache | None = None
-    _manifests: dict | None = None
+    _manifests: dict = field(default_factory=dict)  # each RIM verified once per call
 
     def manifest(self, kind: str, version: str) -> tuple[rim.Manifest | None, list[Reason]]:
-        self._manifests = {} if self._manifests is None else self._manifests
         key = (kind, version.lower())
         if key not in self._manifests:
             document = self.rims.get(key)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import secrets
 
 from cryptography import x509
@@ -87,8 +86,10 @@ def attestation_submit(*, node, evidence: dict, nonce: str, gpu_uuids=None) -> A
     except ValueError as exc:
         return _report(node, nonce, Status.FAIL, [{"gpu": None, "check": "malformed", "detail": str(exc)[:500]}],
                        evidence)
-    gpus = list(node.gpus.select_related("model").filter(**({} if gpu_uuids is None else
-                                                             {"uuid__in": list(gpu_uuids)})))
+    gpus = node.gpus.select_related("model")
+    if gpu_uuids is not None:
+        gpus = gpus.filter(uuid__in=list(gpu_uuids))
+    gpus = list(gpus)
     node_gpus = {gpu.uuid: (gpu.serial, gpu.model.slug) for gpu in gpus}
     anchors = _anchors()
     revoked, good_until = _revocation()
@@ -166,8 +167,10 @@ def _rims(evidence: NodeEvidence) -> dict:
             wanted |= {(rim.DRIVER, report.driver_version.lower()), (rim.VBIOS, report.vbios_version.lower())}
     if not wanted:
         return {}
-    rows = ReferenceManifest.objects.filter(version__iregex=r"^(" + "|".join(
-        re.escape(version) for _, version in wanted) + r")$").values_list("kind", "version", "document")
+    matching = Q()
+    for kind, version in wanted:
+        matching |= Q(kind=kind, version__iexact=version)
+    rows = ReferenceManifest.objects.filter(matching).values_list("kind", "version", "document")
     return {(kind, version.lower()): document.encode() for kind, version, document in rows}
 
 

@@ -9,6 +9,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from tests.ci_required import pytest_runtest_makereport  # noqa: F401 -- the hook: CI runs browser and libvirt tests
+from tests.security import nvidia_samples
 from tests.world import World, build_world
 
 
@@ -74,8 +75,6 @@ def steps(monkeypatch, settings):
 @pytest.fixture(scope="session")
 def nvidia_samples_dir():
     """NVIDIA's genuine attestation samples (tests/security/nvidia_samples.py fetches the pinned wheel once)."""
-    from tests.security import nvidia_samples
-
     try:
         return nvidia_samples.fetch()
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:

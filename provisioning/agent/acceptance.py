@@ -49,7 +49,7 @@ def stress(command: list[str] | None, nvml, index: int) -> dict:
 
 def fabric(command: list[str] | None, nvml, model: str) -> dict:
     if hasattr(nvml, "gpus") and not command:
-        return {**nominal_node(model), **getattr(nvml, "fabric_acceptance", {})}
+        return nominal_node(model)
     if not command:
         return {"nccl_busbw_gbs": None, "ib_bandwidth_gbps": None}
     return _json_of(command)

@@ -67,12 +67,7 @@ class NvidiaAttester:
             if mode != "off":
                 report, chain = self.nvml.cc_evidence(gpu["index"], bytes.fromhex(nonce))
                 entry["report"] = report.hex()
-                entry["certificate_chain"] = _split_pem(chain.decode("ascii", "replace"))
+                entry["certificate_chain"] = [device_pki.cert_to_pem(cert) for cert in device_pki.certs_from_pem(chain)]
             reports.append(entry)
         return {"node": hostname, "nonce": nonce, "gpus": reports}
 
-
-def _split_pem(bundle: str) -> list[str]:
-    end = "-----END CERTIFICATE-----"
-    return [block[block.index("-----BEGIN"):].strip() + "\n" + end + "\n"
-            for block in bundle.split(end) if "-----BEGIN CERTIFICATE-----" in block]

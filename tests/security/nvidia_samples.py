@@ -17,6 +17,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from security.device_pki import cert_to_pem, certs_from_pem
+
 WHEEL = "nv-local-gpu-verifier==2.7.3"
 WHEEL_SHA256 = "27259ce3d828ca102db17f4b70c7b85c1882a55f99153eb706fcb1866db0fe7a"
 HOME = Path(__file__).resolve().parents[2] / "var" / "nvidia-samples"
@@ -59,6 +61,4 @@ def report_bytes(home: Path) -> bytes:
 
 
 def chain_pems(home: Path) -> list[str]:
-    text = (home / "hopperCertChain.txt").read_text()
-    end = "-----END CERTIFICATE-----"
-    return [block.strip() + "\n" + end + "\n" for block in text.split(end) if "BEGIN CERTIFICATE" in block]
+    return [cert_to_pem(cert) for cert in certs_from_pem((home / "hopperCertChain.txt").read_bytes())]
