@@ -1,5 +1,5 @@
 """
-Building a simulated fleet: regions, one InfiniBand fat tree per fabric, nodes of 8 GPUs.
+Building a simulated fleet: regions, one InfiniBand fat tree per fabric, nodes of 8 GPUs (HGX boards).
 
 Used by the demo and by the benchmarks (1,280 nodes x 8 GPUs per fabric). Rows are written with
 ``bulk_create`` in one transaction per fabric, so 10,240 GPUs take seconds, not minutes.
@@ -27,12 +27,17 @@ GPUS_PER_NODE = 8
 HGX_PCI_BUS_IDS = [f"00000000:{bus}:00.0" for bus in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")]
 # One ConnectX-7 beside each GPU, under the same PCIe switch.
 HGX_HCA_PCI_BUS_IDS = [f"00000000:{bus}:00.0" for bus in ("1a", "2b", "3b", "5e", "9b", "ac", "bb", "dc")]
+# Where each GPU of an HGX board sits, as its agent reports it (provisioning.agent.topology): all eight on the
+# NVSwitches (one NVLink domain), a PCIe switch per pair, four on each CPU's NUMA node, its 112 cores split evenly.
+HGX_PLACES = [{"nvlink_domain": 0, "pcie_switch": g // 2 * 2, "numa_node": g // 4} for g in range(GPUS_PER_NODE)]
+HGX_NUMA_CPUS = {"0": "0-55", "1": "56-111"}
 NVIDIA_OUI = "b83fd2"  # the IEEE OUI NVIDIA (Mellanox) port GUIDs begin with
-REGION_NAMES = ["us-east-1", "eu-west-1", "us-west-2", "ap-northeast-1", "eu-north-1", "ap-south-1"]
+REGION_NAMES = ["us-east-1", "eu-west-1", "us-west-2", "ap-northeast-1", "eu-north-1", "ap-south-1", "us-central-1",
+                "eu-central-1"]
 # What the console calls them, beside the slug (a title made of the slug read "Eu West 1").
 REGION_TITLES = {"us-east-1": "US East", "eu-west-1": "EU West", "us-west-2": "US West",
                  "ap-northeast-1": "Asia Pacific Northeast", "eu-north-1": "EU North",
-                 "ap-south-1": "Asia Pacific South"}
+                 "ap-south-1": "Asia Pacific South", "us-central-1": "US Central", "eu-central-1": "EU Central"}
 # The demo sells a different generation per region; the benchmark fleet uses the first.
 REGION_GPU_MODELS = ["h100-80gb-sxm", "h200-141gb-sxm", "a100-80gb-sxm", "b200-180gb-sxm"]
 
@@ -122,7 +127,8 @@ def _build_fabric(region: Region, fabric_slug: str, model: GPUModel, spec: Fleet
             pool=NodePool.SHARED if shared else NodePool.BARE_METAL,
             is_spare=bool(spare_every) and not shared and i % spare_every == spare_every - 1,
             bmc_address=f"https://{hostname}-bmc.oob.internal/redfish/v1", bmc_username="meridian",
-            bmc_password=secrets.token_urlsafe(18), cpu_cores=112, ram_gib=2048, nvme_tb="30.72",
+            bmc_password=secrets.token_urlsafe(18), cpu_cores=112, numa_cpus=dict(HGX_NUMA_CPUS), ram_gib=2048,
+            nvme_tb="30.72",
             state=NodeState.IN_SERVICE if shared else NodeState.AVAILABLE, state_changed_at=now,
             health=Health.HEALTHY, gpus_installed=GPUS_PER_NODE,
         )
@@ -131,7 +137,7 @@ def _build_fabric(region: Region, fabric_slug: str, model: GPUModel, spec: Fleet
             gpus.append(GPU(
                 node=node, index=g, uuid=f"GPU-{uuid.uuid4()}", serial=f"{secrets.randbelow(10**13):013d}",
                 pci_bus_id=HGX_PCI_BUS_IDS[g], model=model, memory_mib=model.memory_gib * 1024,
-                state=GPUState.AVAILABLE, health=Health.HEALTHY,
+                state=GPUState.AVAILABLE, health=Health.HEALTHY, **HGX_PLACES[g],
             ))
             # One ConnectX port per GPU (rail-optimised), with NVIDIA's OUI as real GUIDs carry.
             ports.append(HCAPort(node=node, index=g, guid=f"{NVIDIA_OUI}{secrets.token_hex(5)}",

@@ -180,6 +180,8 @@ class Node(models.Model):
     bmc_username = models.CharField(max_length=64, blank=True)
     bmc_password = EncryptedTextField(blank=True)
     cpu_cores = models.PositiveIntegerField()
+    # The CPUs of each NUMA node the GPUs sit on ({"0": "0-55,112-167"}, from the agent): a VM's vCPUs are pinned there.
+    numa_cpus = models.JSONField(default=dict, blank=True)
     ram_gib = models.PositiveIntegerField()
     nvme_tb = models.DecimalField(max_digits=6, decimal_places=2)
     state = models.CharField(max_length=24, choices=NodeState.choices, default=NodeState.ENROLLED)
@@ -228,6 +230,11 @@ class GPU(models.Model):
     state = models.CharField(max_length=16, choices=GPUState.choices, default=GPUState.AVAILABLE)
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
     mig_enabled = models.BooleanField(default=False)
+    # Its place in the node, as the agent read it from NVML (provisioning.agent.topology): GPUs with the same
+    # number share an NVLink domain, a PCIe switch (each named by its lowest GPU index), a NUMA node; None: unknown.
+    nvlink_domain = models.PositiveSmallIntegerField(null=True, blank=True)
+    pcie_switch = models.PositiveSmallIntegerField(null=True, blank=True)
+    numa_node = models.PositiveSmallIntegerField(null=True, blank=True)
 
     objects = PlatformQuerySet.as_manager()
 

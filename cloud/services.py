@@ -4,6 +4,8 @@ State changes of the inventory and the catalogue. Each writes one audit event in
 
 from __future__ import annotations
 
+import re
+
 from django.db import IntegrityError, transaction
 from django.db.models import F, Model
 from django.utils import timezone
@@ -135,6 +137,59 @@ def node_cc_observed(*, node: Node, cc_mode: str) -> bool:
         Node.objects.filter(pk=node.pk).update(gpu_cc_mode=cc_mode, confidential=confidential)
         node.gpu_cc_mode, node.confidential = cc_mode, confidential
     return confidential
+
+
+# Where a GPU sits in its node (GPU.nvlink_domain, pcie_switch, numa_node), as an agent reports it.
+TOPOLOGY_FIELDS = ("nvlink_domain", "pcie_switch", "numa_node")
+TOPOLOGY_LIMITS = {"nvlink_domain": 15, "pcie_switch": 15, "numa_node": 1023}  # GPU indexes; NUMA node numbers
+CPU_LIST = re.compile(r"^\d{1,5}(-\d{1,5})?(,\d{1,5}(-\d{1,5})?){0,255}$")  # "0-55,112-167"
+
+
+def node_topology_observed(*, node: Node, gpus: list[GPU], seen: list[dict]) -> bool:
+    """
+    Record where the node's GPUs sit as its host reports them (``seen``: the agent's inventory,
+    provisioning.agent.topology): each GPU's NVLink domain, PCIe switch and NUMA node, and the
+    CPUs of each NUMA node. ``gpus``: the node's GPU rows, read by the caller and kept in step.
+    Only a change is written, with an audit event -- nothing, nearly always: it changes only with
+    the hardware. A GPU reported without a place (an agent that cannot read it) keeps what is
+    stored, and so does a value out of range. The scheduler's kept fleet shape reads it at its
+    next refresh (provisioning.scheduling.fleet_shape). Returns whether anything changed.
+    """
+    reports = {g.get("uuid"): g for g in seen if isinstance(g, dict)}
+    changed = []
+    for gpu in gpus:
+        report = reports.get(gpu.uuid) or {}
+        if not any(field in report for field in TOPOLOGY_FIELDS):
+            continue
+        place = {field: _topology_value(report.get(field), TOPOLOGY_LIMITS[field], getattr(gpu, field))
+                 for field in TOPOLOGY_FIELDS}
+        if place != {field: getattr(gpu, field) for field in TOPOLOGY_FIELDS}:
+            for field, value in place.items():
+                setattr(gpu, field, value)
+            changed.append(gpu)
+    cpus = {str(g["numa_node"]): g["cpus"] for g in reports.values()
+            if _topology_value(g.get("numa_node"), TOPOLOGY_LIMITS["numa_node"], None) is not None
+            and isinstance(g.get("cpus"), str) and CPU_LIST.match(g["cpus"])}
+    numa_cpus = dict(sorted({**node.numa_cpus, **cpus}.items()))
+    if not changed and numa_cpus == node.numa_cpus:
+        return False
+    with transaction.atomic():
+        if changed:
+            GPU.objects.bulk_update(changed, list(TOPOLOGY_FIELDS))
+        if numa_cpus != node.numa_cpus:
+            Node.objects.filter(pk=node.pk).update(numa_cpus=numa_cpus)
+            node.numa_cpus = numa_cpus
+        audit_record(actor=None, action="node.topology_observed", target=node, tenant_id=None, after={
+            "gpus": {str(g.index): [getattr(g, field) for field in TOPOLOGY_FIELDS] for g in changed},
+            "numa_cpus": numa_cpus})
+    return True
+
+
+def _topology_value(value, limit: int, kept):
+    """A reported place: None (not known), a number in range, or else what is stored (a malformed report)."""
+    if value is None or (type(value) is int and 0 <= value <= limit):
+        return value
+    return kept
 
 
 def node_maintenance_end(*, actor, node: Node) -> Node:

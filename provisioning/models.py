@@ -297,6 +297,9 @@ class Instance(TeamOwnedModel):
     state = models.CharField(max_length=16, choices=InstanceState.choices, default=InstanceState.PROVISIONING)
     # [{"gpu_id", "index", "pci_bus_id", "mem_lo", "mem_hi"}]: what the drivers pass through.
     devices = models.JSONField(default=list)
+    # {"gpus": [indexes], "link": "nvlink"|"pcie_switch"|"numa"|"system"|None, "numa_node": n|None}: how its GPUs
+    # are linked (scheduling.planner.topology); a VM's vCPUs and memory come from that NUMA node.
+    topology = models.JSONField(default=dict, blank=True)
     name = models.CharField(max_length=100, help_text="The domain or pod name on the host; the server's hostname.")
     address = models.CharField(max_length=255, blank=True, help_text="Its DNS name, once handed over.")
     private_ip = models.GenericIPAddressField(protocol="IPv4", null=True, blank=True)
@@ -405,6 +408,16 @@ class AgentState(models.Model):
     last_seen_at = models.DateTimeField()
     agent_version = models.CharField(max_length=32, blank=True)
     gpus = models.JSONField(default=list)
+    # Liveness pings (operations.node_api.liveness): the agent run whose pings count ("": none, its
+    # heartbeats are judged), the last ping's sequence, when it came (our clock) and was sent (the
+    # node's), the previous ping's round trip and how many went unanswered since (as the agent saw
+    # them). Database defaults too: the heartbeat's own INSERT names only its columns.
+    ping_run = models.CharField(max_length=32, blank=True, default="", db_default="")
+    ping_seq = models.BigIntegerField(default=0, db_default=0)
+    alive_at = models.DateTimeField(null=True, blank=True)
+    ping_sent_at = models.DateTimeField(null=True, blank=True)
+    ping_rtt_ms = models.PositiveIntegerField(null=True, blank=True)
+    ping_failed = models.PositiveIntegerField(default=0, db_default=0)
 
     def __str__(self):
         return f"{self.node_id} seen {self.last_seen_at:%Y-%m-%d %H:%M:%S}"
@@ -577,5 +590,6 @@ class FabricReconciliation(models.Model):
 
 # Models kept in modules of their own, loaded with these.
 from provisioning.access_models import AddressAssignment, ConfigDrive  # noqa: E402, F401
+from provisioning.feed_models import CapacityChange  # noqa: E402, F401
 from provisioning.history_models import OccupancySample, QueueSample  # noqa: E402, F401
 from provisioning.validation_models import NodeValidation  # noqa: E402, F401

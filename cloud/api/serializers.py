@@ -184,7 +184,7 @@ class GPUSerializer(StrictModelSerializer):
     class Meta:
         model = GPU
         fields = ["id", "node", "index", "uuid", "serial", "pci_bus_id", "model", "memory_mib", "state", "health",
-                  "mig_enabled"]
+                  "mig_enabled", "nvlink_domain", "pcie_switch", "numa_node"]
         read_only_fields = fields
 
 

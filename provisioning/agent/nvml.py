@@ -17,17 +17,11 @@ import ctypes
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from provisioning.agent.topology import RealReadings, SimulatedReadings
+
 MIB = 1024 * 1024
-RECOVERY_ACTIONS = {
-    0: "none",
-    1: "gpu_reset",
-    2: "node_reboot",
-    3: "drain_p2p",
-    4: "drain_and_reset",
-    5: "recover_imex_domain",
-    6: "bus_reset",
-    7: "system_reboot",
-}
+RECOVERY_ACTIONS = dict(enumerate(("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset",
+                                    "recover_imex_domain", "bus_reset", "system_reboot")))
 
 
 @runtime_checkable
@@ -51,6 +45,8 @@ class NVMLBackend(Protocol):
     - ``time_slice(index)``: the compute time slice in force in ms (None: the driver's default,
       or not readable on this host).
     - ``scrub(index, mem_lo, mem_hi)``: True when the range holds nothing of a tenant's afterwards.
+
+    Where each GPU sits in the node (NVLink, PCIe switch, NUMA node) is read by agent.topology.
     """
 
     def inventory(self) -> list[dict]: ...
@@ -140,12 +136,13 @@ class SimulatedGPU:
     nvlinks_down: set = field(default_factory=set)  # link numbers down
     time_slice_ms: int | None = None  # None: the driver's default
     acceptance: dict = field(default_factory=dict)  # acceptance readings a test broke, e.g. {"pcie_width": 8}
+    topology: dict = field(default_factory=dict)  # its place in the node: agent.topology.SimulatedReadings
 
 
 IDLE_C, FULL_LOAD_C, IDLE_W = 32, 68, 70.0
 
 
-class SimulatedNVML:
+class SimulatedNVML(SimulatedReadings):
     """
     GPUs in memory: the readings of ``NVMLBackend``, and a scrub that clears what tenants wrote.
     Readings are deterministic: temperature and power follow the utilization a test sets, unless
@@ -293,7 +290,7 @@ def _unavailable_hint(pynvml, error) -> str:
     return hints.get(getattr(error, "value", None), "check that `nvidia-smi` works on this host")
 
 
-class RealNVML:
+class RealNVML(RealReadings):
     """
     NVML through pynvml (nvidia-ml-py). ``nvmlInit`` runs once, here; ``shutdown`` ends it. Handles
     are taken by index once. A reading NVML reports as not supported (or a function the installed

@@ -20,6 +20,7 @@ from provisioning import cloud_init
 from provisioning.admission import MAX_ENV_VARS, Ask, best_offering_for_spec, count_field, environment_check
 from provisioning.choices import BillingTerm, EvictionPolicy
 from provisioning.models import VPC, Instance, NodeValidation, Operation, Reservation, StepRun
+from provisioning.scheduling.planner.topology import LINKS
 from provisioning.scheduling.priority import URGENCY_LEVELS
 from tenants.models import SSHKey, Team
 from web.api.base import (
@@ -411,10 +412,23 @@ class ConsoleOutputSerializer(serializers.Serializer):
     truncated = serializers.BooleanField(help_text="Whether earlier output was left out.")
 
 
+class InstanceTopologySerializer(serializers.Serializer):
+    gpus = serializers.ListField(child=serializers.IntegerField(), help_text="Its GPUs' indexes on the host.")
+    link = serializers.ChoiceField(choices=LINKS, allow_null=True, help_text=(
+        "The slowest link between its GPUs: nvlink (one NVLink or NVSwitch domain), pcie_switch (one PCIe switch), "
+        "numa (one CPU's root complex), system (across CPUs); null for one GPU or where the host's topology is "
+        "not known."))
+    numa_node = serializers.IntegerField(allow_null=True, help_text=(
+        "The host's NUMA node of its GPUs, where a VM's vCPUs and memory come from; null when they span several "
+        "or it is not known."))
+
+
 class InstanceSerializer(serializers.ModelSerializer):
     """What the tenant reaches: never the host a VM or container runs on (other tenants' neighbour)."""
 
     gpus = serializers.SerializerMethodField()
+    topology = serializers.SerializerMethodField(help_text="Which GPUs of its host it was given and how they are "
+                                                           "linked (null for instances made before it was recorded).")
     ipoib_addresses = serializers.SerializerMethodField()
     host_keys = serializers.SerializerMethodField(help_text="The SSH host keys it reported once booted: compare "
                                                             "with what ssh shows on the first login.")
@@ -424,9 +438,13 @@ class InstanceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Instance
         fields = ["id", "reservation", "index", "kind", "state", "name", "address", "private_ip", "public_ip",
-                  "ipoib_addresses", "ssh_user", "ssh_command", "host_keys", "reported_at", "gpus", "created_at",
-                  "updated_at"]
+                  "ipoib_addresses", "ssh_user", "ssh_command", "host_keys", "reported_at", "gpus", "topology",
+                  "created_at", "updated_at"]
         read_only_fields = fields
+
+    @extend_schema_field(InstanceTopologySerializer(allow_null=True))
+    def get_topology(self, instance) -> dict | None:
+        return instance.topology or None
 
     @extend_schema_field(serializers.ListField(child=serializers.IPAddressField()))
     def get_ipoib_addresses(self, instance) -> list[str]:

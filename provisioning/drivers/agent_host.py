@@ -11,7 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from cloud.models import GPU
-from provisioning.drivers.base import DriverError, HostDriver, NotYet, Target
+from provisioning.drivers.base import PLACE_KEYS, DriverError, HostDriver, NotYet, Target
 
 
 class AgentHost(HostDriver):
@@ -30,8 +30,9 @@ class AgentHost(HostDriver):
         return state
 
     def inventory(self, target):
-        return [{"index": g.get("index"), "uuid": g["uuid"], "healthy": bool(g.get("healthy", True))}
-                for g in self._state(target).gpus]
+        # Where each GPU sits in the node, when the agent read it (provisioning.agent.topology).
+        return [{"index": g.get("index"), "uuid": g["uuid"], "healthy": bool(g.get("healthy", True)),
+                 **{key: g[key] for key in PLACE_KEYS if key in g}} for g in self._state(target).gpus]
 
     def scrub(self, target, devices, reference=""):
         from provisioning.agents.commands import command_enqueue

@@ -160,6 +160,10 @@ class ContainerDriver(ABC):
         """Delete the pod and its secret (the tenant's namespace stays for its other instances)."""
 
 
+# What a host reports of each GPU's place in the node (provisioning.agent.topology), beside its identity.
+PLACE_KEYS = ("nvlink_domain", "pcie_switch", "numa_node", "cpus")
+
+
 class HostDriver(ABC):
     """
     What the node agent reports and does on a GPU host: its GPUs as NVML sees them, the GPU
@@ -168,7 +172,10 @@ class HostDriver(ABC):
 
     @abstractmethod
     def inventory(self, target: Target) -> list[dict]:
-        """[{"index", "uuid", "healthy"}] for every GPU the host sees."""
+        """
+        [{"index", "uuid", "healthy"}] for every GPU the host sees, with its place in the node
+        (``PLACE_KEYS``: NVLink domain, PCIe switch, NUMA node and its CPUs) when the host knows it.
+        """
 
     @abstractmethod
     def scrub(self, target: Target, devices: list[dict], reference: str = "") -> None:

@@ -50,7 +50,8 @@ def mac_address(seed: str) -> str:
 def domain_xml(*, name: str, vcpus: int, memory_mib: int, devices: list[dict], image: str,
                domain_type: str = "kvm", network: str | None = None, mac: str | None = None,
                config_drive: str | None = None, ib_functions: tuple[str, ...] = (),
-               volumes: tuple[tuple[str, str, bool], ...] = ()) -> str:
+               volumes: tuple[tuple[str, str, bool], ...] = (), numa_node: int | None = None,
+               cpuset: str = "") -> str:
     """
     A VM with the given GPUs and InfiniBand virtual functions (``ib_functions``, PCI addresses)
     passed through (one hostdev each), its disk from ``image``, a virtio
@@ -58,12 +59,16 @@ def domain_xml(*, name: str, vcpus: int, memory_mib: int, devices: list[dict], i
     CD-ROM that QEMU reads from the drive's HTTPS or HTTP URL (a network disk: nothing to copy
     onto the host first). Each of ``volumes`` -- (storage pool, volume, read-only) -- is a further
     virtio disk (vdb, vdc...) from the hosts' shared storage pool, with the volume's name's first 20
-    characters as its serial: the guest finds it at /dev/disk/by-id/virtio-<serial>.
+    characters as its serial: the guest finds it at /dev/disk/by-id/virtio-<serial>. With
+    ``numa_node`` (its GPUs' NUMA node) its memory is taken from that node only, and with
+    ``cpuset`` (that node's CPUs) its vCPUs run there: GPU transfers then never cross the CPUs' link.
     """
     domain = ET.Element("domain", type=domain_type)
     ET.SubElement(domain, "name").text = name
     ET.SubElement(domain, "memory", unit="MiB").text = str(memory_mib)
-    ET.SubElement(domain, "vcpu").text = str(vcpus)
+    ET.SubElement(domain, "vcpu", **({"placement": "static", "cpuset": cpuset} if cpuset else {})).text = str(vcpus)
+    if numa_node is not None:
+        ET.SubElement(ET.SubElement(domain, "numatune"), "memory", mode="strict", nodeset=str(numa_node))
     os_ = ET.SubElement(domain, "os")
     ET.SubElement(os_, "type", arch="x86_64", machine="q35").text = "hvm"
     features = ET.SubElement(domain, "features")

@@ -20,6 +20,7 @@ from django.db import transaction
 
 from cloud.guids import normal_guid
 from cloud.models import GPU, Node
+from provisioning.agent.topology import simulated_places
 from provisioning.drivers.base import (
     ContainerDriver,
     DriverError,
@@ -254,11 +255,23 @@ class SimulatedHost(Simulated, HostDriver):
     kind = "host"
 
     def inventory(self, target):
+        """
+        The catalogue's GPUs, each where the catalogue places it in the node or else where a
+        realistic server of that many GPUs has it (agent.topology.simulated_layout: an HGX board,
+        PCIe cards in bridged pairs), or where a test put it (state "topology": by GPU index).
+        """
         state = self._state(target)
         missing, unhealthy = set(state.get("missing", [])), set(state.get("unhealthy", []))
-        return [{"index": index, "uuid": uuid, "healthy": index not in unhealthy}
-                for index, uuid in GPU.objects.filter(node_id=target.node_id).order_by("index")
-                .values_list("index", "uuid") if index not in missing]
+        rows = list(GPU.objects.filter(node_id=target.node_id).order_by("index").values_list(
+            "index", "uuid", "nvlink_domain", "pcie_switch", "numa_node", "node__numa_cpus", "node__gpus_installed",
+            "node__cpu_cores"))
+        layout = simulated_places(rows[0][6], rows[0][7]) if rows else {}
+        places = {index: {"nvlink_domain": domain, "pcie_switch": switch, "numa_node": numa,
+                          "cpus": cpus.get(str(numa))} if numa is not None else layout.get(index, {})
+                  for index, _, domain, switch, numa, cpus, *_ in rows}
+        return [{"index": index, "uuid": uuid, "healthy": index not in unhealthy, **places[index],
+                 **state.get("topology", {}).get(str(index), {})}
+                for index, uuid, *_ in rows if index not in missing]
 
     def scrub(self, target, devices, reference=""):
         marks = [_slot(d) for d in devices]
@@ -291,6 +304,10 @@ class SimulatedHost(Simulated, HostDriver):
                  **broken.get(str(gpu.index), {})} for gpu in rows]
         model = rows[0].model.slug if rows else ""
         return {"gpus": gpus, "node": {**acceptance.nominal_node(model), **broken.get("node", {})}}
+
+    def set_topology(self, target, places: dict[int, dict]) -> None:
+        """Report these GPUs elsewhere in the node (as their agent would after the hardware changed), by index."""
+        self._act(target, "set_topology", lambda state: state.update(topology={str(i): p for i, p in places.items()}))
 
     def set_cc_mode(self, target, mode: str | None) -> None:
         """Set the simulated GPUs' confidential-computing mode (as an operator's nvidia-smi conf-compute would)."""

@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 def define_domain(ctx: Context) -> None:
     """
     A domain with the instance's GPUs and its InfiniBand virtual function passed through, its
-    share of the host's CPUs and memory, a NIC, and its cloud-init config drive (keys, hostname,
-    network, the tenant's user-data).
+    share of the host's CPUs and memory (from its GPUs' NUMA node when they share one), a NIC, and
+    its cloud-init config drive (keys, hostname, network, the tenant's user-data).
     """
     vms = ctx.drivers.vm
     keys = keys_of(ctx.reservation)
@@ -55,11 +55,13 @@ def define_domain(ctx: Context) -> None:
         mac = mac_address(str(instance.pk))
         drive = cloud_init.drive_for(instance, keys=keys, mounts=mounts, mac=mac)
         node, share = instance.node, host_share(instance, offering)
+        numa = (instance.topology or {}).get("numa_node")  # its GPUs' NUMA node: its vCPUs and memory from there
         xml = domain_xml(name=instance.name, vcpus=max(2, int(node.cpu_cores * share)),
                          memory_mib=max(8192, int(node.ram_gib * 1024 * share * 0.9)), devices=instance.devices,
                          image=path, network=settings.MERIDIAN_LIBVIRT_NETWORK, mac=mac,
                          config_drive=cloud_init.drive_url(drive), ib_functions=(ib_function(instance),),
-                         volumes=block_volumes)
+                         volumes=block_volumes, numa_node=numa,
+                         cpuset=node.numa_cpus.get(str(numa), "") if numa is not None else "")
         vms.define(target, instance.name, xml)
     ctx.each(define)
 

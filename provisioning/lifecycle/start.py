@@ -25,6 +25,7 @@ from provisioning.lifecycle import dispatch as dispatching
 from provisioning.lifecycle import moves
 from provisioning.lifecycle.steps import PIPELINES
 from provisioning.models import Allocation, Instance, Operation, Reservation
+from provisioning.scheduling.planner import topology
 from provisioning.transitions import reservations_changed
 from security.audit import audit_record_many
 
@@ -209,7 +210,10 @@ def instances_create_many(starts: list[tuple[Reservation, list, Operation]]) -> 
         for on_node in by_node.values():
             per_unit = len(on_node) if offering.kind == OfferingKind.BARE_METAL else (
                 1 if offering.slots_per_gpu > 1 else offering.gpus_per_unit)
-            units += [(on_node[0].node, on_node[i:i + per_unit]) for i in range(0, len(on_node), per_unit)]
+            # Several multi-GPU units on one host split as the planner chose them: the best-linked sets.
+            split = (topology.split([_place(a.gpu) for a in on_node], per_unit) if 1 < per_unit < len(on_node)
+                     else [range(i, min(i + per_unit, len(on_node))) for i in range(0, len(on_node), per_unit)])
+            units += [(on_node[0].node, [on_node[i] for i in unit]) for unit in split]
         first = last[reservation.pk] + 1 if reservation.pk in last else 0
 
         def name(node, index, reservation=reservation, offering=offering):
@@ -220,7 +224,8 @@ def instances_create_many(starts: list[tuple[Reservation, list, Operation]]) -> 
             Instance(tenant_id=reservation.tenant_id, team_id=reservation.team_id, reservation=reservation, node=node,
                      provisioned_by=operation, index=first + i, kind=offering.kind, name=name(node, first + i),
                      devices=[{"gpu_id": str(a.gpu_id), "index": a.gpu.index, "pci_bus_id": a.gpu.pci_bus_id,
-                               "mem_lo": a.mem_lo, "mem_hi": a.mem_hi} for a in on_node])
+                               "mem_lo": a.mem_lo, "mem_hi": a.mem_hi} for a in on_node],
+                     topology=topology.record([a.gpu.index for a in on_node], [_place(a.gpu) for a in on_node]))
             for i, (node, on_node) in enumerate(units)
         ]
     made = Instance.objects.bulk_create(instances)
@@ -228,6 +233,10 @@ def instances_create_many(starts: list[tuple[Reservation, list, Operation]]) -> 
         addresses.assign([i for i in made if i.reservation_id == reservation.pk], region=reservation.region.slug,
                          public=reservation.public_ip, tenant_slug=reservation.tenant.slug)
     return made
+
+
+def _place(gpu) -> topology.Place:
+    return gpu.nvlink_domain, gpu.pcie_switch, gpu.numa_node
 
 
 def requeue(reservation: Reservation, reason: str) -> None:

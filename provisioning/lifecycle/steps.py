@@ -14,7 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from cloud.choices import NodePool, OfferingKind
-from cloud.services import node_cc_observed
+from cloud.services import node_cc_observed, node_topology_observed
 from core.errors import DomainError
 from provisioning import cloud_init, host_keys
 from provisioning.choices import OperationKind
@@ -160,8 +160,7 @@ def verify(ctx: Context) -> None:
     if ctx.node is not None:
         nodes = {ctx.node.pk: ctx.node}
     for node in nodes.values():
-        _inventory_matches(ctx, node)
-        gpus = list(node.gpus.select_related("model").order_by("index"))
+        gpus = _inventory_matches(ctx, node)
         on_node = [i for i in ctx.instances if i.node_id == node.pk]
         if ctx.node is not None or node.pool != NodePool.SHARED:
             _attest(ctx, node, gpus, instances=on_node)
@@ -171,11 +170,16 @@ def verify(ctx: Context) -> None:
             _attest(ctx, node, [g for g in gpus if str(g.pk) in gpu_ids], instances=[instance], shared=True)
 
 
-def _inventory_matches(ctx: Context, node) -> None:
-    """Every GPU the catalogue lists is there and healthy, as the host sees it."""
+def _inventory_matches(ctx: Context, node) -> list:
+    """
+    Every GPU the catalogue lists is there and healthy, as the host sees it; where each sits in
+    the node (NVLink, PCIe switch, NUMA node) is recorded as the host reports it (written only
+    when it changed: at a node's validation, or after its hardware changed). Its GPU rows, by index.
+    """
     host = ctx.drivers.host
     seen = ctx.on(node, host.inventory)
-    expected = set(node.gpus.values_list("uuid", flat=True))
+    gpus = list(node.gpus.select_related("model").order_by("index"))
+    expected = {gpu.uuid for gpu in gpus}
     found = {gpu["uuid"] for gpu in seen}
     if found != expected:
         raise NodeFault(node, f"the host sees {len(found)} of its {len(expected)} GPUs "
@@ -183,6 +187,8 @@ def _inventory_matches(ctx: Context, node) -> None:
     sick = [gpu["uuid"] for gpu in seen if not gpu["healthy"]]
     if sick:
         raise NodeFault(node, f"GPUs report unhealthy: {', '.join(sick)}", transient=False)
+    node_topology_observed(node=node, gpus=gpus, seen=seen)
+    return gpus
 
 
 def _attest(ctx: Context, node, gpus: list, *, instances: list, shared: bool = False) -> None:

@@ -2,13 +2,15 @@
 The scheduler loop's snapshots: the fleet's shape kept between cycles, what changes read each cycle.
 
 A cycle used to read every node and GPU row again (10,240 GPUs: a third of its time) although
-where a GPU sits -- its node, leaf, pod, fabric, region, pool, model and memory -- changes only
+where a GPU sits -- its node, leaf, pod, fabric, region, pool, model and memory, and its place in
+the node (NVLink domain, PCIe switch, NUMA node: planner.topology) -- changes only
 when hardware is enrolled, removed or recabled. ``FleetShape`` keeps that and reads, per cycle,
 only what moves: which nodes and GPUs may not take work now (a few rows: spares, nodes out of
 service or being attested, unhealthy or quarantined GPUs) and the allocations in the window.
-The shape is read again every ``refresh_s`` seconds and at once when the number of nodes or GPUs
-changed; a node recabled in between is placed by its old leaf for at most that long (a worse
-topology, never a double booking: the database still refuses overlapping allocations).
+The scheduler loop's kept index reads it again when the capacity change feed says hardware came,
+went or was recabled (``kept_capacity``); other callers every ``refresh_s`` seconds and at once
+when the number of nodes or GPUs changed (a node recabled in between is placed by its old leaf
+for at most that long: a worse topology, never a double booking).
 
 ``snapshot`` gives what ``snapshot.load_snapshot`` gives for the same arguments (tested).
 """
@@ -34,6 +36,10 @@ class GpuShape(NamedTuple):
     index: int
     memory_mib: int
     model_id: UUID
+    # Its place in the node (planner.topology): read with the shape, as it changes only with the hardware.
+    nvlink_domain: int | None = None
+    pcie_switch: int | None = None
+    numa_node: int | None = None
 
 
 class NodeShape(NamedTuple):
@@ -98,10 +104,14 @@ class FleetShape:
         counts = _hardware_counts()
         if counts == self.counts and time.monotonic() - self.read_at < self.refresh_s:
             return
+        self.read(counts)
+
+    def read(self, counts: tuple | None = None) -> None:
+        """Read the shape now (the loop's kept index: when the change feed says hardware moved)."""
         gpus = defaultdict(list)
-        for gpu_id, node_id, index, memory, model_id in GPU.objects.order_by("node_id", "index").values_list(
-                "id", "node_id", "index", "memory_mib", "model_id"):
-            gpus[node_id].append(GpuShape(gpu_id, index, memory, model_id))
+        for gpu_id, node_id, index, memory, model_id, *place in GPU.objects.order_by("node_id", "index").values_list(
+                "id", "node_id", "index", "memory_mib", "model_id", "nvlink_domain", "pcie_switch", "numa_node"):
+            gpus[node_id].append(GpuShape(gpu_id, index, memory, model_id, *place))
         nodes = [
             NodeShape(node_id, region, fabric_id, leaf_id, pod, capacity_pool(pool, confidential), tuple(gpus[node_id]))
             for node_id, region, fabric_id, leaf_id, pod, pool, confidential in Node.objects.order_by(
@@ -110,7 +120,7 @@ class FleetShape:
         ]
         if nodes != self.nodes:
             self.nodes, self.version = nodes, self.version + 1
-        self.counts, self.read_at = counts, time.monotonic()
+        self.counts, self.read_at = counts or _hardware_counts(), time.monotonic()
 
 
 def _hardware_counts() -> tuple:
@@ -135,16 +145,20 @@ def node_capacity(node: NodeShape, blocked_gpus: set, busy: dict, models: set | 
     usable = [g for g in node.gpus if g.gpu_id not in blocked_gpus and (models is None or g.model_id in models)]
     if not usable:
         return None
-    gpus = [GPUCapacity(gpu_id=g.gpu_id, index=g.index, memory_mib=g.memory_mib, busy=busy.get(g.gpu_id, []))
+    gpus = [GPUCapacity(gpu_id=g.gpu_id, index=g.index, memory_mib=g.memory_mib, busy=busy.get(g.gpu_id, []),
+                        nvlink_domain=g.nvlink_domain, pcie_switch=g.pcie_switch, numa_node=g.numa_node)
             for g in usable]
     # A node's GPUs are of one model (enrolment checks it); its last usable GPU's, as load_snapshot.
     return NodeCapacity(node_id=node.node_id, region=node.region, fabric_id=node.fabric_id, leaf_id=node.leaf_id,
                         pod=node.pod, pool=node.pool, gpu_model_id=usable[-1].model_id, gpus=gpus)
 
 
-def blocked_now() -> tuple[set, set]:
-    """The nodes and GPUs that may not take work now: load_snapshot's rules (snapshot.py), as exceptions."""
-    sql, params = _blocked_statement(connection.vendor)
+def blocked_now(node_ids=None) -> tuple[set, set]:
+    """
+    The nodes and GPUs that may not take work now: load_snapshot's rules (snapshot.py), as
+    exceptions; only among ``node_ids`` (and their GPUs) when given.
+    """
+    sql, params = _blocked_statement(connection.vendor) if node_ids is None else _blocked_among(node_ids)
     nodes, gpus = set(), set()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -160,8 +174,18 @@ def _blocked_statement(vendor: str) -> tuple[str, tuple]:
     per process: compiling them took as long as running them, every cycle. The parameters are
     the rules' own constants.
     """
-    nodes = Node.objects.order_by().exclude(pk__in=sellable_nodes().order_by().values("pk")).values("id")
-    gpus = GPU.objects.order_by().exclude(SELLABLE_GPU).values("id")
+    return _blocked_union(Node.objects.all(), GPU.objects.all())
+
+
+def _blocked_among(node_ids) -> tuple[str, tuple]:
+    """The same statement for a few nodes (the ones the change feed named)."""
+    node_ids = list(node_ids)
+    return _blocked_union(Node.objects.filter(pk__in=node_ids), GPU.objects.filter(node_id__in=node_ids))
+
+
+def _blocked_union(nodes, gpus) -> tuple[str, tuple]:
+    nodes = nodes.order_by().exclude(pk__in=sellable_nodes().order_by().values("pk")).values("id")
+    gpus = gpus.order_by().exclude(SELLABLE_GPU).values("id")
     nodes_sql, nodes_params = nodes.query.sql_with_params()
     gpus_sql, gpus_params = gpus.query.sql_with_params()
     # Only the ORM's own SQL is formatted in.

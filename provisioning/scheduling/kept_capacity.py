@@ -4,19 +4,21 @@ The scheduler loop's planning index, kept between cycles and brought up to date 
 Building the planner's index (``planner.state.Capacity``) from a fresh snapshot every cycle read
 every allocation of the window and made an object for each of the fleet's GPUs: at 90 % full on
 10,240 GPUs, a third of a cycle. A cycle changes a few hundred nodes at most, so the loop keeps
-the index and, each cycle, asks the database which nodes changed: one aggregate per node over the
-live allocations (how many, the sum of their ids, the sum of their ends). A placement, a release,
-an eviction, an extension or an allocation that ended since the last cycle changes its node's
-line; only those nodes' allocations are read again. What the last plan wrote into the index is
-read again too (``Capacity.touched``): the database, not the plan, says what committed.
+the index and, each cycle, reads the capacity change feed (``change_feed``: rows the database's
+triggers write in the same transactions as the changes) -- the nodes whose allocations were
+placed, released, evicted, extended or ended on their own, whose right to take work changed, and
+whether hardware came or went -- in one statement; only those nodes are read again. What the
+last plan wrote into the index is read again too (``Capacity.touched``): the database, not the
+plan, says what committed.
 
 A node that stops taking work (a spare, out of service, being cleaned or attested: see
 ``fleet_shape.blocked_now``) leaves the index; one that starts again comes back with its
 allocations; a node whose GPU stops or starts taking work comes back with the GPUs that may.
 The index is built again from a snapshot when the fleet's shape changed, when many nodes changed
-at once, and at least every ``rebuild_s`` seconds (a score or billing change of held work -- what
-picks spot victims -- is in no allocation line). Whatever the index believes, the database still
-refuses overlapping allocations: a stale index costs a lost race, never a double booking.
+at once, when the feed cannot vouch for the time since the last read, and at least every
+``rebuild_s`` seconds (a score or billing change of held work -- what picks spot victims -- is
+in no feed). Whatever the index believes, the database still refuses overlapping allocations: a
+stale index costs a lost race, never a double booking.
 
 PostgreSQL only: on the embedded SQLite default (small fleets) every cycle builds its index.
 """
@@ -29,7 +31,7 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
-from provisioning.models import Allocation
+from provisioning.scheduling.change_feed import ChangeFeed
 from provisioning.scheduling.fleet_shape import FleetShape, blocked_now, node_capacity
 from provisioning.scheduling.planner.state import Capacity
 from provisioning.scheduling.snapshot import window_allocations
@@ -46,34 +48,35 @@ class KeptCapacity:
         self.rebuild_s, self.rebuild_share = rebuild_s, rebuild_share
         self.capacity: Capacity | None = None
         self.nodes: dict = {}  # node id -> NodeState of the index
-        self.lines: dict = {}  # node id -> (count, sum of ids, sum of ends): the allocations it was read with
+        self.feed = ChangeFeed()
         self.blocked: tuple[set, set] | None = None
-        self.shape_version = -1
         self.built_at = float("-inf")
         self.rebuilds = self.caught_up = 0  # for the bench: whole builds, nodes read again
 
     def for_cycle(self, now: datetime) -> Capacity:
         """The index as the database stands now (its ``origin`` at ``now``), tracking what the cycle changes."""
         if connection.vendor != "postgresql":
-            return self._build(now, blocked_now(), {})
-        self.shape.refresh()
-        with _one_snapshot():  # the lines and the rows read again describe the same moment
-            return self._catch_up(now)
+            self.shape.refresh()
+            return self._build(now, blocked_now())
+        with _one_snapshot():  # the feed and the rows read again describe the same moment
+            capacity = self._catch_up(now)
+        self.feed.prune()
+        return capacity
 
     def _catch_up(self, now: datetime) -> Capacity:
-        blocked = blocked_now()
-        lines = _node_lines(now)
-        if (self.capacity is None or self.shape.version != self.shape_version
+        changes = self.feed.read(now)
+        if (self.capacity is None or changes.stale or changes.shape
                 or time.monotonic() - self.built_at >= self.rebuild_s):
-            return self._build(now, blocked, lines)
+            self.shape.read()
+            return self._build(now, blocked_now())
         # Nodes that started or stopped taking work, or whose GPUs did: they leave the index and
         # come back with what may take work now.
+        blocked = self._blocked(changes.rights)
         moved = self._moved(blocked)
-        changed = {node.node_id for node in self.capacity.touched}
-        changed.update(n for n in lines.keys() | self.lines.keys() if lines.get(n) != self.lines.get(n))
+        changed = {node.node_id for node in self.capacity.touched} | changes.allocations
         changed = (changed & self.nodes.keys()) - moved
         if len(changed) + len(moved) > self.rebuild_share * len(self.nodes):
-            return self._build(now, blocked, lines)
+            return self._build(now, blocked)
         self.capacity.advance(now)
         if changed or moved:
             busy = window_allocations(now, now + AHEAD, node_ids=changed | moved)
@@ -88,9 +91,18 @@ class KeptCapacity:
                 if shape is not None and (node := node_capacity(shape, blocked_gpus, busy)) is not None:
                     self.nodes[node_id] = self.capacity.add_node(node)
         self.caught_up += len(changed) + len(moved)
-        self.lines, self.blocked = lines, blocked
+        self.blocked = blocked
         self.capacity.touched = set()
         return self.capacity
+
+    def _blocked(self, nodes: set) -> tuple[set, set]:
+        """What may not take work now: the last cycle's answer, with ``nodes`` (and their GPUs) asked again."""
+        if not nodes:
+            return self.blocked
+        was_nodes, was_gpus = self.blocked
+        now_nodes, now_gpus = blocked_now(node_ids=nodes)
+        gone = {g.gpu_id for n in nodes if (shape := self.shape.node(n)) is not None for g in shape.gpus}
+        return (was_nodes - nodes) | now_nodes, (was_gpus - gone) | now_gpus
 
     def _moved(self, blocked: tuple[set, set]) -> set:
         """The nodes whose own or whose GPUs' right to take work changed since the last cycle."""
@@ -106,13 +118,13 @@ class KeptCapacity:
             self.capacity.dispose()
         self.capacity = None
 
-    def _build(self, now: datetime, blocked: tuple[set, set], lines: dict) -> Capacity:
+    def _build(self, now: datetime, blocked: tuple[set, set]) -> Capacity:
         self.dispose()
         self.capacity = Capacity(self.shape.snapshot(now=now, until=now + AHEAD, blocked=blocked))
         self.capacity.touched = set()
         self.nodes = {node.node_id: node for nodes in self.capacity.region_nodes.values() for node in nodes}
-        self.lines, self.blocked = lines, blocked
-        self.shape_version, self.built_at = self.shape.version, time.monotonic()
+        self.blocked = blocked
+        self.built_at = time.monotonic()
         self.rebuilds += 1
         return self.capacity
 
@@ -121,8 +133,9 @@ class KeptCapacity:
 def _one_snapshot():
     """
     A REPEATABLE READ transaction, so every statement sees one snapshot of the database: a row
-    committed between reading the lines and reading the rows would otherwise be in the index
-    but not in its line, and missed if it went away again before the next cycle. Inside a
+    committed between reading the feed and reading the rows would otherwise be in the index and
+    in a later read of the feed: read twice, harmless; but a row read before its node's feed row
+    was seen could be taken for the index's own. Inside a
     transaction already (tests), that transaction's reads serve.
     """
     if connection.in_atomic_block:
@@ -133,12 +146,3 @@ def _one_snapshot():
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         yield
 
-
-def _node_lines(now: datetime) -> dict:
-    """Per node, a line that any change to its live allocations changes: count, sum of ids, sum of ends."""
-    table = Allocation._meta.db_table
-    with connection.cursor() as cursor:
-        # Only the model's table name is formatted in; the time is a parameter.
-        cursor.execute(f"SELECT node_id, count(*), sum(id), sum((EXTRACT(EPOCH FROM ends_at) * 1000000)::bigint) "  # noqa: S608
-                       f"FROM {table} WHERE ends_at > %s AND NOT archived GROUP BY node_id", [now])
-        return {node_id: (count, ids, ends) for node_id, count, ids, ends in cursor.fetchall()}

@@ -51,6 +51,10 @@ class GPUCapacity:
     index: int
     memory_mib: int
     busy: list[Busy] = field(default_factory=list)  # sorted by start
+    # Where it sits in its node (planner.topology): the GPUs sharing each number share that link; None: not known.
+    nvlink_domain: int | None = None
+    pcie_switch: int | None = None
+    numa_node: int | None = None
 
 
 @dataclass

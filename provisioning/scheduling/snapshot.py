@@ -51,10 +51,10 @@ def load_snapshot(*, now: datetime, until: datetime, regions=None, gpu_model_ids
 
     by_node = defaultdict(list)
     models = {}
-    for gpu_id, node_id, index, memory, model_id in gpus.values_list("id", "node_id", "index", "memory_mib",
-                                                                       "model_id"):
-        by_node[node_id].append(GPUCapacity(gpu_id=gpu_id, index=index, memory_mib=memory,
-                                            busy=busy.get(gpu_id, [])))
+    for gpu_id, node_id, index, memory, model_id, domain, switch, numa in gpus.values_list(
+            "id", "node_id", "index", "memory_mib", "model_id", "nvlink_domain", "pcie_switch", "numa_node"):
+        by_node[node_id].append(GPUCapacity(gpu_id=gpu_id, index=index, memory_mib=memory, busy=busy.get(gpu_id, []),
+                                            nvlink_domain=domain, pcie_switch=switch, numa_node=numa))
         models[node_id] = model_id
     capacity = [
         NodeCapacity(node_id=node_id, region=region, fabric_id=fabric_id, leaf_id=leaf_id, pod=pod,
@@ -169,10 +169,13 @@ def free_snapshot(request: Request, *, now: datetime, spare: int = 4, nodes: lis
         "attesting": [OperationState.PENDING, OperationState.RUNNING], "now": now, "until": request.end, "g": g,
         "units": request.units, "take": request.units + spare, "nodes": list(nodes or ()),
     }
+    placed = places_read(request)
     if nodes is not None:
-        sql = _FREE_ON_NODES_SQL
+        sql = _FREE_ON_NODES_PLACED_SQL if placed else _FREE_ON_NODES_SQL
+    elif request.kind == OfferingKind.BARE_METAL:
+        sql = _FREE_BARE_METAL_SQL
     else:
-        sql = _FREE_BARE_METAL_SQL if request.kind == OfferingKind.BARE_METAL else _FREE_BEST_FIT_SQL
+        sql = _FREE_BEST_FIT_PLACED_SQL if placed else _FREE_BEST_FIT_SQL
     # Reading the pool, a client-side cursor: never prepared. PostgreSQL's generic plan for those
     # statements (the one it keeps after a prepared statement's fifth run) scans and joins the
     # whole pool the slow way: six times slower than the plan made for the values at hand. A few
@@ -184,11 +187,22 @@ def free_snapshot(request: Request, *, now: datetime, spare: int = 4, nodes: lis
     snapshot = Snapshot(now=now, nodes=[
         NodeCapacity(node_id=node_id, region=region, fabric_id=fabric_id, leaf_id=leaf_id, pod=pod, pool=pool,
                      gpu_model_id=model_id, installed=installed,
-                     gpus=[GPUCapacity(gpu_id=gpu_id, index=index, memory_mib=memory)
-                           for gpu_id, index, memory in zip(ids, indexes, memories, strict=True)])
-        for node_id, region, fabric_id, leaf_id, pod, pool, model_id, ids, indexes, memories, installed in rows
+                     gpus=[GPUCapacity(gpu_id=gpu_id, index=index, memory_mib=memory, nvlink_domain=domain,
+                                       pcie_switch=switch, numa_node=numa)
+                           for gpu_id, index, memory, domain, switch, numa in zip(
+                               ids, indexes, memories, *(places or [[None] * len(ids)] * 3), strict=True)])
+        for (node_id, region, fabric_id, leaf_id, pod, pool, model_id, ids, indexes, memories, installed,
+             *places) in rows
     ])
     return snapshot if _settles(_whole_only(snapshot, request), request) else None
+
+
+def places_read(request: Request) -> bool:
+    """
+    Whether ``free_snapshot`` reads where the GPUs sit in their node: only for units of several
+    GPUs (a 1-GPU unit or a whole node has no link to choose), so the common creates read no more.
+    """
+    return request.kind != OfferingKind.BARE_METAL and request.gpus_per_unit > 1
 
 
 def _whole_only(snapshot: Snapshot, request: Request) -> Snapshot:
@@ -206,12 +220,13 @@ def _settles(snapshot: Snapshot, request: Request) -> bool:
     return sum(len(node.gpus) // g for node in snapshot.nodes) >= request.units
 
 
-def _free_sql(chosen: str, on_nodes: bool = False) -> str:
+def _free_sql(chosen: str, on_nodes: bool = False, places: bool = False) -> str:
     """
     The free-GPU statement of ``free_snapshot``: ``sellable_nodes`` and ``SELLABLE_GPU`` with no
     allocation in the window (``_sellable``, free_only), per node; ``chosen`` picks the nodes as
-    ``free_candidates`` does; ``on_nodes``: only the nodes given. Only table names and fixed
-    clauses are formatted in; every value is a parameter.
+    ``free_candidates`` does; ``on_nodes``: only the nodes given; ``places``: with where each GPU
+    sits in its node (NVLink domain, PCIe switch, NUMA node). Only table names and fixed clauses
+    are formatted in; every value is a parameter.
     """
     gpu, node, region, switch = (m._meta.db_table for m in (GPU, Node, Region, Switch))
     operation, allocation = Operation._meta.db_table, Allocation._meta.db_table
@@ -225,6 +240,7 @@ def _free_sql(chosen: str, on_nodes: bool = False) -> str:
         ),
         free AS (
             SELECT g.id, g.node_id, g.index, g.memory_mib, g.model_id, n.leaf_id, n.gpus_installed AS installed
+                   {", g.nvlink_domain, g.pcie_switch, g.numa_node" if places else ""}
             FROM {gpu} g JOIN {node} n ON n.id = g.node_id JOIN {region} r ON r.id = n.region_id
             WHERE g.health = ANY(%(health)s) AND NOT (g.state = ANY(%(unusable)s))
               AND g.model_id = ANY(%(models)s) AND NOT n.is_spare AND n.state = ANY(%(node_states)s)
@@ -244,6 +260,7 @@ def _free_sql(chosen: str, on_nodes: bool = False) -> str:
                (array_agg(f.model_id ORDER BY f.index DESC))[1],
                array_agg(f.id ORDER BY f.index), array_agg(f.index ORDER BY f.index),
                array_agg(f.memory_mib ORDER BY f.index), max(f.installed)
+               {_PLACES_AGGREGATED if places else ""}
         FROM chosen c JOIN free f ON f.node_id = c.node_id JOIN {node} n ON n.id = c.node_id
         JOIN {region} r ON r.id = n.region_id JOIN {switch} s ON s.id = n.leaf_id
         GROUP BY n.id, r.slug, s.pod ORDER BY n.hostname
@@ -326,8 +343,12 @@ def _window_rows_postgresql(now: datetime, until: datetime, gpus, node_ids=None)
             for g, rid, s, e, lo, hi, spot, score, klass in rows)
 
 
+_PLACES_AGGREGATED = (", array_agg(f.nvlink_domain ORDER BY f.index), array_agg(f.pcie_switch ORDER BY f.index), "
+                      "array_agg(f.numa_node ORDER BY f.index)")
 # VMs and containers: the best-fitting hosts (fewest free GPUs that still hold a unit) and a few more.
-_FREE_BEST_FIT_SQL = _free_sql("SELECT node_id FROM per_node WHERE free >= %(g)s ORDER BY free, node_id LIMIT %(take)s")
+_BEST_FIT = "SELECT node_id FROM per_node WHERE free >= %(g)s ORDER BY free, node_id LIMIT %(take)s"
+_FREE_BEST_FIT_SQL = _free_sql(_BEST_FIT)
+_FREE_BEST_FIT_PLACED_SQL = _free_sql(_BEST_FIT, places=True)
 # Bare metal: the whole-free nodes of the leaves that hold the gang, fewest whole-free nodes first:
 # two leaves at least, and more until ``take`` nodes are chosen (choose_nodes, leaves=2). The
 # fast path's hint keeps them all: taken leaf by leaf, a read of two small leaves lasted a few creates.
@@ -341,3 +362,4 @@ _FREE_BARE_METAL_SQL = _free_sql(
     "WHERE rank <= 2 OR running - whole < %(take)s))")
 # The nodes a recent read chose (free_hint): those with a free GPU, counted again now.
 _FREE_ON_NODES_SQL = _free_sql("SELECT node_id FROM per_node", on_nodes=True)
+_FREE_ON_NODES_PLACED_SQL = _free_sql("SELECT node_id FROM per_node", on_nodes=True, places=True)

@@ -20,7 +20,7 @@ from cloud.models import GPU, Fabric, GPUModel, Node
 from provisioning.choices import OperationKind, OperationState
 from provisioning.models import Operation, Reservation
 from provisioning.scheduling.plan_types import Request
-from provisioning.scheduling.snapshot import free_candidates, free_snapshot, load_snapshot
+from provisioning.scheduling.snapshot import free_candidates, free_snapshot, load_snapshot, places_read
 from tests.provisioning.factories import held, make_reservation
 from tests.world import h100
 
@@ -48,8 +48,13 @@ def reference(request, now):
     candidates = free_candidates(request, now=now)
     if not candidates:
         return None
-    return load_snapshot(now=now, until=request.end, regions=request.regions, gpu_model_ids=request.gpu_model_ids,
-                         pool=pool_of(request.kind), free_only=True, node_ids=candidates)
+    snapshot = load_snapshot(now=now, until=request.end, regions=request.regions,
+                             gpu_model_ids=request.gpu_model_ids, pool=pool_of(request.kind), free_only=True,
+                             node_ids=candidates)
+    if not places_read(request):  # no link to choose: the statement leaves where each GPU sits out
+        for gpu in (gpu for node in snapshot.nodes for gpu in node.gpus):
+            gpu.nvlink_domain = gpu.pcie_switch = gpu.numa_node = None
+    return snapshot
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the one statement is PostgreSQL's")

@@ -9,15 +9,17 @@ Rules it keeps:
   - bare metal takes whole nodes of the bare-metal pool, every GPU free for the whole window,
     under as few leaf switches as possible (one leaf; else the fewest leaves of one pod; else the
     fewest pods), fullest fitting leaf first so whole leaves stay free;
-  - VMs and whole-GPU containers best-fit on the shared pool, one node per unit;
+  - VMs and whole-GPU containers best-fit on the shared pool, one node per unit, several units
+    under as few leaf switches as bare metal; inside a node a unit takes GPUs that share the best
+    link (one NVLink domain, else one PCIe switch, else one NUMA node: ``topology``);
   - fractional containers take slots of GPUs already cut the same way before starting a GPU;
   - a future window is booked as it is: later work only fits in front of it if it ends first;
   - reserved and spot work keep ``headroom`` of each region free for on-demand work;
   - lower-priority spot work may be evicted (fewest, then lowest-priority victims), never by spot.
 
-Modules: ``state`` (the index and every change to it), ``fit`` (where a request fits),
-``preempt`` (where it fits by evicting), ``reasons`` (why it waits), ``planning`` (the order of
-trial, and recording decisions).
+Modules: ``state`` (the index and every change to it), ``fit`` (where a request fits), ``topology``
+(which GPUs of a node a unit takes), ``preempt`` (where it fits by evicting), ``reasons`` (why it
+waits), ``planning`` (the order of trial, and recording decisions).
 """
 
 from provisioning.scheduling.planner.planning import Planner, plan

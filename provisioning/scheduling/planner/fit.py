@@ -8,14 +8,14 @@ request waits). Nothing here changes the Capacity.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 from uuid import UUID
 
 from provisioning.scheduling.planner.state import GpuState, NodeState, Pool, layout_key, slot_range
+from provisioning.scheduling.planner.topology import choose, quality, take_fewest
 
-T = TypeVar("T")
+# A multi-GPU unit compares this many of the best-fitting nodes for the link its GPUs would share.
+LOOKAHEAD = 4
 
 Pick = tuple[GpuState, int, int]  # a GPU and the memory range [lo, hi) taken on it
 ANY_LAYOUT = "*"  # Pool.slot_node's key for the node a GPU was last started on for slots of any layout
@@ -43,26 +43,6 @@ class Shortfall:
 
     def __add__(self, other: Shortfall) -> Shortfall:
         return Shortfall(self.free + other.free, max(self.fits, other.fits), max(self.largest_leaf, other.largest_leaf))
-
-
-def take_fewest(bins: Sequence[tuple[T, int]], count: int) -> list[tuple[T, int]] | None:
-    """
-    Take ``count`` from as few bins as possible: the largest bins whole, then the rest from the
-    smallest bin that still holds it (best fit, so the bigger bins stay whole). ``None`` when all
-    bins together hold too little.
-    """
-    if sum(size for _, size in bins) < count:
-        return None
-    rest = sorted(bins, key=lambda b: -b[1])
-    taken: list[tuple[T, int]] = []
-    while True:
-        holding = [b for b in rest if b[1] >= count]
-        if holding:
-            last = min(holding, key=lambda b: b[1])
-            return [*taken, (last[0], count)]
-        biggest = rest.pop(0)
-        taken.append(biggest)
-        count -= biggest[1]
 
 
 #
@@ -121,7 +101,7 @@ def _gang_layout(by_leaf: list, count: int) -> tuple[list[NodeState], int, int, 
 
 
 #
-# VMs and whole-GPU containers: best fit, to keep whole nodes free
+# VMs and whole-GPU containers: best fit, to keep whole nodes free; inside a node, by topology
 #
 
 def node_buckets(pool: Pool, need: int, s: int, e: int) -> tuple[list[list[NodeState]], int]:
@@ -145,23 +125,55 @@ def best_fit_node(buckets: list[list[NodeState]], need: int) -> tuple[NodeState,
 
 
 def vm_units(pool: Pool, units: int, per_unit: int, s: int, e: int) -> Fit | Shortfall:
-    """``units`` units of ``per_unit`` GPUs, each on one node, each on the best-fitting node at its turn."""
+    """
+    ``units`` units of ``per_unit`` GPUs, each on one node: one unit on the best-fitting node (of
+    those that fit as tightly, the one whose free GPUs share the best link), several under as few
+    leaf switches as bare-metal gangs (``_gang_layout``), best-fitting nodes first in each leaf.
+    Within a node each unit takes the GPUs that share the best link (``gpus_for``).
+    """
     buckets, total = node_buckets(pool, per_unit, s, e)
     fits = sum(len(nodes) * (c // per_unit) for c, nodes in enumerate(buckets))
     if fits < units:
         return Shortfall(free=total, fits=fits)
+    if units == 1:
+        c, node, gpus = _best_unit(buckets, per_unit, s, e)
+        return Fit(pool, [(g, 0, g.memory) for g in gpus], (c - per_unit, quality([g.place for g in gpus])))
+    by_leaf: dict = {}
+    for c in range(per_unit, len(buckets)):  # fewest free GPUs first: each leaf's nodes in best-fit order
+        for node in buckets[c]:
+            by_leaf.setdefault(node.leaf, []).extend([node] * min(c // per_unit, units))
+    nodes, pods, leaves, slack = _gang_layout(list(by_leaf.items()), units)
     picks: list[Pick] = []
     spare: dict[NodeState, list[GpuState]] = {}  # free GPUs of a node not yet taken by this request
-    waste = 0
-    for _ in range(units):
-        node, c = best_fit_node(buckets, per_unit)
+    for node in nodes:
         free = spare[node] if node in spare else node.free_gpus(s, e)
-        spare[node] = free[per_unit:]
-        picks += [(g, 0, g.memory) for g in free[:per_unit]]
-        waste += c - per_unit
-        if c - per_unit >= per_unit:
-            buckets[c - per_unit].insert(0, node)  # first in its new bucket: the next unit packs beside it
-    return Fit(pool, picks, (waste,))
+        gpus = gpus_for(free, per_unit)
+        spare[node] = [g for g in free if g not in gpus]
+        picks += [(g, 0, g.memory) for g in gpus]
+    return Fit(pool, picks, (pods, leaves, slack))
+
+
+def gpus_for(free: list[GpuState], k: int) -> list[GpuState]:
+    """``k`` of one node's free GPUs: those that share the best link (planner.topology), else the first ``k``."""
+    if k >= len(free) or not free[0].node.shaped:
+        return free[:k]
+    return [free[i] for i in choose([g.place for g in free], k)]
+
+
+def _best_unit(buckets: list[list[NodeState]], need: int, s: int, e: int) -> tuple[int, NodeState, list[GpuState]]:
+    """
+    The node with the fewest free GPUs that still holds ``need`` and the GPUs it would give; for a
+    multi-GPU unit, of the first ``LOOKAHEAD`` nodes that fit as tightly, the one whose GPUs share
+    the best link (the packing comes first: whole nodes stay free).
+    """
+    c = next(c for c in range(need, len(buckets)) if buckets[c])
+    best = None
+    for node in buckets[c][:LOOKAHEAD if need > 1 and buckets[c][0].shaped else 1]:
+        gpus = gpus_for(node.free_gpus(s, e), need)
+        key = quality([g.place for g in gpus])  # a node whose topology is not known ranks last
+        if best is None or key < best[0]:
+            best = (key, node, gpus)
+    return c, best[1], best[2]
 
 
 #

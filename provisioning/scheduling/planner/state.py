@@ -33,6 +33,7 @@ from typing import NamedTuple
 from uuid import UUID
 
 from provisioning.scheduling.plan_types import Snapshot
+from provisioning.scheduling.planner.topology import UNKNOWN, Place
 
 FOREVER = 1 << 62  # later than any window
 TICK = timedelta(microseconds=1)
@@ -82,14 +83,17 @@ def slot_layout(memory: int, lo: int, hi: int) -> int:
 
 
 class GpuState:
-    __slots__ = ("gpu_id", "index", "memory", "node", "entries", "last_end", "busy_until", "first_start", "layouts")
+    __slots__ = ("gpu_id", "index", "memory", "node", "entries", "last_end", "busy_until", "first_start", "layouts",
+                 "place")
 
-    def __init__(self, gpu_id: UUID, index: int, memory: int, node: NodeState, entries: list[Entry]):
+    def __init__(self, gpu_id: UUID, index: int, memory: int, node: NodeState, entries: list[Entry],
+                 place: Place = UNKNOWN):
         self.gpu_id = gpu_id
         self.index = index
         self.memory = memory
         self.node = node
         self.entries = entries
+        self.place = place  # (NVLink domain, PCIe switch, NUMA node) in its node: planner.topology
         self.refresh()
 
     def refresh(self, origin: int = 0) -> None:
@@ -170,7 +174,7 @@ def changed_span(old: list[Entry], new: list[Entry]) -> tuple[int, int]:
 
 class NodeState:
     __slots__ = ("node_id", "region", "leaf", "pool", "gpus", "size", "clean", "busy", "busy_min", "ahead",
-                 "ahead_min", "bucket")
+                 "ahead_min", "bucket", "shaped")
 
     def __init__(self, node_id: UUID, region: str, leaf: Leaf, pool: Pool):
         self.node_id = node_id
@@ -181,6 +185,7 @@ class NodeState:
         self.size = self.clean = self.busy = self.ahead = 0
         self.busy_min = self.ahead_min = FOREVER
         self.bucket: int | None = None  # its GPUs free now, as ``Pool.free_nodes`` files it
+        self.shaped = False  # some GPU's place in the node is known: a multi-GPU unit chooses by topology
 
     def refresh(self, origin: int = 0) -> None:
         """
@@ -327,7 +332,9 @@ class Capacity:
         self.group_gpus[group] = self.group_gpus.get(group, 0) + len(cap.gpus)
         self._load.pop(group, None)
         for g in cap.gpus:
-            gpu = GpuState(g.gpu_id, g.index, g.memory_mib, node, self._entries(g.busy))
+            gpu = GpuState(g.gpu_id, g.index, g.memory_mib, node, self._entries(g.busy),
+                           (g.nvlink_domain, g.pcie_switch, g.numa_node))
+            node.shaped = node.shaped or gpu.place != UNKNOWN
             if self.origin:
                 gpu.refresh(self.origin)
             node.gpus.append(gpu)
