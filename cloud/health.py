@@ -2,10 +2,11 @@
 The failure-detection policy, as pure functions: samples and times in, findings out.
 
 What counts as a failure is configuration, not a hard-coded list (``MERIDIAN_FAILURE_POLICY``):
-how many missed heartbeats make a node suspect and then faulty, what each XID class means
-(NVIDIA's application-level XIDs such as 13, 31, 43, 45, 68 and 109 are the tenant's program,
-not the hardware, and never take a node out), how many XIDs within a window escalate, the
-temperature limit, and how many link changes make an InfiniBand port "flapping". The services in
+how many missed heartbeats (or liveness pings, for an agent that sends them) make a node
+suspect and then faulty, when the control plane's own stall holds that judgement, what each XID
+class means (NVIDIA's application-level XIDs such as 13, 31, 43, 45, 68 and 109 are the tenant's
+program, not the hardware, and never take a node out), how many XIDs within a window escalate,
+the temperature limit, and how many link changes make an InfiniBand port "flapping". The services in
 ``operations.detection`` act on the findings (incidents, resets, drains, replacement).
 """
 
@@ -92,23 +93,40 @@ class FailurePolicy:
     # periods, counted from the release, to be heard. One platform incident says so.
     mass_silence_share: float = 0.5
     mass_silence_min_nodes: int = 5
+    # An agent that pings (operations.node_api.liveness) is judged by its pings' period, not its
+    # heartbeats'; None: no agent pings.
+    liveness_interval_s: float | None = 2.0
+    # The control plane's own stall (control_plane_stall): a watchdog round later than its schedule
+    # by more than stall_slack_s, a first statement slower than stall_database_s, or many agents'
+    # pings late at once -- more than stall_share of those pinging say their last pings went
+    # unanswered or slow, or all but that share went quiet. Judgement is held while it lasts (at
+    # most stall_max_s) and silence counted from its end.
+    stall_slack_s: float = 1.0
+    stall_database_s: float = 1.0
+    stall_share: float = 0.2
+    stall_max_s: float = 60.0
 
     def __post_init__(self):
         if not 0 < self.suspect_after_misses <= self.faulty_after_misses:
             raise ValueError("need 0 < suspect_after_misses <= faulty_after_misses")
         if not 0 < self.mass_silence_share < 1 or self.mass_silence_min_nodes < 1:
             raise ValueError("need 0 < mass_silence_share < 1 and mass_silence_min_nodes >= 1")
-        if self.heartbeat_interval_s <= 0:
-            raise ValueError("heartbeat_interval_s must be positive")
+        if self.heartbeat_interval_s <= 0 or (self.liveness_interval_s is not None and self.liveness_interval_s <= 0):
+            raise ValueError("heartbeat_interval_s and liveness_interval_s must be positive")
+        if min(self.stall_slack_s, self.stall_database_s, self.stall_max_s) <= 0 or not 0 < self.stall_share < 0.5:
+            raise ValueError("need positive stall_slack_s, stall_database_s and stall_max_s, and 0 < stall_share < 0.5")
         if self.repeated_xids < 1 or self.port_flaps < 1:
             raise ValueError("repeated_xids and port_flaps must be at least 1")
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None, *, heartbeat_interval_s: float | None = None):
+    def from_mapping(cls, values: Mapping[str, Any] | None, *, heartbeat_interval_s: float | None = None,
+                     liveness_interval_s: float | None = None):
         """The policy from a settings dict (JSON); XID keys may be strings, actions names."""
         values = dict(values or {})
         if heartbeat_interval_s is not None:
             values.setdefault("heartbeat_interval_s", heartbeat_interval_s)
+        if liveness_interval_s is not None:  # 0: no pings
+            values.setdefault("liveness_interval_s", liveness_interval_s or None)
         unknown = set(values) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown failure policy keys: {', '.join(sorted(unknown))}")
@@ -144,6 +162,38 @@ def mass_silence(silent: int, watched: int, policy: FailurePolicy, *, held: bool
     """
     share = policy.mass_silence_share / 2 if held else policy.mass_silence_share
     return silent >= policy.mass_silence_min_nodes and silent > share * watched
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one watchdog round saw of itself and of the agents' pings (``control_plane_stall``)."""
+
+    gap_s: float | None  # since the round before began; None: none known
+    schedule_s: float  # how often rounds are meant to begin
+    database_s: float  # how long its first statement took
+    pinging: int = 0  # watched nodes whose agents ping
+    late: int = 0  # of them, not heard for over a liveness period and the slack
+    distressed: int = 0  # of them heard lately, those whose last ping says earlier ones went unanswered or slow
+
+
+def control_plane_stall(seen: Round, policy: FailurePolicy) -> str | None:
+    """
+    Why this round cannot tell silent nodes from a stalled control plane, or None. Pings late
+    because of the control plane's own load look, from the database, like nodes gone quiet; what
+    tells them apart is the control plane's own state: its watchdog late, its database slow, or
+    agents in every part of the fleet late at once -- a rack losing power silences its nodes and
+    leaves the others' pings prompt, a busy web tier or database delays everyone's.
+    """
+    if seen.gap_s is not None and seen.gap_s > seen.schedule_s + policy.stall_slack_s:
+        return "watchdog_late"
+    if seen.database_s > policy.stall_database_s:
+        return "database_slow"
+    floor = policy.mass_silence_min_nodes
+    if seen.distressed >= floor and seen.distressed > policy.stall_share * seen.pinging:
+        return "pings_late"
+    if seen.late >= floor and seen.late > (1 - policy.stall_share) * seen.pinging:
+        return "pings_stopped"
+    return None
 
 
 def heartbeat_state(last_seen: datetime | None, now: datetime, policy: FailurePolicy) -> str:

@@ -83,6 +83,13 @@ MERIDIAN_RESUME_LIMIT = env.int("MERIDIAN_RESUME_LIMIT", default=3)
 # Node agents: seconds between their turns (heartbeat, then commands); an agent silent for three
 # turns cannot answer a step that needs it.
 MERIDIAN_AGENT_INTERVAL = env.float("MERIDIAN_AGENT_INTERVAL_SECONDS", default=10.0)
+# Seconds between an agent's liveness pings (one statement each, apart from its turns: heartbeats
+# keep their period); the heartbeat's answer tells agents, and a node whose agent pings is judged
+# by them (operations.heartbeats). 0: no pings, nodes are judged by their heartbeats.
+MERIDIAN_LIVENESS_SECONDS = env.float("MERIDIAN_LIVENESS_SECONDS", default=2.0)
+# How often the heartbeat watchdog runs (the beat task cloud.heartbeats_watch). A round later than
+# this by more than the failure policy's stall_slack_s counts as the control plane's own stall.
+MERIDIAN_WATCHDOG_SECONDS = env.float("MERIDIAN_WATCHDOG_SECONDS", default=1.0)
 # GPU telemetry (cloud.telemetry): how long raw samples, 1-minute and 1-hour rollups are kept.
 MERIDIAN_TELEMETRY_RETENTION = {
     "raw": timedelta(minutes=env.int("MERIDIAN_TELEMETRY_RAW_MINUTES", default=60)),

@@ -443,9 +443,13 @@ CELERY_BEAT_SCHEDULE = {
     # reserved GPUs (the tenant is told), repeated XIDs on a node.
     "cloud.alerts_evaluate": {"task": "cloud.alerts_evaluate", "schedule": 60.0},
     # Failure detection (operations.detection): silent agents make their nodes suspect, then failed;
-    # reset GPUs that recovered come back. Every heartbeat period (MERIDIAN_AGENT_INTERVAL_SECONDS).
+    # reset GPUs that recovered come back. Every MERIDIAN_WATCHDOG_SECONDS (1 s: half a liveness
+    # period); a round still queued after a few of them is dropped, the next one judges.
     "cloud.heartbeats_watch": {"task": "cloud.heartbeats_watch",
-                               "schedule": env.float("MERIDIAN_AGENT_INTERVAL_SECONDS", default=10.0)},
+                               "schedule": env.float("MERIDIAN_WATCHDOG_SECONDS", default=1.0),
+                               # (django_celery_beat's name for Celery's relative ``expires``, whole seconds)
+                               "options": {"expire_seconds": max(5, round(5 * env.float("MERIDIAN_WATCHDOG_SECONDS",
+                                                                                       default=1.0)))}},
     # Reserved GPUs never used are warned, then released as no-shows; GPUs held past a
     # reservation's end plus its offering's release grace are reclaimed (provisioning.lifecycle.no_shows).
     "provisioning.no_show_scan": {"task": "provisioning.no_show_scan", "schedule": 60.0},

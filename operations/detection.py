@@ -20,13 +20,15 @@ the fleet reports, and the actions it asks for.
   * FAULTY: ``provisioning.lifecycle.replacement``: a GPU's finding fails that GPU of a shared host
     (``gpus_failed``: its instances move, the host's other tenants go on) or the whole bare-metal
     server; a port's, the node (``node_failed``). The impact starts at the sample's time.
-- ``operations.heartbeats.watch_heartbeats`` (a beat task every MERIDIAN_AGENT_INTERVAL): nodes whose agent runs
+- ``operations.heartbeats.watch_heartbeats`` (a beat task every MERIDIAN_WATCHDOG_SECONDS): nodes whose agent runs
   (shared hosts in service, idle bare metal, a tenant's server where an agent was heard since
   the hand-over) silent for ``suspect_after_misses`` periods are
   ``suspect`` (not sold; an incident, tenants told); after ``faulty_after_misses`` they fail
   (``node_failed``, the impact from the last heartbeat); an agent heard again while its node is
-  suspect puts the node back where it was. Periods count from the last heartbeat, or from the
-  node's entering a watched state when that is later (a server back from a tenant).
+  suspect puts the node back where it was. Periods count from the agent's last liveness ping or
+  heartbeat (a pinging agent's periods are MERIDIAN_LIVENESS_SECONDS, others' the heartbeat's),
+  or from the node's entering a watched state when that is later (a server back from a tenant),
+  or from the end of the control plane's own stall (``operations.stalls``).
 - ``judge_bmc``: bare metal a tenant holds runs no agent; its BMC readings judge it (critical
   health, power lost under a handed-over server, ports down, GPUs too hot).
 
@@ -80,7 +82,8 @@ RETURNS_TO = frozenset({N.AVAILABLE, N.IN_SERVICE, N.ALLOCATED})
 def failure_policy() -> FailurePolicy:
     """The policy as configured (read at call time): MERIDIAN_FAILURE_POLICY over the defaults."""
     values = {"port_flap_window_s": settings.MERIDIAN_PORT_FLAP_WINDOW_S, **(settings.MERIDIAN_FAILURE_POLICY or {})}
-    return FailurePolicy.from_mapping(values, heartbeat_interval_s=settings.MERIDIAN_AGENT_INTERVAL)
+    return FailurePolicy.from_mapping(values, heartbeat_interval_s=settings.MERIDIAN_AGENT_INTERVAL,
+                                      liveness_interval_s=settings.MERIDIAN_LIVENESS_SECONDS)
 
 
 #

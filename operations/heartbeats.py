@@ -1,8 +1,11 @@
 """
-The heartbeat watchdog (the beat task, every few seconds): a node whose agent misses heartbeats
-is suspect, then failed (operations.detection acts: incidents, tenants told, replacement); a
-node heard again is back. Silence of many nodes at once is the control plane's or the network's,
-not theirs: a mass silence holds judgement instead of failing a fleet.
+The heartbeat watchdog (the beat task, every MERIDIAN_WATCHDOG_SECONDS): a node whose agent
+misses its liveness pings -- or its heartbeats, when it sends no pings (operations.silence) -- is
+suspect, then failed (operations.detection acts: incidents, tenants told, replacement); a node
+heard again is back. Silence of many nodes at once is the control plane's or the network's, not
+theirs: a mass silence holds judgement instead of failing a fleet, and a stall of the control
+plane itself (its watchdog late, its database slow, pings late everywhere) holds it altogether
+until it ends, silence then counted from its end.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Count, F, Max, Min, Q
+from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from cloud.choices import NodeState
@@ -40,6 +43,7 @@ from operations.detection import (
     resolve,
     tell_tenants,
 )
+from operations.silence import HEARD, Stall, allocated_heard, heard_of, period_of, pings, silent_q, stall_judge
 from provisioning.lifecycle.replacement import live_reservations
 from security.models import Incident
 
@@ -55,25 +59,37 @@ def watch_heartbeats(*, now: datetime | None = None) -> dict:
     """
     now = now or timezone.now()
     policy = failure_policy()
-    period = timedelta(seconds=policy.heartbeat_interval_s)
-    cutoff = now - policy.suspect_after_misses * period
     report = {"suspect": 0, "failed": 0, "back": 0, "gpus_back": 0, "held": 0, "errors": 0}
     # A server a tenant holds is watched only where an agent has been heard since the hand-over
     # (an operator's monitoring agent in the tenant's image); otherwise its BMC is (judge_bmc).
-    heard = Q(state=N.ALLOCATED, agent_state__last_seen_at__gte=F("state_changed_at"))
-    silent = (Node.objects.filter(Q(state__in=WATCHED) | heard, agent_state__last_seen_at__lte=cutoff)
-              .filter(Q(state_changed_at__isnull=True) | Q(state_changed_at__lte=cutoff))
-              .values_list("pk", "region_id"))
+    heard = allocated_heard()
+    try:
+        stall = stall_judge(now=now, policy=policy, watched=Q(state__in=WATCHED) | heard)
+    except Exception:  # the guard failing must not stop the round: judge as if no stall
+        log.exception("heartbeat watchdog: the control plane's stall check failed")
+        report["errors"] += 1
+        stall = Stall()
+    report["stalled"] = stall.reason or ""
+    silent = [] if stall.held else (
+        Node.objects.annotate(heard=HEARD).filter(Q(state__in=WATCHED) | heard)
+        .filter(silent_q(now, policy, since=stall.resumed_at)).values_list("pk", "region_id"))
     suspects = Node.objects.filter(state=N.SUSPECT, agent_state__isnull=False).values_list("pk", "region_id")
     try:
-        held_regions, released = _mass_silence(heard, cutoff, policy, now)
+        # A stalled round leaves the regions' holds as they are: it cannot tell who is silent.
+        held_regions, released = (set(), {}) if stall.held else _mass_silence(heard, policy, now, stall.resumed_at)
     except Exception:  # the guard failing must not stop the round: judge every node on its own
         log.exception("heartbeat watchdog: the mass-silence check failed")
         report["errors"] += 1
         held_regions, released = set(), {}
     report["regions_held"] = len(held_regions)
+
+    def since(region):
+        """Silence counts from the later of the region's release and the stall's end."""
+        return max((at for at in (released.get(region), stall.resumed_at) if at is not None), default=None)
+
     watched = each_atomic([*silent, *suspects], lambda node: _watch(
-        node[0], now, policy, hold=node[1] in held_regions, released=released.get(node[1])), what="heartbeat watchdog")
+        node[0], now, policy, hold=stall.held or node[1] in held_regions, released=since(node[1])),
+        what="heartbeat watchdog")
     for _node, outcome in watched:
         if outcome is FAILED:
             report["errors"] += 1
@@ -89,19 +105,20 @@ def watch_heartbeats(*, now: datetime | None = None) -> dict:
     return report
 
 
-def _mass_silence(heard: Q, cutoff: datetime, policy: FailurePolicy, now: datetime) -> tuple[set, dict]:
+def _mass_silence(heard: Q, policy: FailurePolicy, now: datetime, resumed_at: datetime | None) -> tuple[set, dict]:
     """
     The regions where so many watched nodes are silent at once that the watchdog holds back
     (cloud.health.mass_silence), with one open platform incident each; and the regions released
     lately, with when (their nodes' silence is counted from then). Silent is what ``_watch`` counts
-    as silent: a node just back from a tenant or a cleaning has not missed anything yet.
+    as silent: a node just back from a tenant or a cleaning has not missed anything yet, and none
+    has until its periods passed after the control plane's last stall (``resumed_at``).
     """
-    silent = Q(agent_state__last_seen_at__lte=cutoff) & (
-        Q(state_changed_at__isnull=True) | Q(state_changed_at__lte=cutoff) | Q(state=N.SUSPECT))
-    counts = (Node.objects.filter(Q(state__in=WATCHED) | heard | Q(state=N.SUSPECT), agent_state__isnull=False)
+    silent = silent_q(now, policy, since=resumed_at, suspect=True)
+    cutoff = now - policy.suspect_after_misses * timedelta(seconds=policy.heartbeat_interval_s)
+    counts = (Node.objects.annotate(heard=HEARD)
+              .filter(Q(state__in=WATCHED) | heard | Q(state=N.SUSPECT), agent_state__isnull=False)
               .values("region_id").order_by()
-              .annotate(watched=Count("pk"), silent=Count("pk", filter=silent),
-                        since=Min("agent_state__last_seen_at", filter=silent)))
+              .annotate(watched=Count("pk"), silent=Count("pk", filter=silent), since=Min("heard", filter=silent)))
     counts = {str(row["region_id"]): row for row in counts}
     with transaction.atomic():
         # Two overlapping rounds must not open the same region's incident twice.
@@ -160,18 +177,20 @@ def _watch(node_id, now: datetime, policy: FailurePolicy, *, hold: bool = False,
     if decided[0] == "back":
         return _back(node, decided[2], now)
     _, since, missed = decided
-    return _suspect(node, since, missed, policy.heartbeat_interval_s, now)
+    return _suspect(node, since, missed, now)
 
 
 def _watch_decide(node: Node, now: datetime, policy: FailurePolicy, *, hold: bool = False,
                   released: datetime | None = None):
     """
     What the watchdog does with ``node``: None, ("failed", since, finding), ("back", None,
-    suspicion) or ("suspect", since, missed). ``hold``: never "failed" (a silent region);
+    suspicion) or ("suspect", since, (missed periods, the period, the signal missed)). ``hold``:
+    never "failed" (a silent region, a stalled control plane);
     ``released``: periods are missed only from then on.
     """
-    last_seen = node.agent_state.last_seen_at
-    period_s = policy.heartbeat_interval_s
+    last_seen = heard_of(node.agent_state)
+    period_s = period_of(node.agent_state, policy)
+    signal = "liveness ping" if pings(node.agent_state, policy) else "heartbeat"
     if node.state == N.SUSPECT:
         suspicion = open_platform(SUSPECT, node)
         if node.state_changed_at is None or last_seen > node.state_changed_at:
@@ -185,22 +204,24 @@ def _watch_decide(node: Node, now: datetime, policy: FailurePolicy, *, hold: boo
     missed = int((now - max(since, released or since)).total_seconds() // period_s)
     if missed >= policy.faulty_after_misses and not hold:
         return "failed", since, Finding(
-            Action.FAULTY, "heartbeat_lost", f"no heartbeat for {missed} periods ({period_s:g} s each)",
-            {"last_seen": last_seen.isoformat(), "missed": missed, "interval_s": period_s})
+            Action.FAULTY, "heartbeat_lost", f"no {signal} for {missed} periods ({period_s:g} s each)",
+            {"last_seen": last_seen.isoformat(), "missed": missed, "interval_s": period_s, "signal": signal})
     if missed >= policy.suspect_after_misses and suspicion is None and node.state != N.SUSPECT:
-        return "suspect", since, missed
+        return "suspect", since, (missed, period_s, signal)
     return None
 
 
-def _suspect(node: Node, since: datetime, missed: int, period_s: float, now: datetime) -> str | None:
+def _suspect(node: Node, since: datetime, missed: tuple, now: datetime) -> str | None:
+    """``missed``: (periods, the period in seconds, which signal was missed)."""
+    missed, period_s, signal = missed
     try:
-        node_transition(actor=None, node=node, target=N.SUSPECT, reason=f"No heartbeat for {missed} periods.")
+        node_transition(actor=None, node=node, target=N.SUSPECT, reason=f"No {signal} for {missed} periods.")
     except Conflict:
         return None
     platform = open_incident(kind=SUSPECT, node=node, gpu_ids=[], impact_started_at=since, detected_at=now,
-                     summary=f"{node.hostname}: no heartbeat for {missed} periods ({period_s:g} s each); suspect",
+                     summary=f"{node.hostname}: no {signal} for {missed} periods ({period_s:g} s each); suspect",
                      evidence={"cause": "heartbeat_missed", "last_seen": since.isoformat(), "missed": missed,
-                               "interval_s": period_s})
+                               "interval_s": period_s, "signal": signal})
     tell_tenants(platform, node, gpu_ids=None, now=now, kind="node.suspect",
              title="Hardware under your reservation stopped reporting",
              body=f"The host under reservation {{name}} stopped reporting at {since:%Y-%m-%d %H:%M:%S} UTC. It is "

@@ -68,7 +68,7 @@ class TurnRead(NamedTuple):
 
 
 def authenticate(
-    *, method: str, path: str, headers, body: bytes, now=None, turn: bool = False
+    *, method: str, path: str, headers, body: bytes, now=None, turn: bool = False, spend: bool = True
 ) -> tuple[Node, TurnRead | None]:
     """
     The node whose key signed this request; refuses unknown keys, stale times, bad signatures,
@@ -78,7 +78,8 @@ def authenticate(
     refused before any read): a forged request with a live key costs one read of that node's rows,
     and writes nothing. A heartbeat's nonce is then left in the read, unspent: ``agent_turn``
     spends it in its first write (the liveness), or refuses the heartbeat as a replay -- one
-    statement instead of two, and nothing of a replay is stored either way.
+    statement instead of two, and nothing of a replay is stored either way. ``spend=False`` leaves
+    the nonce to the caller, whose write refuses a replay itself (a liveness ping's sequence).
     """
     now = now or timezone.now()
     key_id, timestamp, nonce, given = (
@@ -106,6 +107,8 @@ def authenticate(
         raise AgentAuthFailed("The signature does not match the request.", code="signature_invalid")
     if read is not None:
         return node, read._replace(nonce=nonce)  # verified: agent_turn spends it with the liveness
+    if not spend:
+        return node, None
     if not _nonce_spend(node=node, nonce=nonce, now=now):
         raise Replayed()
     return node, read

@@ -18,26 +18,32 @@ from rest_framework.exceptions import APIException
 
 from core.middleware import error_body
 from operations.node_api import agents as node_agents
+from operations.node_api import liveness
+from provisioning.agent.signing import HEADER_NONCE
 from provisioning.agents import commands as agent_commands
 
 
-def _signed(handler, turn: bool = False):
+def _signed(handler, turn: bool = False, ping: bool = False):
     """
     Authenticate the node, parse the JSON body, and answer errors in the API's one shape. A
-    ``turn`` handler (the heartbeat) is given what authenticate read for it as ``read``.
+    ``turn`` handler (the heartbeat) is given what authenticate read for it as ``read``; a
+    ``ping`` handler is given the request's nonce unspent, as ``nonce`` (it refuses copies itself).
     """
 
     @csrf_exempt
     def view(request, **kwargs):
         try:
             node, read = node_agents.authenticate(
-                method=request.method, path=request.path, headers=request.headers, body=request.body, turn=turn
+                method=request.method, path=request.path, headers=request.headers, body=request.body, turn=turn,
+                spend=not ping,
             )
             payload = json.loads(request.body) if request.body else {}
             if not isinstance(payload, dict):
                 raise ValueError("the body must be a JSON object")
             if turn:
                 kwargs["read"] = read
+            if ping:
+                kwargs["nonce"] = request.headers[HEADER_NONCE]
             return JsonResponse(handler(node, payload, **kwargs))
         except APIException as exc:
             code = exc.get_codes() if isinstance(exc.get_codes(), str) else "invalid"
@@ -85,7 +91,19 @@ def heartbeat(node, payload, read=None):
         held=held,
         read=read,
     )
-    return {"ok": True, "interval_s": settings.MERIDIAN_AGENT_INTERVAL, **answer}
+    # How often to ping between turns (0: no pings; operations.node_api.liveness).
+    liveness_s = settings.MERIDIAN_LIVENESS_SECONDS
+    return {"ok": True, "interval_s": settings.MERIDIAN_AGENT_INTERVAL, "liveness_s": liveness_s, **answer}
+
+
+def alive(node, payload, nonce):
+    """
+    A liveness ping (operations.node_api.liveness): ``run``, ``seq``, ``sent_at`` (the node's Unix
+    time), and the agent's view of its pings before it, ``rtt_ms`` and ``failed``; ``start`` begins
+    a run, ``stop`` ends one. The answer says how often to ping (0: stop pinging).
+    """
+    liveness.alive(node=node, ping=liveness.ping_parse(payload), nonce=nonce)
+    return {"ok": True, "liveness_s": settings.MERIDIAN_LIVENESS_SECONDS}
 
 
 def violations(node, payload):
@@ -121,6 +139,7 @@ def result(node, payload, command_id: uuid.UUID):
 
 urlpatterns = [
     path("heartbeat/", require_http_methods(["POST"])(_signed(heartbeat, turn=True)), name="agent-heartbeat"),
+    path("alive/", require_http_methods(["POST"])(_signed(alive, ping=True)), name="agent-alive"),
     path("commands/", require_http_methods(["GET"])(_signed(commands)), name="agent-commands"),
     path("violations/", require_http_methods(["POST"])(_signed(violations)), name="agent-violations"),
     path(

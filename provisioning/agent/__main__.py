@@ -19,6 +19,7 @@ from provisioning.agent.attester import NvidiaAttester
 from provisioning.agent.guest import GuestReporter
 from provisioning.agent.nvml import RealNVML, SimulatedGPU, SimulatedNVML
 from provisioning.agent.ports import SimulatedPorts, SysfsPorts
+from provisioning.agent.topology import simulated_layout
 
 
 def main(argv=None) -> None:
@@ -102,7 +103,9 @@ def main(argv=None) -> None:
         }
     else:
         uuids = args.gpu_uuid or [f"GPU-{uuid.uuid4()}" for _ in range(args.gpus)]
-        nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=args.memory_mib) for i, u in enumerate(uuids)])
+        layout = simulated_layout(len(uuids))  # an HGX board for 8 GPUs, PCIe cards for 4 (agent.topology)
+        nvml = SimulatedNVML([SimulatedGPU(index=i, uuid=u, memory_mib=args.memory_mib, topology=layout[i])
+                              for i, u in enumerate(uuids)])
         host = dict(zip(("process_owner", "kill"), simulated_host(nvml), strict=True))
         host["ports"] = SimulatedPorts(args.port_guid) if args.port_guid else None
     stopping = threading.Event()

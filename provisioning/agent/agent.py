@@ -14,7 +14,8 @@ import time
 import urllib.error
 import urllib.request
 
-from provisioning.agent import acceptance
+from provisioning.agent import acceptance, topology
+from provisioning.agent.liveness import Pinger
 from provisioning.agent.nvml import NVMLReadError
 from provisioning.agent.signing import signed_headers
 from provisioning.agent.time_slices import TimeSlicer
@@ -25,7 +26,11 @@ API = "/api/agent/v1"
 
 
 class ControlPlaneError(Exception):
-    """The control plane refused a request (the body says why) or could not be reached."""
+    """The control plane refused a request (the body says why; ``status`` its HTTP status) or could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 class ControlPlane:
@@ -34,7 +39,7 @@ class ControlPlane:
     def __init__(self, base_url: str, key_id: str, secret: str, timeout: float = 10.0):
         self.base_url, self.key_id, self.secret, self.timeout = base_url.rstrip("/"), key_id, secret, timeout
 
-    def call(self, method: str, path: str, payload: dict | None = None) -> dict:
+    def call(self, method: str, path: str, payload: dict | None = None, timeout: float | None = None) -> dict:
         body = b"" if payload is None else json.dumps(payload).encode()
         headers = {
             "Content-Type": "application/json",
@@ -46,10 +51,10 @@ class ControlPlane:
             f"{self.base_url}{API}{path}", data=body or None, method=method, headers=headers
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 -- our own URL
+            with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:  # noqa: S310 -- our own URL
                 answer = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
-            raise ControlPlaneError(f"{method} {path}: {exc.code} {exc.read()[:300]!r}") from exc
+            raise ControlPlaneError(f"{method} {path}: {exc.code} {exc.read()[:300]!r}", exc.code) from exc
         except (OSError, http.client.HTTPException) as exc:  # refused, reset, cut short mid-answer
             raise ControlPlaneError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         except ValueError as exc:  # not JSON: a proxy's error page, a truncated body
@@ -92,6 +97,8 @@ class Agent:
         self.ports = ports
         self.silent = False
         self.interval: float | None = None  # from the control plane's last answer
+        # Liveness pings between turns, on their own thread (agent.liveness), as often as the answer says.
+        self.pinger = Pinger(control_plane, paused=lambda: self.silent) if control_plane is not None else None
         # The isolation policy the control plane gave last, and its version: sent with every
         # heartbeat, so the policy comes back only when it changed. The watchdog enforces the one held.
         self.policy: list[dict] = []
@@ -112,6 +119,7 @@ class Agent:
         self.mig_command = mig_command
         self.mig_layouts: dict[int, str] = {}
         self.slicer = TimeSlicer(nvml, time_slice_command)
+        self._places: dict[int, dict] = {}  # each GPU's place in the node (agent.topology), read once
 
     def run_once(self) -> int:
         """
@@ -131,6 +139,8 @@ class Agent:
             raise
         if isinstance(answer.get("interval_s"), int | float) and answer["interval_s"] > 0:
             self.interval = min(max(float(answer["interval_s"]), 1.0), 3600.0)
+        if self.pinger is not None:
+            self.pinger.period_take(answer.get("liveness_s"))
         self.policy_take(answer)
         found = self.watchdog(self.policy)
         if found:
@@ -236,8 +246,25 @@ class Agent:
         return found
 
     def inventory(self) -> list[dict]:
-        """The GPUs as NVML sees them, with the MIG layout each was cut into (when MIG is on)."""
-        return [{**gpu, "mig_layout": self.current_layout(gpu["index"])} for gpu in self.nvml.inventory()]
+        """The GPUs as NVML sees them, with the MIG layout each was cut into (MIG on) and its place in the node."""
+        gpus = self.nvml.inventory()
+        places = self.places([gpu["index"] for gpu in gpus])
+        return [{**gpu, "mig_layout": self.current_layout(gpu["index"]), **places.get(gpu["index"], {})}
+                for gpu in gpus]
+
+    def places(self, indexes: list[int]) -> dict[int, dict]:
+        """
+        Where each GPU sits in the node (agent.topology): read once, as it changes only with the
+        hardware, and again when the GPUs NVML lists change. A read that fails is logged and
+        reported as nothing known: the heartbeat goes on, and the next one reads again.
+        """
+        if set(self._places) != set(indexes):
+            try:
+                self._places = topology.read(self.nvml, indexes)
+            except Exception as exc:  # best effort: a topology is never worth a lost heartbeat
+                log.warning("could not read where the GPUs sit: %s", exc)
+                return {}
+        return self._places
 
     def current_layout(self, index: int) -> str | None:
         mode = self.nvml.mig_mode(index)
@@ -374,6 +401,8 @@ class Agent:
         return found
 
     def run(self, interval: float = 10.0, stop=lambda: False) -> None:
+        if self.pinger is not None:
+            self.pinger.start(stop)
         while not stop():
             try:
                 self.run_once()
@@ -381,7 +410,16 @@ class Agent:
                 log.warning("control plane: %s", exc)
             except NVMLReadError as exc:  # a GPU gone: say so and keep the loop (the heartbeat stops showing it)
                 log.error("NVML: %s", exc)
-            time.sleep(self.interval or interval)
+            self._sleep(self.interval or interval, stop)
+        if self.pinger is not None:
+            self.pinger.leave()
+
+    @staticmethod
+    def _sleep(seconds: float, stop) -> None:
+        """Sleep until the next turn, waking early when told to stop (then the pings end in order)."""
+        until = time.monotonic() + seconds
+        while not stop() and time.monotonic() < until:
+            time.sleep(min(0.2, max(until - time.monotonic(), 0.0)))
 
 
 # A process's cgroup names what runs it: a libvirt domain (machine-qemu\x2dN\x2d<domain>.scope) or

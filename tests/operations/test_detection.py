@@ -57,6 +57,9 @@ def fleet(world):
 def _policy(settings):
     settings.MERIDIAN_AGENT_INTERVAL = PERIOD
     settings.MERIDIAN_FAILURE_POLICY = {}
+    # Rounds here come at the moments each test names, far apart: not the watchdog's own stall
+    # (tests/operations/test_liveness_watch.py tests that).
+    settings.MERIDIAN_WATCHDOG_SECONDS = 60.0
 
 
 def beat(node: Node, at, *, samples=None, ports=None) -> None:

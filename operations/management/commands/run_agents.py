@@ -21,6 +21,7 @@ from provisioning.agent.agent import Agent, ControlPlane, ControlPlaneError, sim
 from provisioning.agent.attester import SimulatedAttester
 from provisioning.agent.nvml import SimulatedGPU, SimulatedNVML
 from provisioning.agent.ports import SimulatedPorts
+from provisioning.agent.topology import simulated_layout
 from provisioning.drivers.simulated_devices import attester_identities
 from provisioning.models import NodeCredential
 
@@ -84,7 +85,10 @@ class Command(BaseCommand):
             secret = credential.secret if credential else None
             if credential is None:
                 credential, secret = credential_issue(actor=None, node=node)
-            gpus = [SimulatedGPU(index=g.index, uuid=g.uuid, memory_mib=g.memory_mib) for g in node.gpus.all()]
+            rows = list(node.gpus.all())
+            layout = simulated_layout(max((g.index for g in rows), default=-1) + 1, cores=node.cpu_cores)
+            gpus = [SimulatedGPU(index=g.index, uuid=g.uuid, memory_mib=g.memory_mib, topology=layout[g.index])
+                    for g in rows]
             yield (credential.key_id, secret, SimulatedNVML(gpus), node.hostname,
                    SimulatedAttester(attester_identities(node)), SimulatedPorts([p.guid for p in node.ib_ports.all()]))
 
