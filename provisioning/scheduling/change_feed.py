@@ -52,8 +52,11 @@ class ChangeFeed:
         self._seen: set[int] = set()  # rows read whose transactions the next read may still return
         self._pruned_at = time.monotonic()
 
-    def read(self, now: datetime) -> Changes:
-        """The changes since the last read (inside the caller's snapshot); ``now`` bounds the ended allocations."""
+    def read(self, now: datetime, skip: set[int] = frozenset()) -> Changes:
+        """
+        The changes since the last read (inside the caller's snapshot); ``now`` bounds the ended
+        allocations; rows of the transactions ``skip`` are passed over (the reader's own writes).
+        """
         ended_after = self.last_now or now
         stale = self.snapshot is None or time.monotonic() - self.read_at > STALE_S
         # A stale reader builds afresh: it reads only the rows it would otherwise see again, to skip them.
@@ -68,7 +71,7 @@ class ChangeFeed:
             if row_id is not None:
                 if xid >= self.xmin:
                     seen.add(row_id)
-                if row_id in self._seen:
+                if row_id in self._seen or xid in skip:
                     continue
             if kind in (CapacityChange.ALLOCATIONS, ENDED):
                 changes.allocations.add(_uuid(node_id))
@@ -79,6 +82,15 @@ class ChangeFeed:
         self._seen, self.read_at, self.last_now = seen, time.monotonic(), now
         self._marks.append((self.read_at, self.xmin))
         return changes
+
+    @staticmethod
+    def transaction_id() -> int | None:
+        """The id of the transaction the caller is in (its feed rows' ``xid``); None off PostgreSQL."""
+        if connection.vendor != "postgresql":
+            return None
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_xact_id()::text::bigint")
+            return cursor.fetchone()[0]
 
     def prune(self) -> int:
         """Delete what this reader read over ``RETAIN_S`` ago, every ``PRUNE_EVERY_S``; the rows deleted."""

@@ -9,7 +9,8 @@ triggers write in the same transactions as the changes) -- the nodes whose alloc
 placed, released, evicted, extended or ended on their own, whose right to take work changed, and
 whether hardware came or went -- in one statement; only those nodes are read again. What the
 last plan wrote into the index is read again too (``Capacity.touched``): the database, not the
-plan, says what committed.
+plan, says what committed -- unless the loop says a placement committed exactly as planned, in a
+transaction whose own feed rows are then skipped (``applied``).
 
 A node that stops taking work (a spare, out of service, being cleaned or attested: see
 ``fleet_shape.blocked_now``) leaves the index; one that starts again comes back with its
@@ -49,6 +50,10 @@ class KeptCapacity:
         self.capacity: Capacity | None = None
         self.nodes: dict = {}  # node id -> NodeState of the index
         self.feed = ChangeFeed()
+        # What the last cycle committed exactly as planned: its transactions, whose feed rows tell
+        # nothing new, and the nodes the plan wrote that must be read again (None: every one).
+        self._own: set[int] = set()
+        self._unsettled: set | None = None
         self.blocked: tuple[set, set] | None = None
         self.built_at = float("-inf")
         self.rebuilds = self.caught_up = 0  # for the bench: whole builds, nodes read again
@@ -63,8 +68,17 @@ class KeptCapacity:
         self.feed.prune()
         return capacity
 
+    def applied(self, xids: set[int], unsettled: set) -> None:
+        """
+        The cycle's placements were committed by the transactions ``xids``, each as planned but
+        those on ``unsettled`` nodes (not committed, refused, evicting): the index already holds
+        the rest, so only those nodes are read again, and the feed's rows of ``xids`` are skipped.
+        """
+        self._own, self._unsettled = xids, unsettled
+
     def _catch_up(self, now: datetime) -> Capacity:
-        changes = self.feed.read(now)
+        own, unsettled, self._own, self._unsettled = self._own, self._unsettled, set(), None
+        changes = self.feed.read(now, skip=own)
         if (self.capacity is None or changes.stale or changes.shape
                 or time.monotonic() - self.built_at >= self.rebuild_s):
             self.shape.read()
@@ -73,7 +87,8 @@ class KeptCapacity:
         # come back with what may take work now.
         blocked = self._blocked(changes.rights)
         moved = self._moved(blocked)
-        changed = {node.node_id for node in self.capacity.touched} | changes.allocations
+        wrote = {node.node_id for node in self.capacity.touched}
+        changed = (wrote if unsettled is None else wrote & unsettled) | changes.allocations
         changed = (changed & self.nodes.keys()) - moved
         if len(changed) + len(moved) > self.rebuild_share * len(self.nodes):
             return self._build(now, blocked)

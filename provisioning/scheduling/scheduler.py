@@ -1,11 +1,10 @@
 """
 The scheduler cycle: rank the queue, plan against a snapshot of free capacity, apply the plan.
 
-``plan`` (provisioning.scheduling.planner) is pure; this module loads, ranks and applies through services.
-It works platform-wide on purpose. One process leads (cloud.leader.LeaderLock); whatever lost a race
-to the fast path in the meantime is simply re-planned next cycle. The loop keeps a
-``LoopMemory`` between cycles -- the teams' records, the fleet's shape and the queue's rows --
-so a cycle reads what changed rather than everything (each part says how it stays true).
+``plan`` (provisioning.scheduling.planner) is pure; this module loads, ranks and applies through services,
+platform-wide. One process leads (cloud.leader.LeaderLock); what lost a race to the fast path is
+re-planned next cycle. The loop keeps a ``LoopMemory`` between cycles -- the teams' records, the
+fleet's shape, the queue's rows, the planning index -- so a cycle reads what changed, not everything.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from core.epochs import UNREADABLE
 from core.errors import Conflict, QuotaExceeded
 from provisioning import admission
 from provisioning.allocations import CapacityTaken, nodes_held_back
+from provisioning.choices import BillingTerm
 from provisioning.choices import ReservationState as R
 from provisioning.models import Reservation
 from provisioning.scheduling.fleet_shape import FleetShape
@@ -439,7 +439,8 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
                   max_placements=memory.budget.placements(spent_ms), model_names=memory.model_names())
     lap("plan")
     report.cut_short = result.cut_short
-    now, result.placements = _bound_from_now(result.placements, planned_at=now)
+    planned_at, (now, result.placements) = now, _bound_from_now(result.placements, planned_at=now)
+    planned, settled, xids = result.placements, set(), set()
     over_quota = _owners_over_quota([by_id[p.reservation_id] for p in result.placements], now)
     memory.note_over_quota(over_quota)
     # Checked once for the cycle: placements on a node held back since the snapshot are refused.
@@ -456,7 +457,13 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
             result.placements, report.cut_short = result.placements[:batch_start], True
             break
         with transaction.atomic():
-            _apply_batch(batch, by_id, over_quota, refused, regions, result, report)
+            settled |= _apply_batch(batch, by_id, over_quota, refused, regions, result, report)
+            xids.add(memory.capacity.feed.transaction_id())
+    if now == planned_at:  # (placements moved in time: read again where the plan wrote) Spot work placed is a
+        # victim only once read from the database: the plan's entries are not.
+        unsettled = {a.node_id for p in planned for a in p.assignments
+                     if p.reservation_id not in settled or by_id[p.reservation_id].billing_term == BillingTerm.SPOT}
+        memory.capacity.applied(xids, unsettled)
     _note_waiting([(by_id[rid], reason) for rid, reason in result.unplaced.items()])
     memory.queue.forget(p.reservation_id for p in result.placements)
     report.waiting = report.queued - report.placed
@@ -509,8 +516,9 @@ def _requests(ranked: list[tuple], by_id: dict, memory: LoopMemory, now: datetim
         yield request_for(reservation, now)
 
 
-def _apply_batch(placements, by_id, over_quota, refused, regions, result, report) -> None:
-    plain = []
+def _apply_batch(placements, by_id, over_quota, refused, regions, result, report) -> set:
+    """Commit a batch (inside the caller's transaction); the reservations placed exactly as planned."""
+    plain, settled = [], set()
     for placement in placements:
         reservation = by_id[placement.reservation_id]
         if _owner(reservation) in over_quota:
@@ -523,27 +531,31 @@ def _apply_batch(placements, by_id, over_quota, refused, regions, result, report
         else:
             plain.append((reservation, placement, regions[placement.region]))
     if not plain:
-        return
+        return settled
     try:
         moved = reservation_schedule_many(items=plain)
     except CapacityTaken:
         for reservation, placement, _ in plain:
-            _apply(placement, reservation, regions, report)
-        return
+            if _apply(placement, reservation, regions, report):
+                settled.add(reservation.pk)
+        return settled
     report.placed += len(moved)
     report.conflicts += len(plain) - len(moved)
+    return settled | {reservation.pk for reservation in moved}
 
 
-def _apply(placement, reservation, regions, report) -> None:
-    """One placement in its own savepoint: a lost race undoes only itself."""
+def _apply(placement, reservation, regions, report) -> bool:
+    """One placement in its own savepoint: a lost race undoes only itself. Whether it stands as planned."""
     try:
         reservation_schedule(reservation=reservation, placement=placement, actor=None,
                              region=regions[placement.region], checked=True)
         report.placed += 1
+        return not placement.evictions  # a victim's end may differ from the plan's (a hard eviction: now)
     except Conflict:
         # Lost a race: the capacity (CapacityTaken), or the reservation or a victim moved on
         # (cancelled, released) since the snapshot. Re-planned next cycle if still queued.
         report.conflicts += 1
+        return False
 
 
 def _owner(reservation: Reservation) -> tuple:

@@ -23,6 +23,8 @@ from provisioning.scheduling import change_feed
 from provisioning.scheduling.change_feed import ChangeFeed
 from provisioning.scheduling.fleet_shape import FleetShape
 from provisioning.scheduling.kept_capacity import KeptCapacity
+from provisioning.scheduling.scheduler import LoopMemory, run_cycle
+from tests.provisioning.factories import make_reservation, offering
 from tests.provisioning.test_kept_capacity import fresh_index, index_view
 from tests.provisioning.test_loop_memory import hold, sellable_nodes
 from tests.world import small_fleet
@@ -142,3 +144,20 @@ def test_rows_read_long_ago_are_pruned(world, fleet):
         assert feed.prune() >= 1
         assert not CapacityChange.objects.filter(pk=old.pk).exists()
         assert CapacityChange.objects.filter(pk=future.pk).exists()  # not older than what was read
+
+
+def test_what_a_cycle_committed_as_planned_is_not_read_again(world, fleet):
+    """The loop's own placements are in its index already: neither the plan's nodes nor its feed rows are read."""
+    on_demand = [make_reservation(world, state="queued", offering=offering("vm", 2)) for _ in range(3)]
+    memory = LoopMemory(record_refresh_s=3600, shape_refresh_s=3600, index_rebuild_s=3600)
+    assert run_cycle(memory=memory).placed == 3
+    kept, later = memory.capacity, timezone.now() + timedelta(seconds=1)
+    read, built = kept.caught_up, kept.rebuilds
+    assert index_view(kept.for_cycle(later)) == index_view(fresh_index(later))
+    assert (kept.caught_up, kept.rebuilds) == (read, built)
+
+    spot = make_reservation(world, state="queued", offering=offering("vm", 1), billing_term="spot")
+    assert run_cycle(memory=memory).placed == 1
+    capacity = kept.for_cycle(later + timedelta(seconds=1))
+    assert (kept.caught_up, kept.rebuilds) == (read + 1, built)  # spot work is a victim once read from the database
+    assert spot.pk in capacity.victim_priority and on_demand[0].pk not in capacity.victim_priority

@@ -104,8 +104,9 @@ def test_a_cycle_that_commits_slower_than_planned_leaves_the_rest_of_its_plan_to
     apply_batch = scheduler._apply_batch
 
     def slow_batch(*args):
-        apply_batch(*args)
+        settled = apply_batch(*args)
         time.sleep(0.3)  # but each batch takes longer than the whole budget
+        return settled
 
     with mock.patch.object(scheduler, "APPLY_BATCH", 2), mock.patch.object(scheduler, "_apply_batch", slow_batch):
         report = run_cycle(memory=memory)
@@ -126,8 +127,9 @@ def test_without_a_budget_a_slow_cycle_commits_its_whole_plan(world, fleet):
     apply_batch = scheduler._apply_batch
 
     def slow_batch(*args):
-        apply_batch(*args)
+        settled = apply_batch(*args)
         time.sleep(0.05)
+        return settled
 
     with mock.patch.object(scheduler, "APPLY_BATCH", 2), mock.patch.object(scheduler, "_apply_batch", slow_batch):
         report = run_cycle(memory=memory)
