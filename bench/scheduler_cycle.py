@@ -78,7 +78,11 @@ STEADY_FILL = int(os.environ.get("BENCH_STEADY_FILL", "50"))
 HOLD_S = float(os.environ.get("BENCH_HOLD_SECONDS", "0"))
 VACUUM_S = float(os.environ.get("BENCH_VACUUM_SECONDS", "10"))
 PROFILE = os.environ.get("BENCH_PROFILE", "0") == "1"
-TARGET_CYCLE_P99_MS = 300.0
+# Regions of BENCH_FABRICS fabrics of 1,280 nodes: 8 regions is the 10,240-node fleet (81,920 GPUs;
+# a region's GPU model as the demo's, H100, H200, A100, B200 in turn), as is 1 region of 8 fabrics.
+REGIONS = int(os.environ.get("BENCH_REGIONS", "1"))
+FABRICS = int(os.environ.get("BENCH_FABRICS", "1"))
+TARGET_CYCLE_P99_MS = 300.0 if REGIONS * FABRICS == 1 else 500.0  # the 10,240-node fleet: the loop's 0.5 s interval
 TARGET_PLACEMENTS_PER_S = 680.0
 TENANTS, TEAMS_PER_TENANT = 8, 4
 QUEUE_PREFIX, FILL_PREFIX = "q-", "fill-"
@@ -98,39 +102,62 @@ MIX = [
 
 
 @dataclass
-class World:
+class Site:
+    """One region of the benchmark fleet: its GPU model, the offerings of that model, its nodes."""
+
     region: object
     model: object
     short: str
     offerings: dict
-    owners: list  # (tenant_id, team_id or None)
     bare_metal: list  # [(node_id, [gpu_id, ...])] sellable bare-metal nodes
     shared: list  # same, shared hosts
     memory_mib: int
+
+
+@dataclass
+class World:
+    sites: list[Site]
+    owners: list  # (tenant_id, team_id or None)
     queue_ids: set = field(default_factory=set)
+    seeded_s: float = 0.0  # building the fleet
 
 
 def build_world() -> World:
     from cloud.fleet import FleetSpec, build_fleet
-    from cloud.models import GPU, GPUModel, Node, Offering, Region
+    from cloud.models import GPU, Node, Offering, Region
     from config.demo import offerings_for
     from tenants.choices import QuotaResource
     from tenants.models import Quota, Team, Tenant
 
     started = time.perf_counter()
-    report = build_fleet(FleetSpec(regions=1, nodes_per_fabric=1280))
-    region = Region.objects.get()
-    model = GPUModel.objects.filter(gpus__isnull=False).distinct().get()
-    rows = offerings_for(model)
-    vm1 = next(row for row in rows if row["kind"] == "vm" and row["gpus_per_unit"] == 1)
-    short = vm1["slug"].removeprefix("vm-").removesuffix("x1")
-    for n in (2, 4):  # 2- and 4-GPU VMs, as a cloud would sell them beside the demo's 1 and 8
-        rows.append({**vm1, "slug": f"vm-{short}x{n}", "name": f"VM {n}x {model.name}", "gpus_per_unit": n,
-                     "spot_available": False, "spot_floor_price": None})
-    offerings = {}
-    for row in rows:
-        row = {k: v for k, v in row.items() if v is not None}
-        offerings[row["slug"]] = Offering.objects.create(**row)
+    report = build_fleet(FleetSpec(regions=REGIONS, nodes_per_fabric=1280, fabrics_per_region=FABRICS))
+    seeded_s = time.perf_counter() - started
+    by_model: dict = {}  # GPU model -> (short name, offerings): regions of one model sell the same ones
+    sites = []
+    for region in Region.objects.order_by("slug"):
+        gpus = GPU.objects.filter(node__region=region)
+        model = gpus.first().model
+        if model.pk not in by_model:
+            rows = offerings_for(model)
+            vm1 = next(row for row in rows if row["kind"] == "vm" and row["gpus_per_unit"] == 1)
+            short = vm1["slug"].removeprefix("vm-").removesuffix("x1")
+            for n in (2, 4):  # 2- and 4-GPU VMs, as a cloud would sell them beside the demo's 1 and 8
+                rows.append({**vm1, "slug": f"vm-{short}x{n}", "name": f"VM {n}x {model.name}", "gpus_per_unit": n,
+                             "spot_available": False, "spot_floor_price": None})
+            offerings = {}
+            for row in rows:
+                row = {k: v for k, v in row.items() if v is not None}
+                offerings[row["slug"]] = Offering.objects.create(**row)
+            by_model[model.pk] = (short, offerings)
+        short, offerings = by_model[model.pk]
+        by_node: dict = {}
+        for gpu_id, node_id in gpus.order_by("node_id", "index").values_list("id", "node_id"):
+            by_node.setdefault(node_id, []).append(gpu_id)
+        sellable = Node.objects.filter(region=region, is_spare=False).values_list("id", "pool")
+        sites.append(Site(region=region, model=model, short=short, offerings=offerings,
+                          bare_metal=[(n, by_node[n]) for n, pool in sellable if pool == "bare_metal"],
+                          shared=[(n, by_node[n]) for n, pool in sellable if pool == "shared"],
+                          memory_mib=model.memory_gib * 1024))
     owners = []
     for t in range(TENANTS):
         tenant = Tenant.objects.create(slug=f"bench-{t}", name=f"Bench tenant {t}")
@@ -138,17 +165,12 @@ def build_world() -> World:
         owners.append((tenant.pk, None))
         for k in range(TEAMS_PER_TENANT):
             owners.append((tenant.pk, Team.objects.create(tenant=tenant, slug=f"team-{k}", name=f"Team {k}").pk))
-    by_node: dict = {}
-    for gpu_id, node_id in GPU.objects.order_by("node_id", "index").values_list("id", "node_id"):
-        by_node.setdefault(node_id, []).append(gpu_id)
-    sellable = Node.objects.filter(is_spare=False).values_list("id", "pool")
-    world = World(region=region, model=model, short=short, offerings=offerings, owners=owners,
-                  bare_metal=[(n, by_node[n]) for n, pool in sellable if pool == "bare_metal"],
-                  shared=[(n, by_node[n]) for n, pool in sellable if pool == "shared"],
-                  memory_mib=model.memory_gib * 1024)
-    print(f"fleet: {report.nodes} nodes, {report.gpus} GPUs ({len(world.bare_metal)} sellable bare-metal nodes, "
-          f"{len(world.shared)} shared hosts), {len(offerings)} offerings, {len(owners)} owners "
-          f"in {time.perf_counter() - started:.1f} s")
+    world = World(sites=sites, owners=owners, seeded_s=seeded_s)
+    print(f"fleet: {report.nodes} nodes, {report.gpus} GPUs in {len(sites)} region(s) "
+          f"({sum(len(x.bare_metal) for x in sites)} sellable bare-metal nodes, "
+          f"{sum(len(x.shared) for x in sites)} shared hosts), seeded in {seeded_s:.1f} s; "
+          f"{sum(len(o) for _, o in by_model.values())} offerings, {len(owners)} owners; "
+          f"{time.perf_counter() - started:.1f} s in all")
     return world
 
 
@@ -187,32 +209,33 @@ def prefill(world: World, fill: int, rng: random.Random) -> int:
     start, end = now - HOUR, now + timedelta(days=7)
     reservations, allocations = [], []
 
-    def hold(slug: str, units: int, picks: list, term: str) -> None:
+    def hold(site: Site, slug: str, units: int, picks: list, term: str) -> None:
         tenant_id, team_id = rng.choice(world.owners)
         r = Reservation(tenant_id=tenant_id, team_id=team_id, name=f"{FILL_PREFIX}{len(reservations)}",
-                        offering=world.offerings[slug], gpu_model=world.model, units=units, gpus=len(picks),
-                        regions=[world.region.slug], region=world.region, duration=end - start, billing_term=term,
+                        offering=site.offerings[slug], gpu_model=site.model, units=units, gpus=len(picks),
+                        regions=[site.region.slug], region=site.region, duration=end - start, billing_term=term,
                         urgency=0.5, state="scheduled", starts_at=start, ends_at=end, scheduled_at=start,
                         score=rng.random())
         reservations.append(r)
-        allocations.extend(Allocation(reservation=r, gpu_id=g, node_id=n, mem_lo=0, mem_hi=world.memory_mib,
+        allocations.extend(Allocation(reservation=r, gpu_id=g, node_id=n, mem_lo=0, mem_hi=site.memory_mib,
                                       starts_at=start, ends_at=end) for n, g in picks)
 
-    nodes = rng.sample(world.bare_metal, round(len(world.bare_metal) * fill / 100))
-    for node_id, gpus in nodes:  # one whole node each
-        hold(f"bm-{world.short}x8", 1, [(node_id, g) for g in gpus], rng.choice(("on_demand", "reserved")))
-    target = round(sum(len(g) for _, g in world.shared) * fill / 100)
-    taken = 0
-    for node_id, gpus in rng.sample(world.shared, len(world.shared)):
-        free = list(gpus)
-        while free and taken < target:
-            size = min(rng.choice((1, 2, 4, 8)), len(free), target - taken)
-            size = max(s for s in (1, 2, 4, 8) if s <= size)
-            picks, free = free[:size], free[size:]
-            hold(f"vm-{world.short}x{size}", 1, [(node_id, g) for g in picks], "on_demand")
-            taken += size
-        if taken >= target:
-            break
+    for site in world.sites:
+        nodes = rng.sample(site.bare_metal, round(len(site.bare_metal) * fill / 100))
+        for node_id, gpus in nodes:  # one whole node each
+            hold(site, f"bm-{site.short}x8", 1, [(node_id, g) for g in gpus], rng.choice(("on_demand", "reserved")))
+        target = round(sum(len(g) for _, g in site.shared) * fill / 100)
+        taken = 0
+        for node_id, gpus in rng.sample(site.shared, len(site.shared)):
+            free = list(gpus)
+            while free and taken < target:
+                size = min(rng.choice((1, 2, 4, 8)), len(free), target - taken)
+                size = max(s for s in (1, 2, 4, 8) if s <= size)
+                picks, free = free[:size], free[size:]
+                hold(site, f"vm-{site.short}x{size}", 1, [(node_id, g) for g in picks], "on_demand")
+                taken += size
+            if taken >= target:
+                break
     with transaction.atomic():
         Reservation.objects.bulk_create(reservations, batch_size=2000)
         Allocation.objects.bulk_create(allocations, batch_size=5000)
@@ -231,13 +254,13 @@ def enqueue(world: World, count: int, rng: random.Random) -> None:
     if count <= 0:
         return
     now = timezone.now()
-    mix = [row for row in MIX if row[1].format(m=world.short) in world.offerings]
-    shares = [share for share, _, _ in mix]
     levels = list(URGENCY_LEVELS.values())
     reservations = []
     for _ in range(count):
-        _, pattern, units_of = rng.choices(mix, weights=shares)[0]
-        offering = world.offerings[pattern.format(m=world.short)]
+        site = rng.choice(world.sites)
+        mix = [row for row in MIX if row[1].format(m=site.short) in site.offerings]
+        _, pattern, units_of = rng.choices(mix, weights=[share for share, _, _ in mix])[0]
+        offering = site.offerings[pattern.format(m=site.short)]
         units = units_of(rng)
         term = rng.choices(("on_demand", "reserved", "spot"), weights=(0.75, 0.15, 0.10))[0]
         if term == "spot" and not offering.spot_available:
@@ -246,8 +269,8 @@ def enqueue(world: World, count: int, rng: random.Random) -> None:
         whole = offering.slots_per_gpu == 1
         reservations.append(Reservation(
             tenant_id=tenant_id, team_id=team_id, name=f"{QUEUE_PREFIX}{len(world.queue_ids) + len(reservations)}",
-            offering=offering, gpu_model=world.model, units=units,
-            gpus=units * offering.gpus_per_unit if whole else 0, regions=[world.region.slug],
+            offering=offering, gpu_model=site.model, units=units,
+            gpus=units * offering.gpus_per_unit if whole else 0, regions=[site.region.slug],
             requested_start=now + timedelta(hours=rng.randint(1, 48)) if rng.random() < 0.05 else None,
             duration=timedelta(minutes=rng.randint(60, 24 * 60)), billing_term=term,
             spot_max_price=(offering.spot_floor_price * Decimal("1.5")) if term == "spot" else None,
@@ -291,11 +314,14 @@ def release_finished(hold_s: float) -> int:
 
     now = timezone.now()
     with transaction.atomic():
-        done = list(Reservation.objects.filter(name__startswith=QUEUE_PREFIX).filter(
+        # Locked first, as the release service locks its reservation: an eviction the loop commits
+        # meanwhile locks the victim and then its allocations, and the other order would deadlock.
+        done = list(Reservation.objects.select_for_update().filter(name__startswith=QUEUE_PREFIX).filter(
             state__in=("scheduled", "provisioning", "active"), scheduled_at__lte=now - timedelta(seconds=hold_s),
-        ).values_list("pk", flat=True))
-        evicted = list(Reservation.objects.filter(name__startswith=QUEUE_PREFIX, state="releasing")
-                       .values_list("pk", flat=True))
+        ).order_by("pk").values_list("pk", flat=True))
+        evicted = list(Reservation.objects.select_for_update().filter(name__startswith=QUEUE_PREFIX,
+                                                                      state="releasing")
+                       .order_by("pk").values_list("pk", flat=True))
         Allocation.objects.filter(reservation_id__in=done, starts_at__gte=now).delete()
         Allocation.objects.filter(reservation_id__in=done, ends_at__gt=now).update(ends_at=now)
         Reservation.objects.filter(pk__in=done + evicted).update(state="released", released_at=now,
@@ -364,7 +390,7 @@ TIMED = [
     ("provisioning.scheduling.scheduler", "rank"),
     ("provisioning.scheduling.fleet_shape", "window_allocations"),
     ("provisioning.scheduling.kept_capacity", "window_allocations"),
-    ("provisioning.scheduling.kept_capacity", "_node_lines"),
+    ("provisioning.scheduling.change_feed", "_read"),
     ("provisioning.scheduling.kept_capacity", "blocked_now"),
     ("provisioning.scheduling.scheduler", "plan"),
     ("provisioning.scheduling.scheduler", "_owners_over_quota"),
@@ -569,7 +595,50 @@ def at_fill(world: World, fill: int, rng: random.Random) -> dict:
     return result
 
 
+def housekeeper(world: World, seed: int, stop, released, rounds) -> None:
+    """
+    What the rest of a deployment does beside the loop, in a process of its own: releases what was
+    placed (workers), new requests to keep the queue full (the API), archiving (the lifecycle tick,
+    every 5 s) and vacuuming (autovacuum tuned for a hot table, every BENCH_VACUUM_SECONDS).
+    """
+    from django.db import OperationalError, connections
+
+    from provisioning.allocations import allocations_archive
+
+    connections.close_all()  # the parent's connection is the parent's
+    rng = random.Random(seed)
+    vacuumed = archived = time.perf_counter()
+    while not stop.is_set():
+        try:
+            done = release_finished(HOLD_S)
+        except OperationalError:  # a deadlock with an eviction the loop commits: a worker would retry
+            done = 0
+        enqueue(world, QUEUE - queued_count(), rng)
+        if time.perf_counter() - archived >= 5:
+            allocations_archive()
+            archived = time.perf_counter()
+        if VACUUM_S and time.perf_counter() - vacuumed >= VACUUM_S:
+            vacuum()
+            vacuumed = time.perf_counter()
+        with released.get_lock():
+            released.value += done
+        with rounds.get_lock():
+            rounds.value += 1
+        stop.wait(0.05)
+    connections.close_all()
+
+
+def rss_mib() -> float:
+    """This process's resident memory now (Linux), in MiB."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
 def steady_run(world: World, rng: random.Random) -> dict:
+    import multiprocessing
+
+    from django.db import connections
+
     reset()
     world.queue_ids.clear()
     held = prefill(world, STEADY_FILL, rng)
@@ -579,52 +648,62 @@ def steady_run(world: World, rng: random.Random) -> dict:
     # Warm-up, not counted: the first cycle fills the free capacity at once and writes every waiting reason.
     warm_ms, warm = timed_cycle()
     print(f"  steady run from {STEADY_FILL} % full ({held} GPUs held): warm-up cycle {warm_ms:.0f} ms, "
-          f"placed {warm.placed}")
-    cycles, placed, conflicts, housekeeping, released, afresh = [], 0, 0, 0.0, 0, 0
-    from provisioning.allocations import allocations_archive
-
-    started = vacuumed = archived = time.perf_counter()
+          f"placed {warm.placed}; releases, new requests, archiving and vacuum run in a process of their own")
+    cycles, placed, conflicts, afresh, slowest = [], 0, 0, 0, []
+    fork = multiprocessing.get_context("fork")
+    stop, released, rounds = fork.Event(), fork.Value("l", 0), fork.Value("l", 0)
+    connections.close_all()  # not shared with the child
+    helper = fork.Process(target=housekeeper, args=(world, rng.randrange(2**32), stop, released, rounds), daemon=True)
+    helper.start()
+    rss = [rss_mib()]
+    started = time.perf_counter()
     deadline = started + SECONDS
     next_print = started + 10
-    # A cycle is not started when less than half of the last one's time is left (so the run ends near SECONDS).
-    while time.perf_counter() + (cycles[-1] / 2000 if cycles else 0.0) < deadline:
-        t = time.perf_counter()
-        released += release_finished(HOLD_S)
-        enqueue(world, QUEUE - queued_count(), rng)
-        if time.perf_counter() - archived >= 5:  # what the lifecycle tick does every 5 s in a deployment
-            allocations_archive()
-            archived = time.perf_counter()
-        if VACUUM_S and time.perf_counter() - vacuumed >= VACUUM_S:
-            vacuum()
-            vacuumed = time.perf_counter()
-        housekeeping += time.perf_counter() - t
-        ms, report = timed_cycle()
-        cycles.append(ms)
-        placed += report.placed
-        conflicts += report.conflicts
-        afresh += report.ranked_afresh
-        if time.perf_counter() >= next_print:
-            next_print += 10
-            elapsed = time.perf_counter() - started
-            print(f"    {elapsed:5.1f} s: {len(cycles)} cycles, {placed} placed ({placed / elapsed:.0f}/s), "
-                  f"last cycle {ms:.0f} ms {report.timings_ms}, queue {report.queued}")
-    wall = time.perf_counter() - started
+    try:
+        # A cycle is not started when less than half of the last one's time is left (so the run ends near SECONDS).
+        while time.perf_counter() + (cycles[-1] / 2000 if cycles else 0.0) < deadline:
+            ms, report = timed_cycle()
+            cycles.append(ms)
+            slowest = sorted([*slowest, (ms, report.placed, report.ranked_afresh, report.timings_ms)],
+                             key=lambda t: -t[0])[:3]
+            placed += report.placed
+            conflicts += report.conflicts
+            afresh += report.ranked_afresh
+            if not report.placed and not report.cut_short:
+                time.sleep(0.05)  # nothing released yet: the loop would wait for its interval
+            if time.perf_counter() >= next_print:
+                next_print += 10
+                elapsed = time.perf_counter() - started
+                rss.append(rss_mib())
+                print(f"    {elapsed:5.1f} s: {len(cycles)} cycles, {placed} placed ({placed / elapsed:.0f}/s), "
+                      f"last cycle {ms:.0f} ms {report.timings_ms}, queue {report.queued}, "
+                      f"scheduler RSS {rss[-1]:.0f} MiB")
+    finally:
+        wall = time.perf_counter() - started
+        stop.set()
+        helper.join(30)
+    rss.append(rss_mib())
     in_cycles = sum(cycles) / 1000
     result = {
         "seconds": round(wall, 1), "fill_pct": STEADY_FILL, "gpus_held_by_fill": held, "queue": QUEUE,
         "hold_s": HOLD_S, "vacuum_every_s": VACUUM_S, "archive_after_s": archive_after_s(), "cycles": len(cycles),
         "cycles_ranked_afresh": afresh, "placed": placed,
-        "conflicts": conflicts, "released": released,
+        "conflicts": conflicts, "released": released.value, "housekeeping_rounds": rounds.value,
         "placements_per_s": round(placed / in_cycles, 1) if in_cycles else 0.0,
         "placements_per_s_wall": round(placed / wall, 1),
-        "bench_housekeeping_s": round(housekeeping, 1),
         "cycle_ms": summary(cycles) if cycles else {},
+        "scheduler_rss_mib": {"start": round(rss[0]), "max": round(max(rss)), "end": round(rss[-1])},
+        "slowest_cycles": [{"ms": round(ms), "placed": n, "ranked_afresh": fresh, "timings_ms": t}
+                           for ms, n, fresh, t in slowest],
         "target_placements_per_s": TARGET_PLACEMENTS_PER_S, "target_cycle_p99_ms": TARGET_CYCLE_P99_MS,
     }
     print(f"  steady {SECONDS:.0f} s at {STEADY_FILL} % + queue {QUEUE}: {placed} placed in {len(cycles)} cycles, "
-          f"{result['placements_per_s']}/s of scheduler time ({result['placements_per_s_wall']}/s wall, "
-          f"target >= {TARGET_PLACEMENTS_PER_S:.0f}), cycle p99 {result['cycle_ms'].get('p99')} ms, "
-          f"{afresh} of {len(cycles)} cycles ranked the queue afresh")
+          f"{result['placements_per_s_wall']}/s of wall time (target >= {TARGET_PLACEMENTS_PER_S:.0f}; "
+          f"{result['placements_per_s']}/s of scheduler time), cycle p99 {result['cycle_ms'].get('p99')} ms, "
+          f"{afresh} of {len(cycles)} cycles ranked the queue afresh; scheduler RSS "
+          f"{result['scheduler_rss_mib']['start']} -> {result['scheduler_rss_mib']['max']} MiB")
+    for cycle in result["slowest_cycles"]:
+        print(f"    a slowest cycle: {cycle}")
     return result
 
 
@@ -657,7 +736,9 @@ def main() -> None:
     steady = steady_run(world, rng) if SECONDS > 0 else {}
     worst_p99 = max((f["cycle_ms"]["p99"] for f in fills.values()), default=0.0)
     result = {
-        "bench": "scheduler_cycle", "commit": commit(), "nodes": 1280, "gpus": 10240, "queue": QUEUE,
+        "bench": "scheduler_cycle", "commit": commit(), "regions": REGIONS, "nodes": 1280 * FABRICS * REGIONS,
+        "gpus": 10240 * FABRICS * REGIONS, "seed_s": round(world.seeded_s, 1),
+        "queue": QUEUE,
         "queue_depth": settings.MERIDIAN_SCHEDULER_QUEUE_DEPTH, "cycles_per_fill": CYCLES,
         "cycle_budget_ms": settings.MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS,
         "placing_share": settings.MERIDIAN_SCHEDULER_PLACING_SHARE,
@@ -667,8 +748,8 @@ def main() -> None:
         "cycle_p99_ms_worst": worst_p99, "target_cycle_p99_ms": TARGET_CYCLE_P99_MS,
         "cycle_p99_ok": worst_p99 < TARGET_CYCLE_P99_MS,
         "steady": steady,
-        "placements_per_s": steady.get("placements_per_s"), "target_placements_per_s": TARGET_PLACEMENTS_PER_S,
-        "placements_per_s_ok": bool(steady) and steady["placements_per_s"] >= TARGET_PLACEMENTS_PER_S,
+        "placements_per_s": steady.get("placements_per_s_wall"), "target_placements_per_s": TARGET_PLACEMENTS_PER_S,
+        "placements_per_s_ok": bool(steady) and steady["placements_per_s_wall"] >= TARGET_PLACEMENTS_PER_S,
         "steady_cycle_p99_ok": bool(steady) and steady["cycle_ms"].get("p99", 1e9) < TARGET_CYCLE_P99_MS,
     }
     print("RESULT " + json.dumps(result))
