@@ -41,8 +41,9 @@ from provisioning.scheduling.plan_types import Placement, Request
 from provisioning.scheduling.planner import plan
 from provisioning.scheduling.priority import Weights, rank
 from provisioning.scheduling.queue import QUEUE_RANKING
+from provisioning.scheduling.ranked_rows import RankedRows
 from provisioning.scheduling.snapshot import request_for
-from provisioning.scheduling.team_record import decayed_usage_many, team_inputs_many
+from provisioning.scheduling.team_record import TeamRecords
 from provisioning.services import reservation_schedule, reservation_schedule_many, weights
 
 log = logging.getLogger(__name__)
@@ -80,34 +81,6 @@ class CycleReport:
         return asdict(self)
 
 
-class TeamRecords:
-    """
-    The scheduler loop's teams' records, reread every ``refresh_s`` (they move slowly: 30-day
-    rates, load); owners new to the queue are read at once. Decayed usage, the costliest part
-    (every allocation of the last weeks), is reread every ``usage_refresh_s``: with a half-life
-    of days it moves by a fraction of a percent in minutes (Slurm's PriorityCalcPeriod, 5 min).
-    """
-
-    def __init__(self, refresh_s: float, usage_refresh_s: float | None = None):
-        self.refresh_s = refresh_s
-        self.usage_refresh_s = refresh_s if usage_refresh_s is None else usage_refresh_s
-        self.records: dict[tuple, object] = {}
-        self.usage: dict[tuple, float] = {}
-        self.read_at = self.usage_read_at = float("-inf")
-
-    def get(self, owners: set[tuple], now: datetime, w: Weights) -> dict:
-        if time.monotonic() - self.usage_read_at >= self.usage_refresh_s:
-            self.usage, self.usage_read_at, self.read_at = {}, time.monotonic(), float("-inf")
-        if time.monotonic() - self.read_at >= self.refresh_s:
-            self.records, self.read_at = {}, time.monotonic()
-        missing = owners - self.records.keys()
-        if missing:
-            if unread := {(tenant, team) for tenant, team, _ in missing} - self.usage.keys():
-                self.usage.update(decayed_usage_many(unread, now=now, weights=w))
-            self.records.update(team_inputs_many(missing, now=now, weights=w, usage=self.usage))
-        return self.records
-
-
 class QueueMirror:
     """
     The queue as the loop last read it. Every cycle reads which reservations are queued now (ids
@@ -126,7 +99,7 @@ class QueueMirror:
         self.epoch = UNREADABLE
         self.owners: list[tuple] = []  # owner number -> (tenant_id, team_id, gpu_model_id)
         self._numbers: dict[tuple, int] = {}
-        self.rows: dict = {}  # id -> Reservation (QUEUE_COLUMNS), for the last cycle's top
+        self.rows = RankedRows([], {}, dict)  # id -> Reservation (QUEUE_COLUMNS), for the last cycle's top
 
     def queued(self) -> list[tuple]:
         """
@@ -160,18 +133,22 @@ class QueueMirror:
             self.owners.append(owner)
         return number
 
-    def whole(self, ids: list) -> dict:
+    def whole(self, ids: list) -> RankedRows:
         """
-        The whole rows of ``ids`` (queued a moment ago); the rest of what was kept is dropped. The
-        offerings (a few rows, which staff may edit) are read again every time.
+        The whole rows of ``ids`` (queued a moment ago), each read when first asked for (``RankedRows``);
+        the rest of what was kept is dropped. The offerings (which staff may edit) are read every time.
         """
-        self.rows = {pk: self.rows[pk] for pk in ids if pk in self.rows}
-        missing = [pk for pk in ids if pk not in self.rows]
-        if missing:
-            self.rows.update(Reservation.objects.select_related("vpc").only(*QUEUE_COLUMNS).in_bulk(missing))
-        offerings = Offering.objects.only(*OFFERING_COLUMNS).in_bulk({r.offering_id for r in self.rows.values()})
-        for reservation in self.rows.values():
+        offerings = Offering.objects.only(*OFFERING_COLUMNS).in_bulk()  # the catalogue: tens of rows
+
+        def load(ids) -> dict:
+            rows = Reservation.objects.select_related("vpc").only(*QUEUE_COLUMNS).in_bulk(ids)
+            for reservation in rows.values():
+                reservation.offering = offerings[reservation.offering_id]
+            return rows
+
+        for reservation in self.rows.loaded.values():
             reservation.offering = offerings[reservation.offering_id]
+        self.rows = RankedRows(list(ids), self.rows.loaded, load)
         return self.rows
 
     def forget(self, ids) -> None:
@@ -263,6 +240,7 @@ class LoopMemory:
         self.last_ranking: KeptRanking | None = None  # the latest ranking made
         self.kept_ranking: KeptRanking | None = None  # the one the next cycles may plan from
         self.ranked_afresh = True  # whether the last ranked_queue ranked, or reused kept_ranking
+        self.freezes = False  # the loop's own memory (for_loop) moves each new index out of the collector's way
         self._model_names: dict = {}
         self._model_names_read = -math.inf
 
@@ -323,12 +301,14 @@ class LoopMemory:
 
     @classmethod
     def for_loop(cls) -> LoopMemory:
-        return cls(record_refresh_s=settings.MERIDIAN_SCHEDULER_RECORD_REFRESH,
-                   usage_refresh_s=settings.MERIDIAN_SCHEDULER_USAGE_REFRESH,
-                   shape_refresh_s=settings.MERIDIAN_SCHEDULER_SHAPE_REFRESH,
-                   budget_ms=settings.MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS,
-                   index_rebuild_s=settings.MERIDIAN_SCHEDULER_INDEX_REBUILD,
-                   rerank_s=settings.MERIDIAN_SCHEDULER_RERANK)
+        memory = cls(record_refresh_s=settings.MERIDIAN_SCHEDULER_RECORD_REFRESH,
+                     usage_refresh_s=settings.MERIDIAN_SCHEDULER_USAGE_REFRESH,
+                     shape_refresh_s=settings.MERIDIAN_SCHEDULER_SHAPE_REFRESH,
+                     budget_ms=settings.MERIDIAN_SCHEDULER_CYCLE_BUDGET_MS,
+                     index_rebuild_s=settings.MERIDIAN_SCHEDULER_INDEX_REBUILD,
+                     rerank_s=settings.MERIDIAN_SCHEDULER_RERANK)
+        memory.freezes = True
+        return memory
 
 
 def _queued_ids() -> list[str]:
@@ -401,6 +381,8 @@ def run_cycle(*, now: datetime | None = None, memory: LoopMemory | None = None) 
         try:
             report = _cycle(now or timezone.now(), memory)
             memory.cycle_ended(cut_short=report.cut_short)
+            if memory.freezes:  # the loop's process: a new index out of the collector's way
+                memory.capacity.freeze()
         finally:
             if not kept:
                 memory.capacity.dispose()  # freed at once, not left to the collector

@@ -11,6 +11,7 @@ fulfilment from the weights. No-show detection from telemetry comes with the sta
 from __future__ import annotations
 
 import operator
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -177,3 +178,31 @@ def gpu_hours(start, end, mem_lo: int, mem_hi: int, memory: int, now: datetime) 
     """GPU-hours an allocation has used so far (a slot counts as its share of the GPU's memory)."""
     hours = max(0.0, (min(end, now) - start).total_seconds() / 3600)
     return hours * (mem_hi - mem_lo) / memory
+
+
+class TeamRecords:
+    """
+    The scheduler loop's teams' records, reread every ``refresh_s`` (they move slowly: 30-day
+    rates, load); owners new to the queue are read at once. Decayed usage, the costliest part
+    (every allocation of the last weeks), is reread every ``usage_refresh_s``: with a half-life
+    of days it moves by a fraction of a percent in minutes (Slurm's PriorityCalcPeriod, 5 min).
+    """
+
+    def __init__(self, refresh_s: float, usage_refresh_s: float | None = None):
+        self.refresh_s = refresh_s
+        self.usage_refresh_s = refresh_s if usage_refresh_s is None else usage_refresh_s
+        self.records: dict[tuple, object] = {}
+        self.usage: dict[tuple, float] = {}
+        self.read_at = self.usage_read_at = float("-inf")
+
+    def get(self, owners: set[tuple], now: datetime, w: Weights) -> dict:
+        if time.monotonic() - self.usage_read_at >= self.usage_refresh_s:
+            self.usage, self.usage_read_at, self.read_at = {}, time.monotonic(), float("-inf")
+        if time.monotonic() - self.read_at >= self.refresh_s:
+            self.records, self.read_at = {}, time.monotonic()
+        missing = owners - self.records.keys()
+        if missing:
+            if unread := {(tenant, team) for tenant, team, _ in missing} - self.usage.keys():
+                self.usage.update(decayed_usage_many(unread, now=now, weights=w))
+            self.records.update(team_inputs_many(missing, now=now, weights=w, usage=self.usage))
+        return self.records

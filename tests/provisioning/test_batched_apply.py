@@ -19,9 +19,10 @@ from provisioning.allocations import Binding, CapacityTaken, allocation_bind, al
 from provisioning.lifecycle import dispatch as dispatching
 from provisioning.lifecycle import start as starting
 from provisioning.models import Allocation, Operation, Reservation
-from provisioning.scheduling import scheduler
+from provisioning.scheduling import scheduler, team_record
 from provisioning.scheduling.plan_types import Assignment, Eviction, Placement
-from provisioning.scheduling.scheduler import TeamRecords, run_cycle
+from provisioning.scheduling.scheduler import run_cycle
+from provisioning.scheduling.team_record import TeamRecords
 from security.models import AuditEvent
 from tenants.choices import QuotaResource
 from tenants.models import Quota
@@ -208,9 +209,9 @@ def test_quota_suspects_are_only_owners_whose_whole_commitment_passes_a_limit(wo
 def test_the_loop_rereads_team_records_only_after_the_refresh(world):
     now = timezone.now()
     a, b = ("tenant-a", None, "model"), ("tenant-b", None, "model")
-    no_usage = mock.patch.object(scheduler, "decayed_usage_many", side_effect=lambda owners, **_: {})
-    with mock.patch.object(scheduler, "team_inputs_many", side_effect=lambda keys, **_: {k: k for k in keys}) as read, \
-            no_usage:
+    no_usage = mock.patch.object(team_record, "decayed_usage_many", side_effect=lambda owners, **_: {})
+    every = {"side_effect": lambda keys, **_: {k: k for k in keys}}
+    with mock.patch.object(team_record, "team_inputs_many", **every) as read, no_usage:
         records = TeamRecords(refresh_s=3600)
         records.get({a}, now, None)
         records.get({a}, now, None)
