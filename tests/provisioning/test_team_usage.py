@@ -14,10 +14,9 @@ from django.utils import timezone
 
 from cloud.models import GPU
 from provisioning.models import Allocation
-from provisioning.scheduling import scheduler, team_record
+from provisioning.scheduling import team_record
 from provisioning.scheduling.priority import Weights
-from provisioning.scheduling.scheduler import TeamRecords
-from provisioning.scheduling.team_record import decayed_usage_many
+from provisioning.scheduling.team_record import TeamRecords, decayed_usage_many
 from tests.provisioning.factories import make_reservation
 from tests.world import small_fleet
 
@@ -87,8 +86,8 @@ def test_the_loop_rereads_usage_only_after_its_own_period():
     now = timezone.now()
     a, b = ("tenant-a", None, "model"), ("tenant-b", "team", "model")
     records = TeamRecords(refresh_s=0, usage_refresh_s=3600)
-    with mock.patch.object(scheduler, "decayed_usage_many", side_effect=lambda owners, **_: dict.fromkeys(owners, 1.0)
-                           ) as usage, mock.patch.object(scheduler, "team_inputs_many",
+    with mock.patch.object(team_record, "decayed_usage_many", side_effect=lambda owners, **_: dict.fromkeys(owners, 1.0)
+                           ) as usage, mock.patch.object(team_record, "team_inputs_many",
                                                          side_effect=lambda keys, **kw: {k: kw["usage"] for k in keys}
                                                          ) as read:
         records.get({a}, now, WEIGHTS)
