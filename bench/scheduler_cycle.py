@@ -393,7 +393,7 @@ def summary(values: list[float]) -> dict:
 
 # Functions timed (calls, total) in an instrumented cycle: (module, attribute) as run_cycle reaches them.
 TIMED = [
-    ("provisioning.scheduling.scheduler", "team_inputs_many"),
+    ("provisioning.scheduling.team_record", "team_inputs_many"),
     ("provisioning.scheduling.scheduler", "rank"),
     ("provisioning.scheduling.fleet_shape", "window_allocations"),
     ("provisioning.scheduling.kept_capacity", "window_allocations"),
