@@ -2,6 +2,7 @@
 Replay of the Alibaba openb v2023 GPU trace through Meridian's pure planner, in simulated time.
 
     .venv/bin/python bench/trace_replay.py
+    .venv/bin/python bench/trace_replay.py --workload teams   # many teams, gangs, above capacity: bench/team_replay.py
 
 Environment: BENCH_JOBS (arrivals, 25000), BENCH_LOAD (0.9), BENCH_SEED (1), BENCH_FRACTION
 (slots8 or layout, see below), MERIDIAN_TRACE_DIR (default ../shared/traces beside the repo).
@@ -58,6 +59,7 @@ nothing, so only its new arrivals are tried (the same decisions as trying all, f
 
 from __future__ import annotations
 
+import argparse
 import csv
 import heapq
 import json
@@ -72,6 +74,8 @@ from pathlib import Path
 from uuid import UUID, uuid5
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import team_replay  # noqa: E402 -- beside this script
 
 from provisioning.scheduling.plan_types import (  # noqa: E402
     CONTAINER,
@@ -412,6 +416,13 @@ def offered_load(initial: list[Job], arrivals: list[Job], fleet_gpus: int) -> fl
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
+    parser.add_argument("--workload", choices=("trace", "teams"), default="trace",
+                        help="trace: the Alibaba tasks resampled (this module); teams: the synthetic multi-team "
+                             "workload above capacity (bench/team_replay.py, its own BENCH_* settings)")
+    if parser.parse_args().workload == "teams":
+        team_replay.main()
+        return
     t0 = time.perf_counter()
     snapshot, model_ids, names = build_fleet()
     fleet_gpus = sum(len(n.gpus) for n in snapshot.nodes)
