@@ -59,7 +59,7 @@ from itertools import count
 from pathlib import Path
 
 import requests
-from common import REPO, drop_database, free_port, percentile, serve, setup_django, vacuum
+from common import REPO, Upkeep, drop_database, free_port, percentile, serve, setup_django
 
 DB = "meridian_bench_claims"
 CLAIMS = int(os.environ.get("BENCH_CLAIMS", "2000"))  # at most, per series
@@ -117,18 +117,11 @@ class Releaser(threading.Thread):
     def run(self):
         from django.db import connection
 
-        from provisioning.allocations import allocations_archive
-
-        archived = vacuumed = time.perf_counter()
+        upkeep = Upkeep(VACUUM_S)
         try:
             while not self.stopping.wait(0.2):
                 self.released += release(HOLD_S)
-                if time.perf_counter() - archived >= 5:
-                    allocations_archive()
-                    archived = time.perf_counter()
-                if VACUUM_S and time.perf_counter() - vacuumed >= VACUUM_S:
-                    vacuum()
-                    vacuumed = time.perf_counter()
+                upkeep.tick()
         finally:
             connection.close()
 

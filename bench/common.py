@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from collections import deque
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -62,7 +63,6 @@ def serve(port: int, log: Path | None = None):
     answers /health/. The per-token rate limit is lifted: it is not what the benchmarks measure.
     """
     import subprocess
-    import time
     import urllib.request
 
     env = dict(os.environ, MERIDIAN_API_RATE="100000000/min")
@@ -94,6 +94,29 @@ def vacuum() -> None:
     with connection.cursor() as cursor:
         for model in (Allocation, Reservation):
             cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(model._meta.db_table)}")
+
+
+class Upkeep:
+    """
+    What a deployment does beside a bench's load, called often from the bench's own loop: archives
+    ended allocations every 5 s (the lifecycle tick's ``allocations_archive``, with the deployment's
+    horizon) and vacuums the tables releases rewrite every ``vacuum_s`` (0: never), as autovacuum
+    tuned for a hot table would.
+    """
+
+    def __init__(self, vacuum_s: float):
+        self.vacuum_s = vacuum_s
+        self.archived = self.vacuumed = time.perf_counter()
+
+    def tick(self) -> None:
+        from provisioning.allocations import allocations_archive
+
+        if time.perf_counter() - self.archived >= 5:
+            allocations_archive()
+            self.archived = time.perf_counter()
+        if self.vacuum_s and time.perf_counter() - self.vacuumed >= self.vacuum_s:
+            vacuum()
+            self.vacuumed = time.perf_counter()
 
 
 def free_port() -> int:

@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 
-from common import REPO, drop_database, percentile, setup_django, vacuum
+from common import REPO, Upkeep, drop_database, percentile, setup_django
 
 DB = "meridian_bench_cycle"
 QUEUE = int(os.environ.get("BENCH_QUEUE", "10000"))
@@ -610,23 +610,16 @@ def housekeeper(world: World, seed: int, stop, released, rounds) -> None:
     """
     from django.db import OperationalError, connections
 
-    from provisioning.allocations import allocations_archive
-
     connections.close_all()  # the parent's connection is the parent's
     rng = random.Random(seed)
-    vacuumed = archived = time.perf_counter()
+    upkeep = Upkeep(VACUUM_S)
     while not stop.is_set():
         try:
             done = release_finished(HOLD_S)
         except OperationalError:  # a deadlock with an eviction the loop commits: a worker would retry
             done = 0
         enqueue(world, QUEUE - queued_count(), rng)
-        if time.perf_counter() - archived >= 5:
-            allocations_archive()
-            archived = time.perf_counter()
-        if VACUUM_S and time.perf_counter() - vacuumed >= VACUUM_S:
-            vacuum()
-            vacuumed = time.perf_counter()
+        upkeep.tick()
         with released.get_lock():
             released.value += done
         with rounds.get_lock():
