@@ -19,7 +19,7 @@ from django.utils import timezone
 from cloud.models import LeaderLease
 
 
-def _advisory_key(name: str) -> int:
+def advisory_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"meridian:{name}".encode()).digest()[:8], "big", signed=True)
 
 
@@ -41,7 +41,7 @@ class LeaderLock:
                 cursor.execute("SELECT pg_backend_pid()")
                 pid = cursor.fetchone()[0]
                 if not self.held or pid != self.pid:
-                    cursor.execute("SELECT pg_try_advisory_lock(%s)", [_advisory_key(self.name)])
+                    cursor.execute("SELECT pg_try_advisory_lock(%s)", [advisory_key(self.name)])
                     self.held, self.pid = bool(cursor.fetchone()[0]), pid
             return self.held
         now = timezone.now()
@@ -62,7 +62,7 @@ class LeaderLock:
         if connection.vendor == "postgresql":
             if connection.connection is not None:  # a closed session has released it already
                 with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_unlock(%s)", [_advisory_key(self.name)])
+                    cursor.execute("SELECT pg_advisory_unlock(%s)", [advisory_key(self.name)])
         else:
             LeaderLease.objects.filter(name=self.name, holder=self.holder).delete()
         self.held = False

@@ -373,8 +373,8 @@ def collector_paused():
 LAST_CYCLE_KEY = "meridian:scheduler:last-cycle"
 
 
-def run_cycle(*, now: datetime | None = None, memory: LoopMemory | None = None) -> CycleReport:
-    """One cycle. The loop passes its ``memory`` to keep what it read between cycles."""
+def run_cycle(*, now: datetime | None = None, memory: LoopMemory | None = None, leader: str = "") -> CycleReport:
+    """One cycle. The loop passes its ``memory`` to keep what it read between cycles, and names itself."""
     kept = memory is not None
     memory = memory if kept else LoopMemory()
     with collector_paused():
@@ -387,7 +387,8 @@ def run_cycle(*, now: datetime | None = None, memory: LoopMemory | None = None) 
             if not kept:
                 memory.capacity.dispose()  # freed at once, not left to the collector
     # For the staff console and /metrics: what the last cycle did, whichever process ran it.
-    cache.set(LAST_CYCLE_KEY, {**report.as_dict(), "finished_at": timezone.now().isoformat()}, None)
+    cache.set(LAST_CYCLE_KEY, {**report.as_dict(), "finished_at": timezone.now().isoformat(), "leader": leader},
+              None)
     return report
 
 

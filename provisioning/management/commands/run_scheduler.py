@@ -30,7 +30,7 @@ class Command(BaseCommand):
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         lock = LeaderLock("scheduler")
         memory = LoopMemory.for_loop()
-        leading = False
+        leading = None  # neither yet: the first turn says which
         # Cycles pause the collector (provisioning.scheduling.scheduler.collector_paused); between them it
         # need not walk the long-lived objects of the process again and again.
         gc.freeze()
@@ -45,14 +45,14 @@ class Command(BaseCommand):
                             memory = LoopMemory.for_loop()  # another leader moved things
                             memory.prime()
                             leading = True  # only once primed: a failed priming is tried again
-                        report = run_cycle(memory=memory)
+                        report = run_cycle(memory=memory, leader=lock.holder)
                         if report.placed or report.conflicts:
                             log.info("cycle: %s", report.as_dict())
                         # A budget that cut the cycle short keeps it short, not the queue waiting:
                         # the next cycle starts at once while cycles place work (one whose placements
                         # were all refused waits, so a standing conflict cannot spin the loop).
                         backlog = report.cut_short and report.placed > 0
-                    elif leading or once:
+                    elif leading is not False or once:
                         log.info("Standing by: another scheduler leads.")
                         leading = False
                 except Exception:
