@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from operations import guest_api, metrics_views
+from operations import guest_api, health_views, metrics_views
 from operations import views as operations_views
 from provisioning import instance_views
 from security.views import jwks_view
@@ -24,6 +24,9 @@ urlpatterns = [
     path("invitations/accept/", tenant_views.invitation_accept, name="invitation-accept-page"),
     path("invitations/<str:secret>/", tenant_views.invitation_open, name="invitation-open"),
     path("health/", views.health, name="health"),
+    # Orchestrators' probes (operations.health_views): the process, then what it needs to serve.
+    path("health/live", health_views.live, name="health-live"),
+    path("health/ready", health_views.ready, name="health-ready"),
     # Pages Django draws itself (the CSRF failure page) declare no icon, so browsers ask here.
     path("favicon.ico", views.no_icon),
     # Prometheus scrape: platform tokens or the metrics user only (operations.metrics_views).

@@ -77,6 +77,11 @@ def _refusal(request) -> JsonResponse | None:
     return _refuse(401, "not_authenticated", NOT_AUTHENTICATED)
 
 
+def may_scrape(request) -> bool:
+    """A platform token or the metrics user: who may read the fleet's and the control plane's internals."""
+    return _refusal(request) is None
+
+
 @require_GET
 def metrics(request):
     refusal = _refusal(request)
