@@ -28,7 +28,7 @@ lint: $(VENV)/.dev
 	$(BIN)/lint-imports --no-cache
 
 bench: $(VENV)/.dev services
-	for b in seed_fleet api_latency ranking planner scheduler_cycle claims trace_replay provisioning attestation console_pages failure_drill telemetry_ingest storage_steps checkpoint_moves inference_packing autoscale month_close; do \
+	for b in seed_fleet api_latency ranking planner scheduler_cycle claims trace_replay provisioning attestation console_pages failure_drill telemetry_ingest storage_steps checkpoint_moves inference_packing autoscale month_close failover; do \
 	  DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python bench/$$b.py || exit 1; done
 
 services:
@@ -47,5 +47,6 @@ $(VENV)/.dev: requirements.txt requirements-dev.txt requirements-vm.txt | $(BIN)
 	scripts/ensure-libvirt
 	scripts/ensure-chromium
 	scripts/ensure-haproxy
+	scripts/ensure-promtool
 	pkg-config --exists libvirt 2>/dev/null && $(BIN)/pip install --quiet -r requirements-vm.txt || true
 	touch $@ $(VENV)/.runtime

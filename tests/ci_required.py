@@ -1,8 +1,9 @@
 """
-In CI, the browser, libvirt, HAProxy and NVIDIA-sample tests must run, not skip: with
+In CI, the browser, libvirt, HAProxy, NVIDIA-sample and promtool tests must run, not skip: with
 MERIDIAN_REQUIRE_ALL=1 (set by .ci/run) a skip of a test that uses the ``chromium``, ``hypervisor``,
-``haproxy`` or ``nvidia_samples_dir`` fixture -- Chromium, libvirt-python or HAProxy missing, NVIDIA's
-samples not downloadable, or any other reason -- is reported as a failure saying why.
+``haproxy``, ``nvidia_samples_dir`` or ``promtool`` fixture -- Chromium, libvirt-python, HAProxy or
+promtool missing, NVIDIA's samples not downloadable, or any other reason -- is reported as a failure
+saying why.
 A developer's machine without them still runs the rest of the suite, the skips shown as skips.
 """
 
@@ -13,7 +14,7 @@ import os
 import pytest
 
 REQUIRE_ALL = "MERIDIAN_REQUIRE_ALL"
-REQUIRED_FIXTURES = frozenset({"chromium", "hypervisor", "haproxy", "nvidia_samples_dir"})
+REQUIRED_FIXTURES = frozenset({"chromium", "hypervisor", "haproxy", "nvidia_samples_dir", "promtool"})
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,12 +1,15 @@
 """
 /metrics: who may scrape it (platform tokens or the metrics user; 401/403 otherwise), the fleet
-gauges against the rows they count, a constant number of queries per scrape, request and Celery
-task metrics, and the multiprocess mode that carries a worker's task metrics to the web's scrape.
+gauges against the rows they count, what the alerting rules need (regions' spares, tenants' queue
+and SLA, stuck operations, reference values missing, recent XIDs, the control plane's loops), a
+constant number of queries per scrape, request and Celery task metrics, and the multiprocess mode
+that carries a worker's task metrics to the web's scrape.
 """
 
 from __future__ import annotations
 
 import base64
+import math
 import os
 import subprocess
 import sys
@@ -25,16 +28,31 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cloud.choices import Health, NodeState
 from cloud.fleet import FleetSpec, build_fleet
-from cloud.models import GPU, Node
+from cloud.models import GPU, GPUSampleRollup, Node, RollupPeriod
+from operations import control_metrics
+from operations.control_plane import Check, ControlPlaneStatus
+from operations.fleet_metrics import SLA_CACHE_KEY, XIDS_CACHE_KEY
 from provisioning.models import Allocation, Operation, Reservation, StepRun
 from provisioning.scheduling.scheduler import LAST_CYCLE_KEY
-from security.models import Incident
+from provisioning.sla.accounting import sla_for_tenants
+from security.models import AttestationReport, Incident
 from tenants.choices import PlatformRole
 from tenants.models import APIToken
 from tests.world import h100, small_fleet, unique, vm_offering
 
 URL = "/metrics"
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def control_plane(monkeypatch) -> ControlPlaneStatus:
+    """The control plane's state as read() gives it, without a broker to ping."""
+    status = ControlPlaneStatus(
+        checks={name: Check(True, 1.0) for name in ("database", "cache", "broker", "migrations")},
+        scheduler_leader="sched-1:4242", scheduler_last_cycle_age_s=0.4, beat_last_run_age_s=3.5,
+        workers=["celery@worker-1", "celery@worker-2"], queue_depths={"meridian": 7})
+    monkeypatch.setattr(control_metrics, "read", lambda **_: status)
+    return status
 
 
 def scrape(world, persona="platform_admin", **headers):
@@ -222,23 +240,199 @@ def test_an_empty_fleet_scrapes_zeros(world):
 
 
 def test_a_scrape_costs_the_same_queries_however_large_the_fleet(world, fleet):
+    """
+    Warm (the XID and SLA figures cached): the token lookup, seven grouped fleet queries, stuck
+    operations and held attestations. Cold adds the XIDs (one) and the SLA (four).
+    """
     client = world.client("platform_admin")
 
-    def count() -> int:
+    def count(*, cold: bool) -> int:
+        if cold:
+            cache.delete_many([XIDS_CACHE_KEY, SLA_CACHE_KEY])
         with time_machine.travel(NOW, tick=False), CaptureQueriesContext(connection) as queries:
             assert client.get(URL).status_code == 200
         return len(queries)
 
     with time_machine.travel(NOW, tick=False):
         client.get(URL)  # the token's last_used_at write happens here
-    few = count()
+    cold, warm = count(cold=True), count(cold=False)
     build_fleet(FleetSpec(regions=1, nodes_per_fabric=12, first_region=1))  # another region: 12 nodes, 96 GPUs
     operation = Operation.objects.first()
     StepRun.objects.bulk_create([StepRun(operation=operation, name=f"step_{i % 5}", attempt=1, state="succeeded",
                                          finished_at=NOW - timedelta(minutes=5)) for i in range(40)])
-    Incident.objects.bulk_create([Incident(kind=f"kind_{i % 7}", summary="x") for i in range(30)])
-    assert count() == few
-    assert few == 7  # the token lookup and six grouped queries
+    Incident.objects.bulk_create([Incident(kind=f"kind_{i % 7}", summary="x", node_id=n.pk)
+                                  for i, n in enumerate(Node.objects.all()[:30])])
+    for node in Node.objects.all()[:5]:
+        held_for_references(node)
+        xids(node, 2)
+    assert (count(cold=True), count(cold=False)) == (cold, warm)
+    assert (cold, warm) == (15, 10)
+
+
+#
+# What the alerting rules need
+#
+
+
+def held_for_references(node, *, vbios="96.00.99.00.01", driver="550.54.15"):
+    """Hold ``node`` in reference_unavailable with a verdict that says its GPUs' firmware has no reference values."""
+    Node.objects.filter(pk=node.pk).update(state=NodeState.REFERENCE_UNAVAILABLE)
+    gpus = list(GPU.objects.filter(node=node).select_related("model").order_by("index"))
+    summaries = [{"uuid": g.uuid, "serial": g.serial, "model": g.model.slug, "vbios": vbios, "driver": driver}
+                 for g in gpus]
+    return AttestationReport.objects.create(
+        node_id=node.pk, nonce="n", status="reference_unavailable", gpus=summaries,
+        reasons=[{"gpu": g.uuid, "check": "reference_missing", "detail": "no reference measurements"} for g in gpus])
+
+
+def xids(node, n: int, *, minutes_ago: int = 3):
+    gpu = GPU.objects.filter(node=node).order_by("index").first()
+    GPUSampleRollup.objects.create(gpu=gpu, period=RollupPeriod.MINUTE, samples=6, xid_count=n,
+                                   bucket=NOW - timedelta(minutes=minutes_ago))
+
+
+def test_regions_count_their_nodes_and_ready_spares(world, fleet):
+    Node.objects.filter(pk__in=[fleet[0].pk, fleet[1].pk]).update(is_spare=True)  # one in maintenance, one ready
+    nodes = Node.objects.all()
+    ready = nodes.filter(is_spare=True, state__in=["available", "in_service"], health__in=["healthy", "degraded"])
+    assert ready.count() == 1
+    with time_machine.travel(NOW, tick=False):
+        found = samples(scrape(world))
+    region = fleet[0].region.slug
+    assert sum(v for (name, labels), v in found.items()
+               if name == "meridian_region_nodes" and ("region", region) in labels) == nodes.count()
+    assert value(found, "meridian_region_nodes", region=region, state="maintenance") == 1
+    assert value(found, "meridian_region_nodes", region=region, state="faulty") == 0
+    assert value(found, "meridian_region_spare_nodes", region=region) == ready.count()
+
+    ready.update(state=NodeState.SUSPECT)  # a spare that is not ready does not count
+    with time_machine.travel(NOW, tick=False):
+        assert value(samples(scrape(world)), "meridian_region_spare_nodes", region=region) == 0
+
+
+def test_tenants_gpus_and_queue(world, fleet):
+    with time_machine.travel(NOW, tick=False):
+        found = samples(scrape(world))
+    t1, t2 = world.t1.tenant, world.t2.tenant
+    assert value(found, "meridian_tenant_gpus_allocated", tenant=t1.slug) == 3
+    assert ("meridian_tenant_gpus_allocated", (("tenant", t2.slug),)) not in found
+    queued = Reservation.objects.filter(tenant=t2, state="queued")
+    assert value(found, "meridian_tenant_queue_reservations", tenant=t2.slug) == queued.count()
+    assert value(found, "meridian_tenant_queue_wait_seconds", tenant=t2.slug, stat="oldest") == 3600
+    assert sum(v for (name, _), v in found.items()
+               if name == "meridian_tenant_queue_reservations") == value(found, "meridian_queue_reservations")
+
+
+def test_open_incidents_by_node(world, fleet):
+    node = fleet[2]
+    for _ in range(2):
+        Incident.objects.create(kind="utilization_fluctuation", node_id=node.pk, summary="x")
+    Incident.objects.create(kind="repeated_xids_node", node_id=node.pk, summary="x", resolved_at=NOW)
+    with time_machine.travel(NOW, tick=False):
+        found = samples(scrape(world))
+    assert value(found, "meridian_node_incidents_open", kind="utilization_fluctuation", node=node.hostname) == 2
+    assert ("meridian_node_incidents_open", (("kind", "repeated_xids_node"), ("node", node.hostname))) not in found
+    assert value(found, "meridian_incidents_open", kind="utilization_fluctuation") == 2
+    assert value(found, "meridian_incidents_detected_last_day", kind="repeated_xids_node") == 1
+
+
+def test_operations_stuck_past_their_deadline(world, fleet, settings):
+    operation = Operation.objects.get(kind="provision")
+    with time_machine.travel(NOW, tick=False):
+        found = samples(scrape(world))
+    assert value(found, "meridian_operations_unfinished", kind="provision") == 1
+    assert value(found, "meridian_operations_stuck", kind="provision") == 0
+    assert value(found, "meridian_operations_stuck", kind="attest") == 0  # every kind, zeros included
+
+    stalled = NOW - settings.MERIDIAN_STUCK_AFTER - timedelta(seconds=1)
+    Operation.objects.filter(pk=operation.pk).update(updated_at=stalled)
+    with time_machine.travel(NOW, tick=False):
+        assert value(samples(scrape(world)), "meridian_operations_stuck", kind="provision") == 1
+
+
+def test_gpus_waiting_for_reference_values_by_firmware(world, fleet):
+    node = next(n for n in fleet if n.state == NodeState.AVAILABLE)
+    AttestationReport.objects.filter(pk=held_for_references(node, vbios="96.00.11.00.01").pk).update(
+        verified_at=NOW - timedelta(hours=1))  # an older verdict: only the latest counts
+    held_for_references(node)
+    released = next(n for n in fleet if n.state == NodeState.AVAILABLE and n.pk != node.pk)
+    held_for_references(released)
+    Node.objects.filter(pk=released.pk).update(state=NodeState.AVAILABLE)  # references came: not held any more
+    with time_machine.travel(NOW, tick=False):
+        found = samples(scrape(world))
+    model = GPU.objects.filter(node=node).first().model.slug
+    assert value(found, "meridian_attestation_references_missing", model=model, vbios="96.00.99.00.01",
+                 driver="550.54.15") == GPU.objects.filter(node=node).count()
+    assert [key for key in found if key[0] == "meridian_attestation_references_missing"] == [
+        ("meridian_attestation_references_missing",
+         (("driver", "550.54.15"), ("model", model), ("vbios", "96.00.99.00.01")))]
+
+
+def test_recent_xids_by_node_read_once_a_minute(world, fleet):
+    node = fleet[1]
+    xids(node, 2)
+    xids(node, 1, minutes_ago=1)
+    xids(node, 9, minutes_ago=30)  # outside the window
+    with time_machine.travel(NOW, tick=False):
+        found = samples(scrape(world))
+    assert value(found, "meridian_node_xids_recent", node=node.hostname, region=node.region.slug) == 3
+    assert len([key for key in found if key[0] == "meridian_node_xids_recent"]) == 1
+
+    xids(fleet[3], 5)
+    with time_machine.travel(NOW, tick=False):
+        assert len([k for k in samples(scrape(world)) if k[0] == "meridian_node_xids_recent"]) == 1  # cached
+    cache.delete(XIDS_CACHE_KEY)
+    with time_machine.travel(NOW, tick=False):
+        assert value(samples(scrape(world)), "meridian_node_xids_recent", node=fleet[3].hostname,
+                     region=fleet[3].region.slug) == 5
+
+
+def test_sla_availability_by_tenant(world, fleet, settings):
+    settings.MERIDIAN_SLA_TARGET = 99.5
+    held = Reservation.objects.get(name="held")
+    gpu = Allocation.objects.filter(reservation=held).first().gpu
+    Incident.objects.create(kind="gpu_failure", summary="x", tenant_id=held.tenant_id, reservation_id=held.pk,
+                            gpu_ids=[str(gpu.pk)], gpus_affected=1, impact_started_at=NOW - timedelta(minutes=30))
+    with time_machine.travel(NOW, tick=False):
+        found = samples(scrape(world))
+        expected = sla_for_tenants(Reservation.objects.all(), tenant_ids=[held.tenant_id],
+                                   month=NOW.date().replace(day=1), now=NOW)[held.tenant_id]
+    assert value(found, "meridian_sla_target_percent") == 99.5
+    availability = value(found, "meridian_tenant_sla_availability_percent", tenant=world.t1.tenant.slug)
+    assert availability == pytest.approx(float(expected.availability)) and availability < 99.5
+
+
+def test_control_plane_gauges(world, control_plane):
+    found = samples(scrape(world))
+    assert value(found, "meridian_control_plane_check", check="read") == 1
+    assert value(found, "meridian_control_plane_check", check="broker") == 1
+    assert value(found, "meridian_migrations_pending") == 0
+    assert value(found, "meridian_scheduler_last_cycle_age_seconds") == 0.4
+    assert value(found, "meridian_scheduler_leader", leader="sched-1:4242") == 1
+    assert value(found, "meridian_beat_last_run_age_seconds") == 3.5
+    assert value(found, "meridian_celery_workers") == 2
+    assert value(found, "meridian_broker_queue_messages", queue="meridian") == 7
+    assert value(found, "meridian_scheduler_cycle_budget_seconds") == 0.25
+
+    control_plane.scheduler_last_cycle_age_s = control_plane.beat_last_run_age_s = control_plane.scheduler_leader = None
+    control_plane.workers, control_plane.checks["broker"] = [], Check(False, 2000.0, "OSError: refused")
+    found = samples(scrape(world))
+    assert value(found, "meridian_scheduler_last_cycle_age_seconds") == math.inf  # never: as old as can be
+    assert value(found, "meridian_beat_last_run_age_seconds") == math.inf
+    assert value(found, "meridian_celery_workers") == 0
+    assert value(found, "meridian_control_plane_check", check="broker") == 0
+    assert not [key for key in found if key[0] == "meridian_scheduler_leader"]
+
+
+def test_a_control_plane_that_cannot_be_read_leaves_the_rest_of_the_scrape(world, monkeypatch):
+    def lost(**_):
+        raise ConnectionError("broker lost")
+
+    monkeypatch.setattr(control_metrics, "read", lost)
+    found = samples(scrape(world))
+    assert value(found, "meridian_control_plane_check", check="read") == 0
+    assert not [key for key in found if key[0] == "meridian_celery_workers"]
+    assert value(found, "meridian_nodes", state="available", pool="shared") == 0
 
 
 #
