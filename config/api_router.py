@@ -10,6 +10,7 @@ from billing.api import views as billing_api
 from cloud.api import views as cloud
 from inference.api import views as inference_api
 from operations import api as operations_api
+from operations import incident_api
 from provisioning.api import high_priority, images, networks, offerings, sla
 from provisioning.api import views as provisioning
 from security.api import views as security
@@ -87,6 +88,7 @@ router.register("reference-manifests", security.ReferenceManifestViewSet, basena
 router.register("ocsp-statuses", security.OcspStatusViewSet, basename="ocsp-statuses")
 router.register("attestation-reports", security.AttestationReportViewSet, basename="attestation-reports")
 router.register("sla", sla.SLAViewSet, basename="sla")
+router.register("incidents", incident_api.IncidentViewSet, basename="incidents")
 
 urlpatterns = [
     path("me/", tenants.MeView.as_view(), name="me"),

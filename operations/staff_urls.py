@@ -1,8 +1,8 @@
-"""The staff console (platform roles only): fleet, queue and scheduler, quotas, high-priority reviews."""
+"""The staff console (platform roles only): fleet, incidents, queue and scheduler, quotas, high-priority reviews."""
 
 from django.urls import path
 
-from operations import staff_queue, staff_tenants
+from operations import staff_incidents, staff_queue, staff_tenants
 from operations import staff_views as views
 
 urlpatterns = [
@@ -14,6 +14,9 @@ urlpatterns = [
     path("fleet/nodes/<uuid:pk>/<str:verb>/", views.node_act, name="staff-node-act"),
     path("queue/", staff_queue.queue, name="staff-queue"),
     path("queue/<uuid:pk>/<str:verb>/", staff_queue.queue_act, name="staff-queue-act"),
+    path("incidents/", staff_incidents.incidents, name="staff-incidents"),
+    path("incidents/<uuid:pk>/", staff_incidents.incident_detail, name="staff-incident"),
+    path("incidents/<uuid:pk>/<str:verb>/", staff_incidents.incident_act, name="staff-incident-act"),
     path("tenants/", staff_tenants.tenants, name="staff-tenants"),
     path("quotas/", views.quotas, name="staff-quotas"),
     path("quotas/<uuid:pk>/", views.quota_edit, name="staff-quota-edit"),

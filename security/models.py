@@ -2,6 +2,7 @@
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -74,7 +75,30 @@ class Incident(models.Model):
     # Detection may be decided before the row is written (a watchdog's tick): callers pass it.
     detected_at = models.DateTimeField(default=timezone.now, db_index=True)
     restored_at = models.DateTimeField(null=True, blank=True)
+    # Set by detection when the condition clears, or by staff (security.incident_response).
     resolved_at = models.DateTimeField(null=True, blank=True)
+
+    # Staff's response (security.incident_response): people by foreign key, so the console and the
+    # API name them; a removed user leaves the times and the audit trail.
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                        related_name="+")
+    assignee = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="assigned_incidents")
+    assigned_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
+    resolution_note = models.TextField(blank=True)
+
+    # The paging outbox (security.incident_paging): every incident, however it was written (some
+    # with bulk_create, which sends no signal), is picked up while ``notified_at`` is empty.
+    notified_at = models.DateTimeField(null=True, blank=True)
+    emailed_at = models.DateTimeField(null=True, blank=True)
+    webhook_sent_at = models.DateTimeField(null=True, blank=True)
+    notify_attempts = models.PositiveSmallIntegerField(default=0)
+    notify_error = models.CharField(max_length=500, blank=True)
+    # The next try after a failure (backoff), or the end of a sender's claim while it sends.
+    notify_next_at = models.DateTimeField(null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
     tenant_path = "tenant_id"
@@ -82,6 +106,12 @@ class Incident(models.Model):
 
     class Meta:
         ordering = ["-detected_at"]
+        indexes = [
+            models.Index(fields=["detected_at"], condition=models.Q(notified_at__isnull=True),
+                         name="incident_unnotified_idx"),
+            models.Index(fields=["-detected_at"], condition=models.Q(resolved_at__isnull=True),
+                         name="incident_open_idx"),
+        ]
 
     def __str__(self):
         return f"{self.kind}: {self.summary}"
@@ -98,6 +128,34 @@ class Incident(models.Model):
         if self.restored_at is None:
             return None
         return max((self.restored_at - self.detected_at).total_seconds(), 0.0)
+
+
+class IncidentNotice(models.Model):
+    """
+    A message to one staff member about an incident (it was assigned to them, or someone else
+    acknowledged or resolved theirs), written with the change and sent by the paging round.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="notices")
+    to = models.EmailField(max_length=254)
+    subject = models.CharField(max_length=200)
+    body = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.CharField(max_length=500, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+
+    objects = PlatformQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["created_at"], condition=models.Q(sent_at__isnull=True),
+                                name="incident_notice_unsent_idx")]
+
+    def __str__(self):
+        return f"{self.subject} to {self.to}"
 
 
 #

@@ -13,3 +13,11 @@ def audit_seal() -> int:
         sealed = seal()
         total += sealed
     return total
+
+
+@shared_task(name="security.incidents_page")
+def incidents_page() -> dict:
+    """Page the on-call address about new incidents and send staff their incident notices."""
+    from security.incident_paging import page_round
+
+    return page_round()

@@ -74,6 +74,8 @@ POLICIES: dict[str, dict[str, str]] = {
     "attestation-reports": {"read": PLATFORM, "write": NOBODY},
     # SLA figures per tenant and month: the tenant reads its own (members: their teams' reservations), staff all.
     "sla": {"read": VIEWER, "write": NOBODY},
+    # Incidents: a tenant reads its own (queryset); platform admins acknowledge, assign and resolve.
+    "incidents": {"read": VIEWER, "write": PLATFORM_ADMIN},
 }
 
 READ_ONLY_TOKEN = "This API token is read-only."

@@ -22,6 +22,7 @@ from django.db import transaction
 from cloud.choices import NodeState
 from cloud.models import Node
 from provisioning.models import VPC
+from security.models import Incident
 from tenants.models import HighPriorityApplication, Membership, Team
 from tests.security.staff_bodies import ocsp_body, rim_body
 from tests.world import World, hp_snapshot, small_fleet, team_record, unique
@@ -163,6 +164,10 @@ def _hp_review_path(w: World) -> str:
     return f"/api/v1/high-priority-applications/{application.pk}/review/"
 
 
+def _incident(w: World) -> str:
+    return str(w.t1.objects[Incident].pk)
+
+
 ENDPOINTS = {
     e.name: e
     for e in [
@@ -207,6 +212,11 @@ ENDPOINTS = {
                  201),
         Endpoint("hp-review", "platform_approver", "post", _hp_review_path,
                  lambda w: {"decision": "approve", "note": "The record qualifies."}, 200),
+        Endpoint("incident-assign", "platform_admin", "post", lambda w: f"/api/v1/incidents/{_incident(w)}/assign/",
+                 lambda w: {"assignee": w.users["platform_admin"].email}, 200),
+        Endpoint("incident-resolve", "platform_admin", "post",
+                 lambda w: f"/api/v1/incidents/{_incident(w)}/resolve/", lambda w: {"note": "Reseated the GPU."},
+                 200),
     ]
 }
 
@@ -523,6 +533,28 @@ SPECIFIC_CASES = {
         _case("expires-field", lambda w, v: {**v, "expires_at": "2099-01-01T00:00:00Z"}, code="unknown_field",
               attr="expires_at"),
     ],
+    "incident-assign": [
+        *_string_cases("assignee"),
+        _case("assignee-missing", lambda w, v: {}, code="required", attr="assignee"),
+        _case("assignee-unknown", lambda w, v: {"assignee": "nobody@example.com"}, code="does_not_exist",
+              attr="assignee"),
+        _case("assignee-random-id", lambda w, v: {"assignee": str(uuid.uuid4())}, code="does_not_exist",
+              attr="assignee"),
+        _case("assignee-tenant-user", lambda w, v: {"assignee": w.users["t1_owner"].email}, code="not_staff",
+              attr="assignee"),
+        _case("assignee-approver", lambda w, v: {"assignee": str(w.users["platform_approver"].pk)},
+              code="not_staff", attr="assignee"),
+        _case("assignee-number", lambda w, v: {"assignee": 7}, attr="assignee"),
+        _case("state-field", lambda w, v: {**v, "resolved_at": "2030-01-01T00:00:00Z"}, code="unknown_field",
+              attr="resolved_at"),
+    ],
+    "incident-resolve": [
+        *_string_cases("note"),
+        _case("note-missing", lambda w, v: {}, code="required", attr="note"),
+        _case("note-blank", lambda w, v: {"note": "   "}, code="blank", attr="note"),
+        _case("resolved-by-field", lambda w, v: {**v, "resolved_by": str(w.users["t1_owner"].pk)},
+              code="unknown_field", attr="resolved_by"),
+    ],
     "node-maintenance": [
         *_string_cases("reason"),
         _case("reason-missing", lambda w, v: {}, code="required", attr="reason"),
@@ -610,6 +642,8 @@ ID_ROUTES = {
     "hp-review": ("platform_approver", "post", "/api/v1/high-priority-applications/{}/review/",
                   {"decision": "approve", "note": "The record qualifies."}),
     "notification-read": ("t1_member", "post", "/api/v1/notifications/{}/read/", None),
+    "incident-acknowledge": ("platform_admin", "post", "/api/v1/incidents/{}/acknowledge/", None),
+    "incident-resolve": ("platform_admin", "post", "/api/v1/incidents/{}/resolve/", {"note": "Done."}),
 }
 BAD_SEGMENTS = ["..", "../", "1 OR 1=1", "%00", "1;DROP TABLE tenants_team", "%2e%2e%2f", "0" * 5000,
                 "00000000-0000-0000-0000-00000000000g"]
@@ -792,6 +826,11 @@ FILTERS = [
     ("platform_admin", "/api/v1/gpus/", "model"),
     ("platform_admin", "/api/v1/sla/", "tenant"),
     ("platform_admin", "/api/v1/sla/", "slug"),
+    ("platform_admin", "/api/v1/incidents/", "kind"),
+    ("platform_admin", "/api/v1/incidents/", "node"),
+    ("platform_admin", "/api/v1/incidents/", "assignee"),
+    ("platform_admin", "/api/v1/incidents/", "open"),
+    ("t1_viewer", "/api/v1/incidents/", "kind"),
 ]
 
 

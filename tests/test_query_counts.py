@@ -26,6 +26,7 @@ from provisioning.models import VPC, Instance, Operation, PortMembership, Reserv
 from security.models import (
     AttestationReport,
     AuditEvent,
+    Incident,
     OcspStatus,
     ReferenceManifest,
     ReferenceMeasurement,
@@ -402,11 +403,18 @@ def make_attestation_reports(world, n):
                                                              reasons=[{"check": "stale"}]) for _ in range(n)])
 
 
+def make_incidents(world, n):
+    Incident.objects.bulk_create([Incident(kind="gpu_reset", tenant_id=world.t1.tenant.pk, summary="A GPU reset",
+                                           node_id=uuid.uuid4(), assignee=world.users["platform_admin"])
+                                  for _ in range(n)])
+
+
 ROW_MAKERS: dict[type, Callable[[World, int], None]] = {
     TrustAnchor: make_trust_anchors,
     RevokedCertificate: make_revocations,
     ReferenceMeasurement: make_references,
     AttestationReport: make_attestation_reports,
+    Incident: make_incidents,
     ReferenceManifest: lambda world, n: make_manifests(n),
     OcspStatus: lambda world, n: make_ocsp_statuses(n),
     VPC: make_vpcs,

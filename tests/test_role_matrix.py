@@ -31,6 +31,7 @@ from security.crypto import encrypt
 from security.models import (
     AttestationReport,
     AuditEvent,
+    Incident,
     OcspStatus,
     ReferenceManifest,
     ReferenceMeasurement,
@@ -607,6 +608,18 @@ MATRIX: dict[tuple[str, str], Case] = {
     # SLA per tenant and month: the tenant's own (every role), staff any tenant's.
     ("GET", "sla-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/sla/"),
     ("GET", "sla-detail"): Case("401 200 200 200 200 404 200 200", lambda w: f"{V1}/sla/{w.t1.tenant.pk}/"),
+    # Incidents: a tenant reads its own, staff all; platform admins respond (docs/incidents.md).
+    ("GET", "incidents-list"): Case("401 200 200 200 200 200 200 200", lambda w: f"{V1}/incidents/"),
+    ("GET", "incidents-detail"): Case(
+        "401 200 200 200 200 404 200 200", lambda w: f"{V1}/incidents/{w.t1.objects[Incident].pk}/"),
+    ("POST", "incidents-acknowledge"): Case(
+        "401 403 403 403 403 403 403 200", lambda w: f"{V1}/incidents/{w.t1.objects[Incident].pk}/acknowledge/"),
+    ("POST", "incidents-assign"): Case(
+        "401 403 403 403 403 403 403 200", lambda w: f"{V1}/incidents/{w.t1.objects[Incident].pk}/assign/",
+        lambda w: {"assignee": w.users["platform_admin"].email}),
+    ("POST", "incidents-resolve"): Case(
+        "401 403 403 403 403 403 403 200", lambda w: f"{V1}/incidents/{w.t1.objects[Incident].pk}/resolve/",
+        lambda w: {"note": "Replaced the PSU."}),
 }
 
 

@@ -28,7 +28,7 @@ from provisioning.drivers.simulated_devices import trust_simulated_fleet
 from provisioning.models import VPC, Instance, Operation, Reservation
 from security.audit import audit_record
 from security.crypto import encrypt
-from security.models import AuditEvent
+from security.models import AuditEvent, Incident
 from storage.catalogue import default_storage_classes
 from storage.drivers.simulated import SimulatedStorage
 from storage.models import Checkpoint, CheckpointPolicy, Volume, VolumeSnapshot
@@ -152,6 +152,9 @@ def make_tenant_objects(side: TenantSide, member: User) -> None:
     )
     side.objects[Reservation] = reservation
     side.objects[Operation] = Operation.objects.create(tenant=tenant, reservation=reservation, kind="place")
+    side.objects[Incident] = lambda: Incident.objects.create(  # made on first use: detectors' tests count incidents
+        kind="node_failure", tenant_id=tenant.pk, reservation_id=reservation.pk, summary=f"Hardware failure under "
+        f"reservation {reservation.name}", evidence={"cause": "world"}, notified_at=timezone.now())
     side.objects[Instance] = lambda: Instance.objects.create(  # made on first use: it needs a fleet
         tenant=tenant, reservation=reservation, node=fleet_node(), index=0, kind="vm", state="active",
         name=unique("vm"), address="vm.world.gpu", ssh_user="ubuntu")

@@ -149,6 +149,8 @@ def attach(client) -> None:
     c.endpoints = Collection(c, "endpoints", "lgcud", actions={
         "replicas": (GET, "replicas"), "decisions": (GET, "decisions"), "utilization": (GET, "utilization")})
     c.sla = Collection(c, "sla")
+    c.incidents = Collection(c, "incidents", actions={
+        "acknowledge": (POST, "acknowledge"), "assign": (POST, "assign"), "resolve": (POST, "resolve")})
     c.audit_events = Collection(c, "audit-events")
     c.audit_chain = lambda: c.request("GET", "audit-chain/")
     # Staff: the fleet and its trust.
