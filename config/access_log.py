@@ -8,6 +8,10 @@ which ``manage.py up`` passes when MERIDIAN_LOG_LEVEL=DEBUG); one that failed (4
 at INFO with every other request, because an agent that cannot reach the control plane is news.
 The agents' health is watched by the missed-heartbeat detector and /metrics, not by this log.
 
+With MERIDIAN_LOG_FORMAT=json gunicorn's own lines are JSON too (config.logging_json), and an
+access line carries the request's fields: its id and tenant (the request's log context, left in
+the WSGI environ by the request-id middleware), method, path, status, bytes sent, duration.
+
 Used as ``gunicorn --logger-class config.access_log.AccessLogger``.
 """
 
@@ -17,6 +21,8 @@ import logging
 
 from gunicorn.glogging import Logger
 
+from config.logging_json import JsonFormatter, json_logs
+from core.log_context import ENVIRON_KEY, ContextFilter
 from operations.node_api.handler import NODE_API_PREFIX
 
 
@@ -38,15 +44,40 @@ class AccessLogger(Logger):
         # gunicorn pins the access log at INFO; at --log-level debug it shows the node API too.
         if self.loglevel <= logging.DEBUG:
             self.access_log.setLevel(logging.DEBUG)
+        self.json_lines = json_logs()
+        if self.json_lines:
+            for handler in (*self.error_log.handlers, *self.access_log.handlers):
+                if getattr(handler, "_gunicorn", False):
+                    handler.setFormatter(JsonFormatter())
+                    handler.addFilter(ContextFilter())
 
     def access(self, resp, req, environ, request_time):
-        if not environ.get("PATH_INFO", "").startswith(NODE_API_PREFIX) or _status_code(resp) >= 400:
-            super().access(resp, req, environ, request_time)
-            return
-        if not self.access_log_enabled or not self.access_log.isEnabledFor(logging.DEBUG):
+        status = _status_code(resp)
+        level = logging.INFO if not environ.get("PATH_INFO", "").startswith(NODE_API_PREFIX) or status >= 400 \
+            else logging.DEBUG
+        if not self.access_log_enabled or not self.access_log.isEnabledFor(level):
             return
         atoms = self.atoms_wrapper_class(self.atoms(resp, req, environ, request_time))
         try:
-            self.access_log.debug(self.cfg.access_log_format, atoms)
+            extra = _fields(resp, environ, request_time, status) if getattr(self, "json_lines", False) else None
+            self.access_log.log(level, self.cfg.access_log_format, atoms, extra=extra)
         except Exception:  # as gunicorn's own access(): a log line never fails the request
             self.exception("The access log line could not be written.")
+
+
+def _fields(resp, environ, request_time, status: int) -> dict:
+    """An access line's own fields (JSON lines): whose request it was, and what it did."""
+    context = environ.get(ENVIRON_KEY)
+    request_id = getattr(context, "request_id", None)
+    if request_id is None:  # a request that never reached the middleware: the id it answered with, if any
+        request_id = dict((k.lower(), v) for k, v in getattr(resp, "headers", ())).get("x-request-id")
+    return {
+        "request_id": request_id,
+        "tenant": getattr(context, "tenant", None),
+        "method": environ.get("REQUEST_METHOD"),
+        "path": environ.get("PATH_INFO"),
+        "status": status,
+        "bytes": getattr(resp, "sent", None),
+        "duration_ms": round(request_time.total_seconds() * 1000, 3),
+        "remote_addr": environ.get("REMOTE_ADDR"),
+    }

@@ -8,6 +8,8 @@ import uuid
 from django.conf import settings
 from django.http import JsonResponse
 
+from core import log_context, tracing
+
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
 
@@ -18,7 +20,11 @@ def current_request_id() -> str | None:
 
 
 class RequestIdMiddleware:
-    """Give every request an id (the client's ``X-Request-ID`` when well-formed) and echo it."""
+    """
+    Give every request an id (the client's ``X-Request-ID`` when well-formed) and echo it; its log
+    lines carry it, and the tenant once authentication knows it (core.log_context), as does the
+    access line (the context stays in the WSGI environ for it).
+    """
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -26,10 +32,14 @@ class RequestIdMiddleware:
     def __call__(self, request):
         offered = request.headers.get("X-Request-ID", "")
         request.id = offered if _CLIENT_ID.match(offered) else uuid.uuid4().hex
-        token = _request_id.set(request.id)
+        context = log_context.LogContext(request_id=request.id)
+        request.META[log_context.ENVIRON_KEY] = context
+        tracing.annotate(request_id=request.id)
+        token, logged = _request_id.set(request.id), log_context.enter(context)
         try:
             response = self.get_response(request)
         finally:
+            log_context.leave(logged)
             _request_id.reset(token)
         response["X-Request-ID"] = request.id
         return response

@@ -17,6 +17,7 @@ from django.utils import timezone
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 
+from core import log_context
 from tenants.models import APIToken
 
 TOKEN_FORMAT = re.compile(r"^mrd_(?P<prefix>[0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
@@ -97,6 +98,7 @@ class APITokenAuthentication(BaseAuthentication):
 
         # The principal too, from the same remembered rows (tenants.token_cache): PrincipalMixin uses it.
         request.bearer_principal = principal = principal_for_bearer(raw)
+        log_context.set_tenant(principal.tenant)  # the request's log lines say whose it is from here on
         return principal.user, principal.token
 
     def authenticate_header(self, request):

@@ -4,6 +4,7 @@ import uuid
 
 from rest_framework.exceptions import NotFound
 
+from core import log_context
 from tenants.authentication import authenticate_token, check_token, token_prefix, token_revoked
 from tenants.choices import PlatformRole, TenantRole
 from tenants.models import APIToken, Membership, TeamMembership, User
@@ -82,6 +83,7 @@ def principal_for_session(user: User, tenant_hint: str | None) -> Principal:
         chosen = memberships[0]
     if chosen is None:
         return Principal(user=user)
+    log_context.set_tenant(chosen.tenant)  # the request's log lines say whose it is from here on
     return Principal(user=user, tenant=chosen.tenant, role=TenantRole(chosen.role),
                      team_roles=load_team_roles(user, chosen.tenant_id))
 

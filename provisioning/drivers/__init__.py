@@ -11,6 +11,7 @@ from importlib import import_module
 
 from django.conf import settings
 
+from core.tracing import traced_driver
 from provisioning.drivers.base import (
     ContainerDriver,
     DriverError,
@@ -67,7 +68,7 @@ def fabric_driver_for(fabric) -> FabricDriver:
                           "fix MERIDIAN_FABRICS.", transient=False) from None
     module, cls = path.rsplit(".", 1)
     try:
-        return getattr(import_module(f"{__name__}.{module}"), cls)(**chosen)
+        return traced_driver("fabric", getattr(import_module(f"{__name__}.{module}"), cls)(**chosen))
     except TypeError as exc:
         raise DriverError(f"MERIDIAN_FABRICS for {key} does not suit the {name} driver: {exc}", transient=False) \
             from None
@@ -76,7 +77,9 @@ def fabric_driver_for(fabric) -> FabricDriver:
 def drivers_for(region_slug: str) -> Drivers:
     configured = settings.MERIDIAN_DRIVERS
     chosen = {**configured.get("default", {}), **configured.get(region_slug, {})}
-    return Drivers(**{kind: _load(kind, chosen.get(kind, "simulated"), region_slug) for kind in IMPLEMENTATIONS})
+    # Each call a span while tracing is on (core.tracing); the drivers themselves otherwise.
+    return Drivers(**{kind: traced_driver(kind, _load(kind, chosen.get(kind, "simulated"), region_slug))
+                      for kind in IMPLEMENTATIONS})
 
 
 @cache

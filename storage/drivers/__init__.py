@@ -6,6 +6,7 @@ know no tenant and call no service. ``driver_for`` picks one by a storage class'
 
 from __future__ import annotations
 
+from core.tracing import traced_driver
 from storage.drivers.base import Export, StorageDriver, StorageDriverError
 from storage.drivers.libvirt_pool import LibvirtPoolStorage
 from storage.drivers.object_store import ObjectStore
@@ -19,10 +20,11 @@ DRIVERS: dict[str, type] = {"simulated": SimulatedStorage, "libvirt": LibvirtPoo
 def driver_for(backend: str) -> StorageDriver:
     """The driver of a storage class's ``backend``; a backend not installed is an error for good."""
     try:
-        return DRIVERS[backend]()
+        driver = DRIVERS[backend]()
     except KeyError:
         raise StorageDriverError(f"No storage driver '{backend}' is installed (known: {', '.join(DRIVERS)}).",
                                  transient=False) from None
+    return traced_driver("storage", driver)  # each call a span while tracing is on (core.tracing)
 
 
 __all__ = ["DRIVERS", "Export", "StorageDriver", "StorageDriverError", "driver_for"]
