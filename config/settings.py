@@ -18,6 +18,8 @@ from cryptography.fernet import Fernet
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from config.logging_json import log_format, logging_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -230,6 +232,8 @@ AXES_VERBOSE = False
 #
 SECURE_TRANSPORT = env.bool("MERIDIAN_SECURE_TRANSPORT", default=not DEBUG)
 SECURE_SSL_REDIRECT = SECURE_TRANSPORT
+# Orchestrators probe each process directly over plain HTTP, inside the cluster.
+SECURE_REDIRECT_EXEMPT = [r"^health/"]
 SESSION_COOKIE_SECURE = SECURE_TRANSPORT
 CSRF_COOKIE_SECURE = SECURE_TRANSPORT
 SECURE_HSTS_SECONDS = 31_536_000 if SECURE_TRANSPORT else 0
@@ -385,75 +389,12 @@ CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 10
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = env("MERIDIAN_CELERY_QUEUE", default="meridian")
 CELERY_TIMEZONE = "UTC"
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
-CELERY_BEAT_SCHEDULE = {
-    "tenants.invitation_expire": {"task": "tenants.invitation_expire", "schedule": 300.0},
-    "provisioning.idempotency_key_prune": {"task": "provisioning.idempotency_key_prune", "schedule": 3600.0},
-    # Start reservations whose window opened, release those whose window ended, resume or fail
-    # operations stuck past their deadline.
-    "provisioning.lifecycle_tick": {"task": "provisioning.lifecycle_tick", "schedule": 5.0},
-    "provisioning.agent_nonce_prune": {"task": "provisioning.agent_nonce_prune", "schedule": 60.0},
-    # Expire high-priority status that ran out; revoke it where the team's record fell below the thresholds.
-    "tenants.hp_revoke_due": {"task": "tenants.hp_revoke_due", "schedule": 3600.0},
-    # Chain the audit events in commit order and sign a checkpoint of the head.
-    "security.audit_seal": {"task": "security.audit_seal", "schedule": 5.0},
-    # --- GPU telemetry (cloud.telemetry) ---
-    # Roll raw samples into 1-minute buckets (and closed hours into 1-hour ones) every minute;
-    # drop what is past MERIDIAN_TELEMETRY_RETENTION every hour; read the BMCs and fabric port
-    # states of bare-metal nodes a tenant holds (no agent runs there) every MERIDIAN_BMC_POLL_SECONDS.
-    "cloud.telemetry_rollup": {"task": "cloud.telemetry_rollup", "schedule": 60.0},
-    # Storage: lost volume steps and checkpoint moves sent again, ended reservations' attachments
-    # detached, orphans removed.
-    "storage.reconcile": {"task": "storage.reconcile", "schedule": 60.0},
-    # Storage's billed GiB per tenant, team and class (storage.usage).
-    "storage.usage_sample": {"task": "storage.usage_sample",
-                             "schedule": env.float("MERIDIAN_STORAGE_USAGE_SECONDS", default=300.0)},
-    # Billing: the windows that closed since the last run into the usage ledger, then corrections.
-    "billing.meter": {"task": "billing.meter", "schedule": env.float("MERIDIAN_METER_SECONDS", default=300.0)},
-    # The spot market: every spot offering's price per region from how much of its GPUs are held.
-    "billing.spot_update": {"task": "billing.spot_update", "schedule": env.float("MERIDIAN_SPOT_SECONDS",
-                                                                                default=300.0)},
-    # Webhooks: events fanned out to their endpoints' deliveries; due retries queued; old ones pruned.
-    "webhooks.dispatch": {"task": "webhooks.dispatch", "schedule": env.float("MERIDIAN_WEBHOOK_DISPATCH_SECONDS",
-                                                                          default=5.0)},
-    "webhooks.sweep": {"task": "webhooks.sweep", "schedule": 30.0},
-    "webhooks.prune": {"task": "webhooks.prune", "schedule": 86400.0},
-    # Inference endpoints: the autoscaler's pass over every endpoint, and the balancer's configuration.
-    "inference.autoscale": {"task": "inference.autoscale",
-                            "schedule": env.float("MERIDIAN_AUTOSCALE_SECONDS", default=5.0)},
-    "inference.balancer_sync": {"task": "inference.balancer_sync", "schedule": 30.0},
-    # Last month's invoices, finalized once the meter has recorded all of it.
-    "billing.invoices_close": {"task": "billing.invoices_close", "schedule": 3600.0},
-    # Checkpoint tiers: scan each policy's file system, demote what it no longer keeps hot.
-    "storage.checkpoints_tier": {"task": "storage.checkpoints_tier",
-                                 "schedule": env.float("MERIDIAN_STORAGE_TIER_SECONDS", default=600.0)},
-    # Sample each queued reservation's place and estimated start, and the fleet's occupancy, for
-    # the console's charts (provisioning.history); prune what is past MERIDIAN_HISTORY_DAYS.
-    "provisioning.history_sample": {"task": "provisioning.history_sample",
-                                    "schedule": env.float("MERIDIAN_HISTORY_SAMPLE_SECONDS", default=300.0)},
-    "cloud.telemetry_prune": {"task": "cloud.telemetry_prune", "schedule": 3600.0},
-    "cloud.telemetry_bmc_collect": {"task": "cloud.telemetry_bmc_collect",
-                                    "schedule": env.float("MERIDIAN_BMC_POLL_SECONDS", default=60.0)},
-    # --- end of GPU telemetry ---
-    # Compare every fabric's partitions with the database and repair drift (IB-VPCs), every
-    # MERIDIAN_FABRIC_RECONCILE_SECONDS.
-    "provisioning.fabrics_reconcile": {"task": "provisioning.fabrics_reconcile",
-                                       "schedule": env.float("MERIDIAN_FABRIC_RECONCILE_SECONDS", default=60.0)},
-    # Fleet alerts from the GPU telemetry rollups (operations.alerts): utilization fluctuation, idle
-    # reserved GPUs (the tenant is told), repeated XIDs on a node.
-    "cloud.alerts_evaluate": {"task": "cloud.alerts_evaluate", "schedule": 60.0},
-    # Failure detection (operations.detection): silent agents make their nodes suspect, then failed;
-    # reset GPUs that recovered come back. Every MERIDIAN_WATCHDOG_SECONDS (1 s: half a liveness
-    # period); a round still queued after a few of them is dropped, the next one judges.
-    "cloud.heartbeats_watch": {"task": "cloud.heartbeats_watch",
-                               "schedule": env.float("MERIDIAN_WATCHDOG_SECONDS", default=1.0),
-                               # (django_celery_beat's name for Celery's relative ``expires``, whole seconds)
-                               "options": {"expire_seconds": max(5, round(5 * env.float("MERIDIAN_WATCHDOG_SECONDS",
-                                                                                       default=1.0)))}},
-    # Reserved GPUs never used are warned, then released as no-shows; GPUs held past a
-    # reservation's end plus its offering's release grace are reclaimed (provisioning.lifecycle.no_shows).
-    "provisioning.no_show_scan": {"task": "provisioning.no_show_scan", "schedule": 60.0},
-}
+# django_celery_beat's database scheduler, with standbys: one beat leads (config/beat.py).
+CELERY_BEAT_SCHEDULER = "config.beat:LeaderScheduler"
+# How often a standby beat asks for the lead: a killed leader's tasks resume within about this.
+MERIDIAN_BEAT_STANDBY_POLL = env.float("MERIDIAN_BEAT_STANDBY_SECONDS", default=1.0)
+# What beat sends, and how often: config/beat_schedule.py.
+from config.beat_schedule import CELERY_BEAT_SCHEDULE  # noqa: E402, F401
 
 #
 # Meridian
@@ -492,6 +433,22 @@ MERIDIAN_DEFAULT_QUOTAS = {
     "object_gib": env.int("MERIDIAN_DEFAULT_OBJECT_QUOTA_GIB", default=102_400),
 }
 MERIDIAN_PUBLIC_URL = env("MERIDIAN_PUBLIC_URL", default="http://127.0.0.1:8000")
+
+# Outgoing e-mail (incident pages, staff notices) and on-call paging: docs/incidents.md.
+EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST, EMAIL_PORT = env("EMAIL_HOST", default="localhost"), env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER, EMAIL_HOST_PASSWORD = env("EMAIL_HOST_USER", default=""), env("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS, EMAIL_USE_SSL = env.bool("EMAIL_USE_TLS", default=False), env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=10.0)
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="meridian@localhost")
+MERIDIAN_ONCALL_EMAIL = env.list("MERIDIAN_ONCALL_EMAIL", default=[])  # empty: no e-mail is sent
+MERIDIAN_ONCALL_WEBHOOK_URL = env("MERIDIAN_ONCALL_WEBHOOK_URL", default="")  # empty: no webhook
+MERIDIAN_ONCALL_WEBHOOK_SECRET = env("MERIDIAN_ONCALL_WEBHOOK_SECRET", default="")  # signs it when set
+MERIDIAN_ONCALL_MIN_SEVERITY = env("MERIDIAN_ONCALL_MIN_SEVERITY", default="info")  # e-mail from here up
+MERIDIAN_ONCALL_PAGE_SEVERITY = env("MERIDIAN_ONCALL_PAGE_SEVERITY", default="critical")  # the webhook too
+MERIDIAN_ONCALL_SEVERITIES = env.json("MERIDIAN_ONCALL_SEVERITIES", default={})  # {"kind": "critical"}
+MERIDIAN_ONCALL_MAX_ATTEMPTS = env.int("MERIDIAN_ONCALL_MAX_ATTEMPTS", default=8)
+MERIDIAN_ONCALL_RETRY_SECONDS = env.float("MERIDIAN_ONCALL_RETRY_SECONDS", default=30.0)  # doubling, 1 h at most
 
 # Reservations and the scheduler (read at call time).
 # Priority weights: the operator's base formula 0.4 urgency + 0.3 fulfilment + 0.3 (1 - load),
@@ -583,14 +540,10 @@ from config.fleet_settings import *  # noqa: E402, F403
 MERIDIAN_STUCK_AFTER = timedelta(seconds=max(env.int("MERIDIAN_STUCK_AFTER_SECONDS", default=0),
                                              CELERY_TASK_TIME_LIMIT + 60))
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env("MERIDIAN_LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+# plain (default: `make run`) or json (deployments; the image sets it), with the request id, tenant,
+# task and trace on each line: config.logging_json, docs/observability.md.
+MERIDIAN_LOG_FORMAT = log_format()
+LOGGING = logging_settings(MERIDIAN_LOG_FORMAT, level=env("MERIDIAN_LOG_LEVEL", default="INFO"))
 if MERIDIAN_AUDIT_HEAD_SYSLOG:
     _host, _, _port = MERIDIAN_AUDIT_HEAD_SYSLOG.rpartition(":")
     LOGGING["handlers"]["audit_head_syslog"] = {
