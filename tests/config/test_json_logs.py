@@ -23,11 +23,8 @@ from config.access_log import AccessLogger
 from config.logging_json import JsonFormatter, log_format
 from core import log_context
 from core.log_context import ContextFilter, LogContext
-from storage.drivers.simulated import SimulatedStorage
-from storage.models import Volume
-from tests.config.worker_thread import wait_for, worker_thread
+from tests.config.worker_thread import volume_created_by_a_request, wait_for, worker_thread
 from tests.operations.test_node_api_handler import call
-from tests.world import small_fleet
 
 FIELDS = {"timestamp", "level", "logger", "message", "request_id", "tenant"}
 
@@ -139,23 +136,7 @@ def test_the_node_api_s_own_handler_gives_its_requests_an_id(world, application,
 
 @pytest.mark.django_db(transaction=True)  # the step is queued on commit and run by a worker thread
 def test_a_task_s_lines_carry_the_id_and_tenant_of_the_request_that_queued_it(world, worker, lines, monkeypatch):
-    small_fleet(4)
-    from cloud.models import Region
-    from storage.catalogue import default_storage_classes
-
-    default_storage_classes(Region.objects.get(slug="us-east-1"))
-    create = SimulatedStorage.create
-
-    def create_and_say(self, **kwargs):
-        logging.getLogger("meridian.test.driver").info("Creating %s.", kwargs["ref"])
-        return create(self, **kwargs)
-
-    monkeypatch.setattr(SimulatedStorage, "create", create_and_say)
-    response = world.client("t1_member").post(
-        "/api/v1/volumes/", {"name": "ckpt", "storage_class": "us-east-1-shared-fs", "size_gib": 500},
-        format="json", HTTP_X_REQUEST_ID="queued-by-this-request")
-    assert response.status_code == 201, response.content
-    volume = Volume.objects.get(pk=response.json()["id"])
+    volume = volume_created_by_a_request(world, monkeypatch, "queued-by-this-request")
     (line,) = wait_for(lambda: lines.about(f"Creating {volume.backend_ref}."))
     assert line["request_id"] == "queued-by-this-request" and line["tenant"] == world.t1.tenant.slug
     assert line["task_name"] == "storage.volume_converge" and line["task_id"]

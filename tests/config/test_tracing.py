@@ -30,10 +30,8 @@ from provisioning.drivers import DriverError, Target, drivers_for
 from provisioning.drivers.simulated import SimulatedPower
 from storage.drivers import driver_for
 from storage.drivers.simulated import SimulatedStorage
-from storage.models import Volume
-from tests.config.worker_thread import wait_for, worker_thread
+from tests.config.worker_thread import volume_created_by_a_request, wait_for, worker_thread
 from tests.operations.test_node_api_handler import call
-from tests.world import small_fleet
 
 REPO = Path(__file__).resolve().parents[2]
 OTEL_MIDDLEWARE = DjangoInstrumentor._opentelemetry_middleware
@@ -83,23 +81,7 @@ def named(exporter, name: str):
 
 @pytest.mark.django_db(transaction=True)  # the step is queued on commit and run by the worker thread
 def test_a_request_its_celery_step_and_the_driver_call_are_one_trace(world, worker, spans, records, monkeypatch):
-    small_fleet(4)
-    from cloud.models import Region
-    from storage.catalogue import default_storage_classes
-
-    default_storage_classes(Region.objects.get(slug="us-east-1"))
-    create = SimulatedStorage.create
-
-    def create_and_say(self, **kwargs):
-        logging.getLogger("meridian.test.driver").info("Creating %s.", kwargs["ref"])
-        return create(self, **kwargs)
-
-    monkeypatch.setattr(SimulatedStorage, "create", create_and_say)
-    response = world.client("t1_member").post(
-        "/api/v1/volumes/", {"name": "ckpt", "storage_class": "us-east-1-shared-fs", "size_gib": 500},
-        format="json", HTTP_X_REQUEST_ID="traced-request-1")
-    assert response.status_code == 201, response.content
-    volume = Volume.objects.get(pk=response.json()["id"])
+    volume = volume_created_by_a_request(world, monkeypatch, "traced-request-1")
     (run,) = wait_for(lambda: named(spans, "run/storage.volume_converge"))
 
     (server,) = [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]

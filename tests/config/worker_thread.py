@@ -6,6 +6,7 @@ which runs it against the test database. Tests using it need ``django_db(transac
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -59,3 +60,27 @@ def wait_for(condition, timeout: float = 20.0):
             return answer
         time.sleep(0.05)
     raise AssertionError(f"Not so after {timeout} s: {condition.__doc__ or condition}")
+
+
+def volume_created_by_a_request(world, monkeypatch, request_id: str):
+    """A volume created through the API with ``request_id``; its driver's create logs "Creating <ref>."."""
+    from cloud.models import Region
+    from storage.catalogue import default_storage_classes
+    from storage.drivers.simulated import SimulatedStorage
+    from storage.models import Volume
+    from tests.world import small_fleet
+
+    small_fleet(4)
+    default_storage_classes(Region.objects.get(slug="us-east-1"))
+    create = SimulatedStorage.create
+
+    def create_and_say(self, **kwargs):
+        logging.getLogger("meridian.test.driver").info("Creating %s.", kwargs["ref"])
+        return create(self, **kwargs)
+
+    monkeypatch.setattr(SimulatedStorage, "create", create_and_say)
+    response = world.client("t1_member").post(
+        "/api/v1/volumes/", {"name": "ckpt", "storage_class": "us-east-1-shared-fs", "size_gib": 500},
+        format="json", HTTP_X_REQUEST_ID=request_id)
+    assert response.status_code == 201, response.content
+    return Volume.objects.get(pk=response.json()["id"])
