@@ -28,7 +28,7 @@ from security import incident_response
 from security.incident_paging import severity_of
 from security.models import Incident
 from tenants.choices import PlatformRole
-from tenants.models import User
+from tenants.models import Tenant, User
 from web.console import CHANGE, console_page, error_text, may, scoped, scoped_or_404, words
 
 PER_PAGE = 50
@@ -36,10 +36,11 @@ SHOWN = {"open": "Open", "all": "All, newest first"}
 
 
 def _named(queryset):
-    """Incidents with their node's hostname and region, and the people on them, in the one query."""
+    """Incidents with their node's hostname and region, their tenant's name, and the people on them, in one query."""
     nodes = Node.objects.filter(pk=OuterRef("node_id"))
     return queryset.select_related("acknowledged_by", "assignee", "resolved_by").annotate(
-        node_hostname=Subquery(nodes.values("hostname")[:1]), node_region=Subquery(nodes.values("region__slug")[:1]))
+        node_hostname=Subquery(nodes.values("hostname")[:1]), node_region=Subquery(nodes.values("region__slug")[:1]),
+        tenant_name=Subquery(Tenant.objects.filter(pk=OuterRef("tenant_id")).values("name")[:1]))
 
 
 def _dressed(incident: Incident, now) -> Incident:
@@ -74,7 +75,9 @@ def incidents(request):
     now = timezone.now()
     rows = [_dressed(incident, now) for incident in page]
     return render(request, "staff/incidents.html", {
-        "page": page, "rows": rows, "show": show, "shown": SHOWN, "kind": kind, "node": node,
+        "page": page, "rows": rows, "show": show, "shown": SHOWN, "kind": kind, "kind_words": words(kind),
+        "kinds": [(k, words(k)) for k in Incident.objects.order_by("kind").values_list("kind", flat=True).distinct()],
+        "node": node,
         "can_act": may(request.principal, "incidents"), "admins": list(_staff_admins()) if rows else [],
         "me_id": request.principal.user.pk, "here": request.get_full_path()})
 

@@ -240,8 +240,8 @@ def places(world, people, steps):
         "t1_viewer": tenant_pages,
         "platform_admin": [
             "/staff/", f"/staff/search/?q={tenant.name}", "/staff/fleet/", f"/staff/fleet/nodes/{node.pk}/",
-            "/staff/queue/", "/staff/quotas/", "/staff/sla/", f"/staff/sla/{tenant.pk}/", "/staff/high-priority/",
-            f"/staff/high-priority/{application.pk}/", "/audit/",
+            "/staff/queue/", "/staff/incidents/?show=all", "/staff/quotas/", "/staff/sla/", f"/staff/sla/{tenant.pk}/",
+            "/staff/high-priority/", f"/staff/high-priority/{application.pk}/", "/audit/",
         ],
     }
 
