@@ -139,6 +139,9 @@ def read(*, ping_timeout: float = 0.5) -> ControlPlaneStatus:
             status.queue_depths = queue_depths()
         except Exception:  # a queue not declared yet (no worker started): nothing waiting in it
             status.queue_depths = {}
-        replies = current_app.control.ping(timeout=ping_timeout) or []
+        try:
+            replies = current_app.control.ping(timeout=ping_timeout) or []
+        except Exception:  # the broker went away since its check: no worker answered
+            replies = []
         status.workers = sorted(name for reply in replies for name in reply)
     return status
