@@ -210,13 +210,14 @@ def _fast_path(reservation: Reservation, now: datetime) -> Placement | None:
     request = request_for(reservation, now)
     # Only the request's pool: five times less to load than the whole region (the fast path is
     # on every create). The headroom is then a share of that pool's GPUs of the model. On-demand
-    # whole-GPU work may use the headroom, so it first plans on the few nodes that would take it,
-    # read with their free GPUs in one statement (the nodes a recent read chose, free_hint, else
-    # the pool's best-fit hosts or preferred leaves' whole-free nodes); only when that does not
-    # settle it does it load the pool with what holds it (and may evict spot work). Fractional
-    # slots need the shared GPUs to pack onto.
+    # and spot whole-GPU work may use the headroom, so it first plans on the few nodes that would
+    # take it, read with their free GPUs in one statement (the nodes a recent read chose, free_hint,
+    # else the pool's best-fit hosts or preferred leaves' whole-free nodes); only when that does not
+    # settle it does it load the pool with what holds it (and on-demand work may evict spot work).
+    # Fractional slots need the shared GPUs to pack onto; reserved work, the whole pool to count
+    # the headroom on.
     placement = None
-    if request.on_demand and request.slots_per_gpu == 1:
+    if (request.on_demand or request.preemptible) and request.slots_per_gpu == 1:
         placement = _place_on_free(request, now)
     if placement is None:
         where = {"now": now, "until": request.end, "regions": request.regions,

@@ -305,9 +305,11 @@ def test_headroom_blocks_reserved_work_that_would_dig_into_it():
     assert planner.place(ask(VM, per_unit=2, on_demand=False)) is not None
 
 
-def test_headroom_blocks_spot_work():
-    planner = Planner(headroom_fleet(), headroom=0.25)
-    assert planner.place(ask(VM, per_unit=3, on_demand=False, preemptible=True)) is None
+def test_spot_work_may_use_the_headroom_unless_kept_out_of_it():
+    """Spot work is evicted to give the headroom back (tests/provisioning/test_headroom.py), not kept out."""
+    assert Planner(headroom_fleet(), headroom=0.25).place(ask(VM, per_unit=3, on_demand=False, preemptible=True))
+    kept_out = Planner(headroom_fleet(), headroom=0.25, spot_in_headroom=False)
+    assert kept_out.place(ask(VM, per_unit=3, on_demand=False, preemptible=True)) is None
 
 
 def test_on_demand_work_may_use_the_headroom():
@@ -527,11 +529,15 @@ def scenarios(draw):
 
 
 def assert_evictions_allowed(snap: Snapshot, placement: Placement, request: Request) -> None:
-    """Only spot work of lower priority is evicted, and only by a request that may preempt and is not spot."""
+    """
+    Only spot work is evicted, and only by a request that may preempt and is not spot: spot work of
+    lower priority, or any spot work for on-demand work taking the headroom back (planner._victim_bar).
+    """
     for eviction in placement.evictions:
         victim = [b for n in snap.nodes for g in n.gpus for b in g.busy
                   if b.reservation_id == eviction.victim_reservation_id]
-        assert victim and all(b.preemptible and b.priority < request.priority for b in victim)
+        assert victim and all(b.preemptible and (b.priority < request.priority or request.on_demand)
+                              for b in victim)
         assert request.may_preempt and not request.preemptible
 
 

@@ -14,12 +14,15 @@ Rules it keeps:
     link (one NVLink domain, else one PCIe switch, else one NUMA node: ``topology``);
   - fractional containers take slots of GPUs already cut the same way before starting a GPU;
   - a future window is booked as it is: later work only fits in front of it if it ends first;
-  - reserved and spot work keep ``headroom`` of each region free for on-demand work;
+  - reserved work keeps ``headroom`` of each region's GPUs of a model and pool kind free for
+    on-demand work (a GPU cut into slots counting by its free share); spot work may use it, and
+    on-demand work no larger than it may evict spot work of any priority to take it back;
   - lower-priority spot work may be evicted (fewest, then lowest-priority victims), never by spot.
 
-Modules: ``state`` (the index and every change to it), ``fit`` (where a request fits), ``topology``
-(which GPUs of a node a unit takes), ``preempt`` (where it fits by evicting), ``reasons`` (why it
-waits), ``planning`` (the order of trial, and recording decisions).
+Modules: ``state`` (the index and every change to it), ``load`` (the headroom's counts of GPUs in
+use), ``slots`` (GPU slot layouts), ``fit`` (where a request fits), ``topology`` (which GPUs of a
+node a unit takes), ``preempt`` (where it fits by evicting), ``reasons`` (why it waits),
+``planning`` (the order of trial, and recording decisions).
 """
 
 from provisioning.scheduling.planner.planning import Planner, plan

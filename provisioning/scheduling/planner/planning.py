@@ -6,6 +6,12 @@ Order of trial, for one request: its regions in its order (burst into the next w
 hold it), within a region its GPU models in its order, within those every fabric (the best
 topology wins). Only when no region can hold it without evicting anything, and the request may
 preempt, the same order is tried again with lower-priority spot work as possible victims.
+
+The headroom (a share of each region's GPUs of a model and pool kind) is kept for on-demand
+bursts: reserved work may not take it. Spot work may -- it is the capacity spot sells -- and
+gives it back: an on-demand request no larger than the headroom may evict spot work whatever its
+priority (soft, after the grace period, as any eviction). A GPU cut into slots counts by its free
+share (planner.load).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from provisioning.scheduling.planner.fit import Fit, Shortfall, gang, slot_units
 from provisioning.scheduling.planner.preempt import gang_evicting, slots_evicting, vm_evicting
 from provisioning.scheduling.planner.reasons import NO_CAPACITY, Wording
 from provisioning.scheduling.planner.state import FOREVER, TICK, Capacity, Entry, Pool
+
+ANY = float("inf")  # the bar of an on-demand request taking the headroom back: every spot priority is below it
 
 # A shape that failed is remembered this many times per (shape, start) before the oldest is dropped.
 FAILURES_PER_SHAPE = 8
@@ -85,10 +93,14 @@ class Planner:
     """
 
     def __init__(self, snapshot: Snapshot | None = None, *, headroom: float = 0.10,
-                 model_names: Mapping[UUID, str] | None = None, capacity: Capacity | None = None):
+                 model_names: Mapping[UUID, str] | None = None, capacity: Capacity | None = None,
+                 spot_in_headroom: bool = True, slot_shares: bool = True):
         # ``capacity``: an index kept from an earlier plan and brought up to date, instead of a snapshot.
-        self.capacity = capacity if capacity is not None else Capacity(snapshot)
+        # ``spot_in_headroom`` False: spot work is kept out of the headroom like reserved work (and
+        # so never evicted to give it back); ``slot_shares`` False: a cut GPU counts whole in it.
+        self.capacity = capacity if capacity is not None else Capacity(snapshot, slot_shares=slot_shares)
         self.headroom = headroom
+        self.spot_in_headroom = spot_in_headroom
         self.wording = Wording(self.capacity.now, model_names or {}, origin=self.capacity.origin)
         self.last_reason = ""
         self._reasons: dict[UUID, str] = {}
@@ -175,7 +187,8 @@ class Planner:
         """Everything but the units and the end that decides whether a request fits (see Failures)."""
         evicting = None
         if self._may_evict(request):
-            evicting = (self.capacity.victims_below(request.priority), request.eviction_grace)
+            every = len(self.capacity.victim_priority) if self._takes_back(request) else None
+            evicting = (self.capacity.victims_below(request.priority), every, request.eviction_grace)
         return (request.kind, request.gpu_model_ids, request.regions, request.fabric_id, request.gpus_per_unit,
                 request.slots_per_gpu, request.share_class, request.on_demand, request.confidential, s, evicting)
 
@@ -183,6 +196,28 @@ class Planner:
     def _may_evict(request: Request) -> bool:
         """Spot work never preempts, so two spot requests cannot evict each other in turn."""
         return request.may_preempt and not request.preemptible
+
+    def _guarded(self, request: Request) -> bool:
+        """Whether the headroom is kept from ``request``: reserved work (and spot, unless it may use it)."""
+        if self.headroom <= 0 or request.on_demand:
+            return False
+        return not (request.preemptible and self.spot_in_headroom)
+
+    def _takes_back(self, request: Request) -> bool:
+        """An on-demand request that may evict spot work of any priority where it fits in the headroom."""
+        return request.on_demand and self.spot_in_headroom and self.headroom > 0
+
+    def _kept(self, group: tuple) -> float:
+        """The headroom of a ``(region, model, pool kind)``, in GPUs (to the millionth: 0.1 x 30 is 3)."""
+        return round(self.headroom * self.capacity.group_gpus.get(group, 0), 6)
+
+    def _victim_bar(self, request: Request, group: tuple) -> float:
+        """Spot work strictly below this priority may be evicted for ``request`` in ``group``."""
+        if self._takes_back(request):
+            asked = request.units * request.gpus_per_unit / request.slots_per_gpu
+            if asked <= self._kept(group):
+                return ANY  # the headroom is on-demand work's: spot holding it gives it back
+        return request.priority
 
     def _pools(self, request: Request, region: str, model: UUID) -> list[Pool]:
         """The region's pools of the model and kind, on the request's fabric only when it names one (its VPC's)."""
@@ -231,7 +266,8 @@ class Planner:
 
     def _place_evicting(self, request: Request, s: int, e: int) -> Placement | str:
         """
-        Place by evicting lower-priority spot work, in the same region and model order. Soft
+        Place by evicting lower-priority spot work (any spot work, for on-demand work taking the
+        headroom back: ``_victim_bar``), in the same region and model order. Soft
         eviction (a grace period) ends the victims at now + grace, and the window starts no
         earlier, keeping its length; hard eviction ends them now. For a window that starts later
         than that, the victims run on until it starts: ending them sooner frees nothing it needs.
@@ -244,7 +280,8 @@ class Planner:
         for region in request.regions:
             for model in request.gpu_model_ids:
                 pools = self._pools(request, region, model)
-                fits = [f for pool in pools if (f := self._fit_evicting(pool, request, s, e)) and f.victims]
+                bar = self._victim_bar(request, (region, model, self._pool_kind(request)))
+                fits = [f for pool in pools if (f := self._fit_evicting(pool, request, s, e, bar)) and f.victims]
                 if fits:
                     where = self.wording.where(region, model)
                     outcome = self._commit(request, region, where, min(fits, key=lambda f: f.score), s, e, at)
@@ -253,22 +290,22 @@ class Planner:
                     refused.append(f"evicting: {outcome}")
         return "; ".join(refused) or NO_CAPACITY
 
-    def _fit_evicting(self, pool: Pool, request: Request, s: int, e: int) -> Fit | None:
+    def _fit_evicting(self, pool: Pool, request: Request, s: int, e: int, bar: float) -> Fit | None:
         priority_of = self.capacity.victim_priority
-        held = sum(count for v, count in pool.victims.items() if priority_of[v] < request.priority)
+        held = sum(count for v, count in pool.victims.items() if priority_of[v] < bar)
         if not held:
             return None
         if request.kind == BARE_METAL:
             free = sum(n.size for n in pool.nodes if n.whole_free(s, e))
             if free + held < request.units * request.gpus_per_unit:
                 return None  # even every eligible victim's GPUs would not be enough
-            return gang_evicting(pool, request.units, request.gpus_per_unit, s, e, request.priority, priority_of)
+            return gang_evicting(pool, request.units, request.gpus_per_unit, s, e, bar, priority_of)
         if request.slots_per_gpu > 1:
-            return slots_evicting(pool, request.units, request.slots_per_gpu, s, e, request.priority, priority_of,
+            return slots_evicting(pool, request.units, request.slots_per_gpu, s, e, bar, priority_of,
                                   request.share_class)
         if sum(n.free_count(s, e) for n in pool.nodes) + held < request.units * request.gpus_per_unit:
             return None
-        return vm_evicting(pool, request.units, request.gpus_per_unit, s, e, request.priority, priority_of,
+        return vm_evicting(pool, request.units, request.gpus_per_unit, s, e, bar, priority_of,
                            self.capacity.holdings)
 
     #
@@ -279,23 +316,25 @@ class Planner:
                 at: int | None = None) -> Placement | str:
         """
         Evict ``fit``'s victims (ending at ``at``), book its GPU memory for ``[s, e)``, and build
-        the Placement. A reserved or spot request that would leave the region fewer free GPUs at
-        its start than the headroom is undone (on-demand work may use the headroom).
+        the Placement. A guarded request (``_guarded``) that would leave the region fewer free GPUs
+        at its start than the headroom is undone.
         """
         cap = self.capacity
         at = cap.origin if at is None else at  # evictions end now unless a grace period says later
         rid = request.reservation_id
-        guard = not request.on_demand and self.headroom > 0
+        guard = self._guarded(request)
         # The headroom is a share of the region's GPUs of this model in this pool, as the fast path sees them.
         group = (region, fit.pool.model, fit.pool.kind)
-        kept = self.headroom * cap.group_gpus.get(group, 0)
+        kept = self._kept(group)
         before = cap.free_at(group, s) if guard else 0
         mark = len(cap.journal)
         victims = sorted(fit.victims, key=lambda v: (cap.victim_priority[v], str(v)))
+        when = "after a grace period" if at > cap.origin else "at once"
         evictions = tuple(
             Eviction(v, rid, cap.time(at),
                      f"preempted by reservation {rid} (priority {request.priority:.3f} over "
-                     f"{cap.victim_priority[v]:.3f}), {'after a grace period' if at > cap.origin else 'at once'}")
+                     f"{cap.victim_priority[v]:.3f}), {when}" if cap.victim_priority[v] < request.priority else
+                     f"preempted by on-demand reservation {rid} taking back the headroom, {when}")
             for v in victims
         )
         for v in victims:

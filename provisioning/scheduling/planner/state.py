@@ -33,24 +33,19 @@ from typing import NamedTuple
 from uuid import UUID
 
 from provisioning.scheduling.plan_types import Snapshot
+from provisioning.scheduling.planner.load import SHARE_UNITS, Load
+from provisioning.scheduling.planner.slots import (
+    NO_LAYOUTS,
+    Layout,
+    layout_key,
+    layout_slots,
+    slot_layout,
+    slot_range,  # noqa: F401 -- imported from here by others
+)
 from provisioning.scheduling.planner.topology import UNKNOWN, Place
 
 FOREVER = 1 << 62  # later than any window
 TICK = timedelta(microseconds=1)
-# Instants whose region-wide busy count is kept up to date (headroom checks); few distinct starts
-# are asked for at once, and each kept instant costs a little on every change.
-LOAD_INSTANTS = 32
-# A slot layout: ``n`` for memory-capped slots, ``(n, class)`` for time-sliced slots of a class.
-Layout = int | tuple[int, str]
-NO_LAYOUTS: frozenset[Layout] = frozenset()
-
-
-def layout_key(n: int, share_class: str = "") -> Layout:
-    return (n, share_class) if share_class else n
-
-
-def layout_slots(key: Layout) -> int:
-    return key[0] if isinstance(key, tuple) else key
 
 
 class Entry(NamedTuple):
@@ -65,21 +60,6 @@ class Entry(NamedTuple):
     # (work placed by this planner is not in the database yet, so it is never a victim).
     victim_priority: float | None = None
     share_class: str = ""  # a time-sliced slot's slice class
-
-
-def slot_range(memory: int, n: int, k: int) -> tuple[int, int]:
-    """Slot ``k`` of a GPU cut into ``n`` slots, as plan_types defines it."""
-    return k * memory // n, (k + 1) * memory // n
-
-
-def slot_layout(memory: int, lo: int, hi: int) -> int:
-    """The ``n`` for which ``[lo, hi)`` is exactly one of ``n`` slots of the GPU, else 0."""
-    width = hi - lo
-    if width <= 0 or width >= memory:
-        return 0
-    n = round(memory / width)
-    k = -(-lo * n // memory)  # the only k whose slot can start at lo
-    return n if n > 1 and slot_range(memory, n, k) == (lo, hi) else 0
 
 
 class GpuState:
@@ -158,18 +138,6 @@ class GpuState:
                     taken[k] = True
                     k += 1
         return [k for k in range(n) if not taken[k]]
-
-
-def changed_span(old: list[Entry], new: list[Entry]) -> tuple[int, int]:
-    """``[lo, hi)``: the instants covered by the allocations in one list and not the other (empty if none)."""
-    lo, hi = FOREVER, -FOREVER
-    for x in old:
-        if x not in new:
-            lo, hi = min(lo, x.start), max(hi, x.end)
-    for x in new:
-        if x not in old:
-            lo, hi = min(lo, x.start), max(hi, x.end)
-    return lo, hi
 
 
 class NodeState:
@@ -270,7 +238,8 @@ class Pool:
 class Capacity:
     """The whole index over one Snapshot, and the only place that changes it."""
 
-    def __init__(self, snapshot: Snapshot):
+    def __init__(self, snapshot: Snapshot, *, slot_shares: bool = True):
+        # ``slot_shares``: the headroom counts a GPU cut into slots by the share in use (planner.load), else whole.
         self.now = snapshot.now
         self.pools: dict[tuple[str, UUID, str], list[Pool]] = {}
         self.gpus: dict[UUID, GpuState] = {}
@@ -282,7 +251,7 @@ class Capacity:
         self.origin = 0  # the tick that is now: 0 at build, later when a kept index is reused
         # Nodes whose GPUs changed since the keeper last caught up (kept indexes track it; None: not tracked).
         self.touched: set[NodeState] | None = None
-        self._load: dict[tuple, dict[int, int]] = {}  # (region, model, pool kind) -> instant -> GPUs busy then
+        self.load = Load(slot_shares)  # (region, model, pool kind) -> instant -> share of its GPUs in use then
         self._victim_order: list[float] | None = None
         # Where ``_add`` finds a node's pool and leaf: (group, fabric) -> Pool, (group, leaf) -> Leaf.
         self._fabrics: dict[tuple[str, UUID, str, UUID], Pool] = {}
@@ -302,10 +271,7 @@ class Capacity:
     def advance(self, now: datetime) -> None:
         """Plan from ``now`` on (not before the build's own now) on this index."""
         self.origin = max(self.origin, self.ticks(now))
-        # Load counts kept for instants now past are never asked again, yet every change pays for them.
-        for load in self._load.values():
-            for t in [t for t in load if t < self.origin]:
-                del load[t]
+        self.load.advance(self.origin)
 
     #
     # Building
@@ -330,7 +296,7 @@ class Capacity:
             pool.pods.setdefault(leaf.pod, []).append(leaf)
         node = NodeState(cap.node_id, cap.region, leaf, pool)
         self.group_gpus[group] = self.group_gpus.get(group, 0) + len(cap.gpus)
-        self._load.pop(group, None)
+        self.load.forget(group)
         for g in cap.gpus:
             gpu = GpuState(g.gpu_id, g.index, g.memory_mib, node, self._entries(g.busy),
                            (g.nvlink_domain, g.pcie_switch, g.numa_node))
@@ -379,7 +345,7 @@ class Capacity:
         pool, leaf = node.pool, node.leaf
         group = (pool.region, pool.model, pool.kind)
         self.group_gpus[group] -= len(node.gpus)
-        self._load.pop(group, None)
+        self.load.forget(group)
         self.region_nodes[node.region].remove(node)
         leaf.nodes.remove(node)
         pool.nodes.remove(node)
@@ -483,14 +449,7 @@ class Capacity:
         old = gpu.entries
         if journal:
             self.journal.append(lambda: self.set_entries(gpu, old, journal=False))
-        pool = gpu.node.pool
-        load = self._load.get((pool.region, pool.model, pool.kind))
-        before = ()
-        if load:
-            # Only an instant inside an allocation that came or went can turn busy or idle: asking
-            # every kept instant, twice, was most of what a change cost.
-            lo, hi = changed_span(old, entries)
-            before = [(t, gpu.busy_at(t)) for t in load if lo <= t < hi]
+        before = self.load.before(gpu, old, entries)
         old_layouts = gpu.layouts
         gpu.entries = entries
         gpu.refresh(self.origin)
@@ -501,9 +460,7 @@ class Capacity:
             self._index_layouts(gpu, old_layouts)
         if gpu.layouts or old_layouts:
             self._index_room(gpu, old_layouts)
-        for t, was in before:
-            if gpu.busy_at(t) != was:
-                load[t] += -1 if was else 1
+        self.load.after(gpu, before)
 
     def reload(self, gpu: GpuState, busy) -> None:
         """
@@ -577,15 +534,13 @@ class Capacity:
     # Questions across a region
     #
 
-    def free_at(self, group: tuple[str, UUID, str], t: int) -> int:
-        """GPUs of a ``(region, GPU model, pool kind)`` with nothing on them at instant ``t``."""
-        load = self._load.setdefault(group, {})
-        if t not in load:
-            if len(load) >= LOAD_INSTANTS:
-                del load[next(iter(load))]
-            # Free at instant t is free for [t, t + 1): the nodes' summaries answer that in O(1) mostly.
-            load[t] = sum(n.size - n.free_count(t, t + 1) for pool in self.pools.get(group, ()) for n in pool.nodes)
-        return self.group_gpus.get(group, 0) - load[t]
+    def free_at(self, group: tuple[str, UUID, str], t: int) -> float:
+        """
+        GPUs of a ``(region, GPU model, pool kind)`` free at instant ``t``: those with nothing on
+        them, and the free share of those cut into slots (planner.load).
+        """
+        in_use = self.load.in_use(group, self.pools.get(group, ()), t)
+        return self.group_gpus.get(group, 0) - in_use / SHARE_UNITS
 
     def victims_below(self, priority: float) -> int:
         """How many evictable reservations rank below ``priority``: requests alike in it pick alike victims."""

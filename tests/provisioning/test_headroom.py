@@ -1,0 +1,192 @@
+"""
+The headroom rule on hand-made fleets (pure, no database): reserved work may not take the last
+share of a region's GPUs of a model; spot work may, and gives it back to on-demand work by soft
+eviction; GPUs cut into slots count by their free share.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from provisioning.scheduling.plan_types import CONTAINER, SHARED_POOL, VM, Busy
+from provisioning.scheduling.planner import Planner
+from provisioning.scheduling.planner.load import SHARE_UNITS, used
+from provisioning.scheduling.planner.state import TICK, Capacity, Entry
+from tests.provisioning.test_planner import H100, HOUR, MEM, NOW, REGION, ask, gpus_of, occupy, shared, snapshot
+
+GRACE = timedelta(seconds=120)
+GROUP = (REGION, H100, SHARED_POOL)
+
+
+def fleet(busy: int = 10):
+    """Two shared nodes of 8 GPUs, ``busy`` of them held by reserved work; a 25 % headroom keeps 4."""
+    nodes = shared(2)
+    gpus = [g for n in nodes for g in n.gpus]
+    occupy(*gpus[:busy])
+    return nodes, gpus
+
+
+def slot(gpu, k: int, n: int = 8, **kwargs) -> uuid.UUID:
+    """Slot ``k`` of ``gpu`` cut ``n`` ways, held (by reserved work unless ``spot``)."""
+    return occupy(gpu, lo=k * MEM // n, hi=(k + 1) * MEM // n, **kwargs)
+
+
+#
+# Headroom exactly full
+#
+
+def test_reserved_work_may_leave_exactly_the_headroom_and_not_one_gpu_less():
+    nodes, _ = fleet()
+    planner = Planner(snapshot(nodes), headroom=0.25)
+    assert planner.place(ask(VM, per_unit=3, on_demand=False)) is None  # would leave 3 of the 4 kept
+    assert "kept for on-demand" in planner.last_reason
+    assert planner.place(ask(VM, per_unit=2, on_demand=False)) is not None  # leaves exactly 4
+    assert planner.capacity.free_at(GROUP, 0) == 4
+    assert planner.place(ask(VM, per_unit=1, on_demand=False)) is None
+    assert len(gpus_of(planner.place(ask(VM, per_unit=4)))) == 4  # on-demand work takes the headroom
+
+
+def test_the_headroom_is_counted_without_rounding_errors():
+    """10 % of 30 GPUs is 3, not 3.0000000000000004: leaving exactly 3 free is allowed."""
+    nodes = shared(3, gpus=10)
+    occupy(*[g for n in nodes for g in n.gpus][:25])
+    planner = Planner(snapshot(nodes), headroom=0.10)
+    assert planner.place(ask(VM, per_unit=2, on_demand=False)) is not None
+    assert planner.place(ask(VM, per_unit=1, on_demand=False)) is None
+
+
+#
+# Spot work in the headroom, and on-demand work taking it back
+#
+
+def test_spot_work_may_take_the_headroom_gpus():
+    nodes, _ = fleet()
+    planner = Planner(snapshot(nodes), headroom=0.25)
+    placement = planner.place(ask(VM, per_unit=6, on_demand=False, preemptible=True))
+    assert len(gpus_of(placement)) == 6 and not placement.evictions
+    assert planner.capacity.free_at(GROUP, 0) == 0
+
+
+def test_a_burst_of_on_demand_work_evicts_spot_work_in_the_headroom_after_the_grace_period():
+    """
+    Spot work holds the headroom at a higher priority than the burst: on-demand work no larger than
+    the headroom evicts it anyway, softly, and never reserved or on-demand work.
+    """
+    nodes, gpus = fleet()
+    spot = [occupy(*gpus[k:k + 2], spot=True, priority=0.9) for k in (10, 12, 14)]
+    planner = Planner(snapshot(nodes), headroom=0.25)
+    evicted, placed = [], []
+    for _ in range(3):
+        placement = planner.place(ask(VM, per_unit=2, priority=0.5, eviction_grace=GRACE))
+        assert placement.start == NOW + GRACE  # it waits for the grace period
+        (eviction,) = placement.evictions
+        assert eviction.at == NOW + GRACE and "taking back the headroom" in eviction.reason
+        evicted.append(eviction.victim_reservation_id)
+        placed.append(placement)
+    assert sorted(evicted) == sorted(spot)
+    # What is left is reserved work and the burst itself: nothing more to evict.
+    assert planner.place(ask(VM, per_unit=2, priority=0.99, eviction_grace=GRACE)) is None
+    assert all(not set(gpus_of(p)) & {g.gpu_id for g in gpus[:10]} for p in placed)
+
+
+def test_on_demand_work_larger_than_the_headroom_evicts_only_lower_priority_spot_work():
+    nodes, gpus = fleet(busy=8)
+    occupy(*gpus[8:], spot=True, priority=0.9)
+    planner = Planner(snapshot(nodes), headroom=0.25)
+    assert planner.place(ask(VM, per_unit=8, priority=0.5, eviction_grace=GRACE)) is None
+    assert planner.place(ask(VM, per_unit=8, priority=0.95, eviction_grace=GRACE)).evictions
+
+
+def test_reserved_work_evicts_only_lower_priority_spot_work_and_keeps_out_of_the_headroom():
+    nodes, gpus = fleet(busy=8)
+    low = occupy(*gpus[8:10], spot=True, priority=0.1)
+    occupy(*gpus[10:], spot=True, priority=0.9)
+    planner = Planner(snapshot(nodes), headroom=0.25)
+    assert planner.place(ask(VM, per_unit=4, priority=0.5, on_demand=False, eviction_grace=GRACE)) is None
+    placement = planner.place(ask(VM, per_unit=2, priority=0.5, on_demand=False, eviction_grace=GRACE))
+    assert [e.victim_reservation_id for e in placement.evictions] == [low]
+
+
+def test_spot_kept_out_of_the_headroom_is_not_evicted_to_give_it_back():
+    nodes, gpus = fleet()
+    occupy(*gpus[10:], spot=True, priority=0.9)
+    planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=False)
+    assert planner.place(ask(VM, per_unit=2, priority=0.5, eviction_grace=GRACE)) is None
+
+
+#
+# Fractional shares
+#
+
+def test_a_gpu_cut_into_slots_counts_by_its_free_share():
+    nodes, gpus = fleet(busy=11)
+    for k in range(3):
+        slot(gpus[11], k)
+    capacity = Capacity(snapshot(nodes))
+    assert capacity.free_at(GROUP, 0) == 4 + 5 / 8  # 4 whole GPUs and 5/8 of the cut one
+    assert Capacity(snapshot(nodes), slot_shares=False).free_at(GROUP, 0) == 4
+
+
+def test_reserved_slots_on_a_cut_gpu_take_only_their_share_up_to_exactly_the_headroom():
+    nodes, gpus = fleet(busy=11)
+    for k in range(3):
+        slot(gpus[11], k)
+    planner = Planner(snapshot(nodes), headroom=0.25)
+    first = planner.place(ask(CONTAINER, units=1, per_unit=1, slots_per_gpu=8, on_demand=False))
+    assert gpus_of(first) == {gpus[11].gpu_id} and planner.capacity.free_at(GROUP, 0) == 4.5
+    assert planner.place(ask(CONTAINER, units=4, per_unit=1, slots_per_gpu=8, on_demand=False))
+    assert planner.capacity.free_at(GROUP, 0) == 4  # the cut GPU is full: exactly the headroom is left
+    # One more slot would cut a whole free GPU: 1/8 of the headroom.
+    assert planner.place(ask(CONTAINER, units=1, per_unit=1, slots_per_gpu=8, on_demand=False)) is None
+    assert "taking 0.12 would leave fewer than the 4 kept" in planner.last_reason
+    assert planner.place(ask(CONTAINER, units=1, per_unit=1, slots_per_gpu=8, preemptible=True, on_demand=False))
+
+
+def test_slots_on_cut_gpus_leave_room_for_reserved_whole_gpus_counted_by_share():
+    """Two GPUs with one slot of 8 held each are 7/4 GPUs free, not none: a reserved GPU fits beside the headroom."""
+    nodes, gpus = fleet()
+    slot(gpus[10], 0)
+    slot(gpus[11], 0)
+    assert Planner(snapshot(nodes), headroom=0.25).place(ask(VM, per_unit=1, on_demand=False)) is not None
+    whole = Planner(snapshot(nodes), headroom=0.25, slot_shares=False)
+    assert whole.place(ask(VM, per_unit=1, on_demand=False)) is None
+
+
+def test_an_on_demand_slot_evicts_a_spot_slot_holding_the_headroom():
+    nodes, gpus = fleet(busy=15)
+    victims = [slot(gpus[15], k, spot=True, priority=0.9) for k in range(8)]
+    planner = Planner(snapshot(nodes), headroom=0.25)
+    placement = planner.place(ask(CONTAINER, units=2, per_unit=1, slots_per_gpu=8, eviction_grace=GRACE))
+    assert len(placement.evictions) == 2 and {e.victim_reservation_id for e in placement.evictions} <= set(victims)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["slot", "whole", "remove", "undo"]), st.integers(0, 3),
+                          st.integers(0, 7), st.integers(-2, 8), st.integers(1, 6)), max_size=25))
+def test_shares_kept_for_headroom_match_a_recount_after_any_change(changes):
+    """The kept counts of shares in use stay what a count from scratch says, whatever changes."""
+    nodes = shared(1, gpus=4)
+    held = slot(nodes[0].gpus[0], 2, n=4, start=NOW - HOUR, end=NOW + 3 * HOUR)
+    capacity = Capacity(snapshot(nodes))
+    gpus = [capacity.gpus[g.gpu_id] for g in nodes[0].gpus]
+    instants = [capacity.ticks(NOW + k * HOUR) for k in range(10)]
+    for t in instants:
+        capacity.free_at(GROUP, t)
+    for kind, k, slot_no, start_h, hours in changes:
+        gpu = gpus[k]
+        s = capacity.ticks(NOW + start_h * HOUR)
+        e = s + hours * HOUR // TICK
+        if kind == "slot":
+            capacity.add(gpu, Entry(s, e, slot_no * MEM // 8, (slot_no + 1) * MEM // 8, uuid.uuid4()))
+        elif kind == "whole":
+            capacity.reload(gpu, [Busy(held, NOW + start_h * HOUR, NOW + (start_h + hours) * HOUR, 0, MEM)])
+        elif kind == "remove" and gpu.entries:
+            capacity.remove_owner(gpu, gpu.entries[0].owner)
+        elif kind == "undo" and capacity.journal:
+            capacity.journal.pop()()
+    for t in instants:
+        assert capacity.free_at(GROUP, t) == len(gpus) - sum(used(g, t) for g in gpus) / SHARE_UNITS
