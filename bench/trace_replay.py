@@ -3,6 +3,7 @@ Replay of the Alibaba openb v2023 GPU trace through Meridian's pure planner, in 
 
     .venv/bin/python bench/trace_replay.py
     .venv/bin/python bench/trace_replay.py --workload teams   # many teams, gangs, above capacity: bench/team_replay.py
+    .venv/bin/python bench/trace_replay.py --workload mix     # on-demand, reserved, spot, headroom: bench/trace_mix.py
 
 Environment: BENCH_JOBS (arrivals, 25000), BENCH_LOAD (0.9), BENCH_SEED (1), BENCH_FRACTION
 (slots8 or layout, see below), MERIDIAN_TRACE_DIR (default ../shared/traces beside the repo).
@@ -76,6 +77,7 @@ from uuid import UUID, uuid5
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import team_replay  # noqa: E402 -- beside this script
+import trace_mix  # noqa: E402 -- beside this script; it uses this module's fleet and workload
 
 from provisioning.scheduling.plan_types import (  # noqa: E402
     CONTAINER,
@@ -417,11 +419,17 @@ def offered_load(initial: list[Job], arrivals: list[Job], fleet_gpus: int) -> fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
-    parser.add_argument("--workload", choices=("trace", "teams"), default="trace",
+    parser.add_argument("--workload", choices=("trace", "teams", "mix"), default="trace",
                         help="trace: the Alibaba tasks resampled (this module); teams: the synthetic multi-team "
-                             "workload above capacity (bench/team_replay.py, its own BENCH_* settings)")
-    if parser.parse_args().workload == "teams":
+                             "workload above capacity (bench/team_replay.py, its own BENCH_* settings); mix: the "
+                             "Alibaba tasks as on-demand, reserved and spot work with the headroom, old and new "
+                             "rule and EASY backfill (bench/trace_mix.py)")
+    chosen = parser.parse_args().workload
+    if chosen == "teams":
         team_replay.main()
+        return
+    if chosen == "mix":
+        trace_mix.main()
         return
     t0 = time.perf_counter()
     snapshot, model_ids, names = build_fleet()
