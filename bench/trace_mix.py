@@ -31,6 +31,10 @@ Policies, each from the same steady state and the same arrivals:
   jobs start now only where they do not delay it (the planner keeps its booked window). One such
   booking at a time: the next is made when it has started.
 
+Models. Each job asks for one GPU model (``pin_models``; BENCH_PIN_MODELS=0: any model with a node
+large enough, as ``trace_replay.py`` has it -- on which nothing ever waits at 0.9, so the headroom
+never binds).
+
 An evicted job is queued again when its grace period ends, with the time it still had to run
 (it resumes), keeping its place in age. Its wait is the sum of its times queued. "Lost" is the
 GPU-time its interrupted runs had done (what a job that does not checkpoint would run again).
@@ -277,19 +281,21 @@ def pin_models(snapshot, models: dict, initial: list, arrivals: list) -> dict[in
     empty), and a job that may take any model with a node large enough never waits at 0.9: the
     models the large jobs need sit part free, and the rest spills there. A GPU cloud's customer
     asks for a model, so each job asks for the one, among those that can hold it, least loaded by
-    the jobs before it: the running jobs by the share of each model's GPUs they hold, the arrivals by
-    GPU-seconds per GPU of the model -- every model then runs near the offered load.
+    the jobs before it (the running ones first): GPU-seconds held within the arrivals' window per
+    GPU of the model -- every model then runs near the offered load while the window lasts (a
+    30-day job counts for the window, not for its month).
     """
     gpus: dict[UUID, int] = {}
     for node in snapshot.nodes:
         gpus[node.gpu_model_id] = gpus.get(node.gpu_model_id, 0) + len(node.gpus)
+    window = max(arrivals[-1].arrival if arrivals else 0.0, 3600.0)
+    load = dict.fromkeys(gpus, 0.0)
     pins: dict[int, tuple[UUID, ...]] = {}
-    for jobs, weight in ((initial, lambda j: j.gpu_eq), (arrivals, lambda j: j.gpu_eq * j.duration)):
-        load = dict.fromkeys(gpus, 0.0)
-        for job in jobs:
-            model = min(models[job.gpus_per_unit], key=lambda m: (load[m] + weight(job)) / gpus[m])
-            load[model] += weight(job)
-            pins[job.idx] = (model,)
+    for job in [*initial, *arrivals]:
+        held = job.gpu_eq * min(job.duration, max(window - job.arrival, 0.0))
+        model = min(models[job.gpus_per_unit], key=lambda m: (load[m] + held) / gpus[m])
+        load[model] += held
+        pins[job.idx] = (model,)
     return pins
 
 

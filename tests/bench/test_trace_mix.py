@@ -57,3 +57,18 @@ def test_easy_backfill_books_the_head_and_backfills_only_what_ends_before_it():
     assert result["by_kind"]["on-demand"]["max_s"] == 999.0  # booked at the first job's end
     assert result["by_kind"]["spot"]["mean_s"] == (0.0 + 1097.0) / 2  # the short one backfilled at once
     assert result["evictions"]["count"] == 0
+
+
+def test_each_job_asks_for_one_model_and_the_models_are_loaded_alike():
+    small, large = uuid.UUID(int=6), uuid.UUID(int=7)
+    nodes = [NodeCapacity(uuid.uuid4(), trace_replay.REGION, uuid.UUID(int=1), uuid.UUID(int=2), 0, SHARED_POOL, model,
+                          [GPUCapacity(uuid.uuid4(), i, 81920) for i in range(size)])
+             for model, size, count in ((small, 4, 2), (large, 8, 1)) for _ in range(count)]
+    models = {size: (small, large) if size <= 4 else (large,) for size in range(1, 9)}
+    arrivals = [job(k, float(k), 100.0, 1 if k % 10 else 8, "LS") for k in range(40)]
+    pins = trace_mix.pin_models(Snapshot(now=trace_replay.EPOCH, nodes=nodes), models, [], arrivals)
+    assert all(len(pins[j.idx]) == 1 for j in arrivals)
+    assert all(pins[j.idx] == (large,) for j in arrivals if j.gpus_per_unit == 8)  # only it holds 8
+    held = {m: sum(j.gpu_eq * 100.0 for j in arrivals if pins[j.idx] == (m,)) for m in (small, large)}
+    assert held[large] >= 4 * 8 * 100.0 and held[small] > 0
+    assert abs(held[small] - held[large]) / 8 <= 100.0 / 8  # GPU-seconds per GPU: within one small job's
