@@ -24,6 +24,7 @@ Policies, each from the same steady state and the same arrivals:
   victim runs on for the grace period, the on-demand work starts when it ends. Reserved work may
   evict lower-priority spot work, as it may in Meridian. Spot work is an eviction candidate once
   placed (as the scheduler's index reads it from the database).
+- ``shares``: ``old`` with a cut GPU counted by its free share (spot kept out of the headroom).
 - ``old``: the same with spot work kept out of the headroom and a cut GPU counted whole
   (``Planner(spot_in_headroom=False, slot_shares=False)``).
 - ``easy``: EASY backfill: arrival order, no headroom, no kinds; the first job that does not fit
@@ -105,7 +106,7 @@ class MixSim:
         self.easy = policy == "easy"
         new = policy == "new"
         self.planner = Planner(snapshot, headroom=0.0 if self.easy else HEADROOM, spot_in_headroom=new,
-                               slot_shares=new)
+                               slot_shares=new or policy == "shares")
         self.models = models
         self.now = 0.0
         self.events: list = []  # (time, seq, what, run, gen): "done" or "stop" (an evicted run's grace ended)

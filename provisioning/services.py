@@ -210,19 +210,21 @@ def _fast_path(reservation: Reservation, now: datetime) -> Placement | None:
     request = request_for(reservation, now)
     # Only the request's pool: five times less to load than the whole region (the fast path is
     # on every create). The headroom is then a share of that pool's GPUs of the model. On-demand
-    # and spot whole-GPU work may use the headroom, so it first plans on the few nodes that would
-    # take it, read with their free GPUs in one statement (the nodes a recent read chose, free_hint,
-    # else the pool's best-fit hosts or preferred leaves' whole-free nodes); only when that does not
-    # settle it does it load the pool with what holds it (and on-demand work may evict spot work).
-    # Fractional slots need the shared GPUs to pack onto; reserved work, the whole pool to count
-    # the headroom on.
+    # whole-GPU work (and spot, with MERIDIAN_SPOT_IN_HEADROOM) may use the headroom, so it first
+    # plans on the few nodes that would take it, read with their free GPUs in one statement (the
+    # nodes a recent read chose, free_hint, else the pool's best-fit hosts or preferred leaves'
+    # whole-free nodes); only when that does not settle it does it load the pool with what holds
+    # it (and may evict spot work). Fractional slots need the shared GPUs to pack onto; work kept
+    # out of the headroom, the whole pool to count it on.
     placement = None
-    if (request.on_demand or request.preemptible) and request.slots_per_gpu == 1:
+    in_headroom = request.on_demand or (request.preemptible and settings.MERIDIAN_SPOT_IN_HEADROOM)
+    if in_headroom and request.slots_per_gpu == 1:
         placement = _place_on_free(request, now)
     if placement is None:
         where = {"now": now, "until": request.end, "regions": request.regions,
                  "gpu_model_ids": request.gpu_model_ids, "pool": pool_of(request.kind)}
-        placement = Planner(load_snapshot(**where), headroom=settings.MERIDIAN_HEADROOM).place(request)
+        placement = Planner(load_snapshot(**where), headroom=settings.MERIDIAN_HEADROOM,
+                            spot_in_headroom=settings.MERIDIAN_SPOT_IN_HEADROOM).place(request)
     return placement
 
 
@@ -328,7 +330,8 @@ def _place_on_free(request: Request, now: datetime) -> Placement | None:
     for region in request.regions:
         in_region = dataclasses.replace(request, regions=(region,))
         for free in FREE_HINT.snapshots(in_region, now=now):
-            placement = Planner(free, headroom=settings.MERIDIAN_HEADROOM).place(in_region)
+            placement = Planner(free, headroom=settings.MERIDIAN_HEADROOM,
+                                spot_in_headroom=settings.MERIDIAN_SPOT_IN_HEADROOM).place(in_region)
             if placement is not None:
                 FREE_HINT.took(in_region, placement)
                 return placement

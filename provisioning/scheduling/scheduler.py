@@ -419,6 +419,7 @@ def _cycle(now: datetime, memory: LoopMemory) -> CycleReport:
     lap("snapshot")
     spent_ms = (time.perf_counter() - began) * 1000
     result = plan(None, itertools.chain([first], requests), headroom=settings.MERIDIAN_HEADROOM, capacity=capacity,
+                  spot_in_headroom=settings.MERIDIAN_SPOT_IN_HEADROOM,
                   max_placements=memory.budget.placements(spent_ms), model_names=memory.model_names())
     lap("plan")
     report.cut_short = result.cut_short

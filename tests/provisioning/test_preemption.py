@@ -80,3 +80,13 @@ def test_a_hard_spot_victim_loses_its_gpus_at_once(world, spot_offering):
     reserve(world.client("t1_member"), spot_offering, urgency="critical")
     held_until = max(a.ends_at for a in Allocation.objects.filter(reservation=spot))
     assert held_until <= timezone.now()
+
+
+@pytest.mark.parametrize("spot_in_headroom", [False, True])
+def test_spot_work_takes_the_headroom_only_when_the_operator_says(world, spot_offering, settings, spot_in_headroom):
+    """With a headroom of a whole host, spot work fits only where the setting lets it use the headroom."""
+    settings.MERIDIAN_HEADROOM = 1.0
+    settings.MERIDIAN_SPOT_IN_HEADROOM = spot_in_headroom
+    spot = reserve(world.client("t2_member"), spot_offering, billing_term="spot", spot_max_price="1.50",
+                   urgency="low")
+    assert spot.state == ("scheduled" if spot_in_headroom else "queued")

@@ -362,7 +362,7 @@ class Planner:
 
 def plan(snapshot: Snapshot | None, queue: Iterable[Request], *, headroom: float = 0.10,
          model_names: Mapping[UUID, str] | None = None, max_placements: int | None = None,
-         capacity: Capacity | None = None) -> Plan:
+         capacity: Capacity | None = None, spot_in_headroom: bool = True) -> Plan:
     """
     Place the ranked ``queue`` in its order on ``snapshot``: each request sees the ones before it.
     Every request tried and not placed is in ``unplaced`` with why it waits. Planning stops after
@@ -370,7 +370,8 @@ def plan(snapshot: Snapshot | None, queue: Iterable[Request], *, headroom: float
     A kept ``capacity`` (instead of a snapshot) is planned on and left as the plan leaves it:
     its keeper knows what changed (``Capacity.touched``).
     """
-    planner = Planner(snapshot, headroom=headroom, model_names=model_names, capacity=capacity)
+    planner = Planner(snapshot, headroom=headroom, model_names=model_names, capacity=capacity,
+                      spot_in_headroom=spot_in_headroom)
     result = Plan()
     for request in queue:
         if max_placements is not None and len(result.placements) >= max_placements:
