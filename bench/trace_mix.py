@@ -18,14 +18,15 @@ get the same kinds.
 Policies, each from the same steady state and the same arrivals:
 
 - ``new``: Meridian's scorer order (``priority.rank``, urgency by tenant class as trace_replay) and
-  its planner as it is: reserved work keeps out of the headroom, spot work may use it, a GPU cut
+  its planner with both parts of issue 43 on (``spot_in_headroom``, MERIDIAN_SPOT_IN_HEADROOM, and
+  ``slot_shares``): reserved work keeps out of the headroom, spot work may use it, a GPU cut
   into slots counts by its free share; on-demand work that finds no room evicts spot work (any
   spot work when it asks for no more than the headroom, else lower-priority spot), softly: the
   victim runs on for the grace period, the on-demand work starts when it ends. Reserved work may
   evict lower-priority spot work, as it may in Meridian. Spot work is an eviction candidate once
   placed (as the scheduler's index reads it from the database).
 - ``shares``: ``old`` with a cut GPU counted by its free share (spot kept out of the headroom).
-- ``old``: the same with spot work kept out of the headroom and a cut GPU counted whole
+- ``old``: what Meridian runs by default: spot work kept out of the headroom and a cut GPU counted whole
   (``Planner(spot_in_headroom=False, slot_shares=False)``).
 - ``easy``: EASY backfill: arrival order, no headroom, no kinds; the first job that does not fit
   gets the earliest start it can have (durations are known exactly) and is booked there; later

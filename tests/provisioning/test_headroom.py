@@ -1,7 +1,7 @@
 """
 The headroom rule on hand-made fleets (pure, no database): reserved work may not take the last
 share of a region's GPUs of a model; spot work may, and gives it back to on-demand work by soft
-eviction; GPUs cut into slots count by their free share.
+eviction; GPUs cut into slots count by their free share (``slot_shares``; whole by default).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def test_a_gpu_cut_into_slots_counts_by_its_free_share():
     nodes, gpus = fleet(busy=11)
     for k in range(3):
         slot(gpus[11], k)
-    capacity = Capacity(snapshot(nodes))
+    capacity = Capacity(snapshot(nodes), slot_shares=True)
     assert capacity.free_at(GROUP, 0) == 4 + 5 / 8  # 4 whole GPUs and 5/8 of the cut one
     assert Capacity(snapshot(nodes), slot_shares=False).free_at(GROUP, 0) == 4
 
@@ -135,7 +135,7 @@ def test_reserved_slots_on_a_cut_gpu_take_only_their_share_up_to_exactly_the_hea
     nodes, gpus = fleet(busy=11)
     for k in range(3):
         slot(gpus[11], k)
-    planner = Planner(snapshot(nodes), headroom=0.25)
+    planner = Planner(snapshot(nodes), headroom=0.25, slot_shares=True)
     first = planner.place(ask(CONTAINER, units=1, per_unit=1, slots_per_gpu=8, on_demand=False))
     assert gpus_of(first) == {gpus[11].gpu_id} and planner.capacity.free_at(GROUP, 0) == 4.5
     assert planner.place(ask(CONTAINER, units=4, per_unit=1, slots_per_gpu=8, on_demand=False))
@@ -151,7 +151,8 @@ def test_slots_on_cut_gpus_leave_room_for_reserved_whole_gpus_counted_by_share()
     nodes, gpus = fleet()
     slot(gpus[10], 0)
     slot(gpus[11], 0)
-    assert Planner(snapshot(nodes), headroom=0.25).place(ask(VM, per_unit=1, on_demand=False)) is not None
+    shares = Planner(snapshot(nodes), headroom=0.25, slot_shares=True)
+    assert shares.place(ask(VM, per_unit=1, on_demand=False)) is not None
     whole = Planner(snapshot(nodes), headroom=0.25, slot_shares=False)
     assert whole.place(ask(VM, per_unit=1, on_demand=False)) is None
 
@@ -159,7 +160,7 @@ def test_slots_on_cut_gpus_leave_room_for_reserved_whole_gpus_counted_by_share()
 def test_an_on_demand_slot_evicts_a_spot_slot_holding_the_headroom():
     nodes, gpus = fleet(busy=15)
     victims = [slot(gpus[15], k, spot=True, priority=0.9) for k in range(8)]
-    planner = Planner(snapshot(nodes), headroom=0.25)
+    planner = Planner(snapshot(nodes), headroom=0.25, slot_shares=True)
     placement = planner.place(ask(CONTAINER, units=2, per_unit=1, slots_per_gpu=8, eviction_grace=GRACE))
     assert len(placement.evictions) == 2 and {e.victim_reservation_id for e in placement.evictions} <= set(victims)
 
@@ -171,7 +172,7 @@ def test_shares_kept_for_headroom_match_a_recount_after_any_change(changes):
     """The kept counts of shares in use stay what a count from scratch says, whatever changes."""
     nodes = shared(1, gpus=4)
     held = slot(nodes[0].gpus[0], 2, n=4, start=NOW - HOUR, end=NOW + 3 * HOUR)
-    capacity = Capacity(snapshot(nodes))
+    capacity = Capacity(snapshot(nodes), slot_shares=True)
     gpus = [capacity.gpus[g.gpu_id] for g in nodes[0].gpus]
     instants = [capacity.ticks(NOW + k * HOUR) for k in range(10)]
     for t in instants:

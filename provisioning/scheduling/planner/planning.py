@@ -10,8 +10,9 @@ preempt, the same order is tried again with lower-priority spot work as possible
 The headroom (a share of each region's GPUs of a model and pool kind) is kept for on-demand
 bursts: reserved work may not take it. Spot work may -- it is the capacity spot sells -- and
 gives it back: an on-demand request no larger than the headroom may evict spot work whatever its
-priority (soft, after the grace period, as any eviction). A GPU cut into slots counts by its free
-share (planner.load).
+priority (soft, after the grace period, as any eviction); ``spot_in_headroom``, which callers take
+from MERIDIAN_SPOT_IN_HEADROOM. A GPU cut into slots counts whole, or by its free share with
+``slot_shares`` (planner.load), which the trace bench measured and production does not use.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class Planner:
 
     def __init__(self, snapshot: Snapshot | None = None, *, headroom: float = 0.10,
                  model_names: Mapping[UUID, str] | None = None, capacity: Capacity | None = None,
-                 spot_in_headroom: bool = True, slot_shares: bool = True):
+                 spot_in_headroom: bool = True, slot_shares: bool = False):
         # ``capacity``: an index kept from an earlier plan and brought up to date, instead of a snapshot.
         # ``spot_in_headroom`` False: spot work is kept out of the headroom like reserved work (and
         # so never evicted to give it back); ``slot_shares`` False: a cut GPU counts whole in it.

@@ -238,7 +238,7 @@ class Pool:
 class Capacity:
     """The whole index over one Snapshot, and the only place that changes it."""
 
-    def __init__(self, snapshot: Snapshot, *, slot_shares: bool = True):
+    def __init__(self, snapshot: Snapshot, *, slot_shares: bool = False):
         # ``slot_shares``: the headroom counts a GPU cut into slots by the share in use (planner.load), else whole.
         self.now = snapshot.now
         self.pools: dict[tuple[str, UUID, str], list[Pool]] = {}
