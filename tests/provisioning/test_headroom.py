@@ -41,7 +41,7 @@ def slot(gpu, k: int, n: int = 8, **kwargs) -> uuid.UUID:
 
 def test_reserved_work_may_leave_exactly_the_headroom_and_not_one_gpu_less():
     nodes, _ = fleet()
-    planner = Planner(snapshot(nodes), headroom=0.25)
+    planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True)
     assert planner.place(ask(VM, per_unit=3, on_demand=False)) is None  # would leave 3 of the 4 kept
     assert "kept for on-demand" in planner.last_reason
     assert planner.place(ask(VM, per_unit=2, on_demand=False)) is not None  # leaves exactly 4
@@ -54,7 +54,7 @@ def test_the_headroom_is_counted_without_rounding_errors():
     """10 % of 30 GPUs is 3, not 3.0000000000000004: leaving exactly 3 free is allowed."""
     nodes = shared(3, gpus=10)
     occupy(*[g for n in nodes for g in n.gpus][:25])
-    planner = Planner(snapshot(nodes), headroom=0.10)
+    planner = Planner(snapshot(nodes), headroom=0.10, spot_in_headroom=True)
     assert planner.place(ask(VM, per_unit=2, on_demand=False)) is not None
     assert planner.place(ask(VM, per_unit=1, on_demand=False)) is None
 
@@ -65,7 +65,7 @@ def test_the_headroom_is_counted_without_rounding_errors():
 
 def test_spot_work_may_take_the_headroom_gpus():
     nodes, _ = fleet()
-    planner = Planner(snapshot(nodes), headroom=0.25)
+    planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True)
     placement = planner.place(ask(VM, per_unit=6, on_demand=False, preemptible=True))
     assert len(gpus_of(placement)) == 6 and not placement.evictions
     assert planner.capacity.free_at(GROUP, 0) == 0
@@ -78,7 +78,7 @@ def test_a_burst_of_on_demand_work_evicts_spot_work_in_the_headroom_after_the_gr
     """
     nodes, gpus = fleet()
     spot = [occupy(*gpus[k:k + 2], spot=True, priority=0.9) for k in (10, 12, 14)]
-    planner = Planner(snapshot(nodes), headroom=0.25)
+    planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True)
     evicted, placed = [], []
     for _ in range(3):
         placement = planner.place(ask(VM, per_unit=2, priority=0.5, eviction_grace=GRACE))
@@ -96,7 +96,7 @@ def test_a_burst_of_on_demand_work_evicts_spot_work_in_the_headroom_after_the_gr
 def test_on_demand_work_larger_than_the_headroom_evicts_only_lower_priority_spot_work():
     nodes, gpus = fleet(busy=8)
     occupy(*gpus[8:], spot=True, priority=0.9)
-    planner = Planner(snapshot(nodes), headroom=0.25)
+    planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True)
     assert planner.place(ask(VM, per_unit=8, priority=0.5, eviction_grace=GRACE)) is None
     assert planner.place(ask(VM, per_unit=8, priority=0.95, eviction_grace=GRACE)).evictions
 
@@ -105,7 +105,7 @@ def test_reserved_work_evicts_only_lower_priority_spot_work_and_keeps_out_of_the
     nodes, gpus = fleet(busy=8)
     low = occupy(*gpus[8:10], spot=True, priority=0.1)
     occupy(*gpus[10:], spot=True, priority=0.9)
-    planner = Planner(snapshot(nodes), headroom=0.25)
+    planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True)
     assert planner.place(ask(VM, per_unit=4, priority=0.5, on_demand=False, eviction_grace=GRACE)) is None
     placement = planner.place(ask(VM, per_unit=2, priority=0.5, on_demand=False, eviction_grace=GRACE))
     assert [e.victim_reservation_id for e in placement.evictions] == [low]
@@ -135,7 +135,7 @@ def test_reserved_slots_on_a_cut_gpu_take_only_their_share_up_to_exactly_the_hea
     nodes, gpus = fleet(busy=11)
     for k in range(3):
         slot(gpus[11], k)
-    planner = Planner(snapshot(nodes), headroom=0.25, slot_shares=True)
+    planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True, slot_shares=True)
     first = planner.place(ask(CONTAINER, units=1, per_unit=1, slots_per_gpu=8, on_demand=False))
     assert gpus_of(first) == {gpus[11].gpu_id} and planner.capacity.free_at(GROUP, 0) == 4.5
     assert planner.place(ask(CONTAINER, units=4, per_unit=1, slots_per_gpu=8, on_demand=False))
@@ -160,7 +160,7 @@ def test_slots_on_cut_gpus_leave_room_for_reserved_whole_gpus_counted_by_share()
 def test_an_on_demand_slot_evicts_a_spot_slot_holding_the_headroom():
     nodes, gpus = fleet(busy=15)
     victims = [slot(gpus[15], k, spot=True, priority=0.9) for k in range(8)]
-    planner = Planner(snapshot(nodes), headroom=0.25, slot_shares=True)
+    planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True, slot_shares=True)
     placement = planner.place(ask(CONTAINER, units=2, per_unit=1, slots_per_gpu=8, eviction_grace=GRACE))
     assert len(placement.evictions) == 2 and {e.victim_reservation_id for e in placement.evictions} <= set(victims)
 

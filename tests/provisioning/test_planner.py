@@ -306,8 +306,9 @@ def test_headroom_blocks_reserved_work_that_would_dig_into_it():
 
 
 def test_spot_work_may_use_the_headroom_unless_kept_out_of_it():
-    """Spot work is evicted to give the headroom back (tests/provisioning/test_headroom.py), not kept out."""
-    assert Planner(headroom_fleet(), headroom=0.25).place(ask(VM, per_unit=3, on_demand=False, preemptible=True))
+    """With the setting on, spot work is evicted to give the headroom back (test_headroom.py), not kept out."""
+    taken = Planner(headroom_fleet(), headroom=0.25, spot_in_headroom=True)
+    assert taken.place(ask(VM, per_unit=3, on_demand=False, preemptible=True))
     kept_out = Planner(headroom_fleet(), headroom=0.25, spot_in_headroom=False)
     assert kept_out.place(ask(VM, per_unit=3, on_demand=False, preemptible=True)) is None
 

@@ -95,10 +95,12 @@ class Planner:
 
     def __init__(self, snapshot: Snapshot | None = None, *, headroom: float = 0.10,
                  model_names: Mapping[UUID, str] | None = None, capacity: Capacity | None = None,
-                 spot_in_headroom: bool = True, slot_shares: bool = False):
+                 spot_in_headroom: bool = False, slot_shares: bool = False):
         # ``capacity``: an index kept from an earlier plan and brought up to date, instead of a snapshot.
-        # ``spot_in_headroom`` False: spot work is kept out of the headroom like reserved work (and
-        # so never evicted to give it back); ``slot_shares`` False: a cut GPU counts whole in it.
+        # Both default to what Meridian runs (MERIDIAN_SPOT_IN_HEADROOM off), so a caller that forgets
+        # them gets the production rule. ``spot_in_headroom`` False: spot work is kept out of the
+        # headroom like reserved work (and so never evicted to give it back); ``slot_shares`` False:
+        # a cut GPU counts whole in it.
         self.capacity = capacity if capacity is not None else Capacity(snapshot, slot_shares=slot_shares)
         self.headroom = headroom
         self.spot_in_headroom = spot_in_headroom
@@ -363,7 +365,7 @@ class Planner:
 
 def plan(snapshot: Snapshot | None, queue: Iterable[Request], *, headroom: float = 0.10,
          model_names: Mapping[UUID, str] | None = None, max_placements: int | None = None,
-         capacity: Capacity | None = None, spot_in_headroom: bool = True) -> Plan:
+         capacity: Capacity | None = None, spot_in_headroom: bool = False) -> Plan:
     """
     Place the ranked ``queue`` in its order on ``snapshot``: each request sees the ones before it.
     Every request tried and not placed is in ``unplaced`` with why it waits. Planning stops after
