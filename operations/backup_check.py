@@ -71,8 +71,7 @@ def restore_check(*, heads: Path, manifest: dict | None = None, say=lambda line:
 def _check_audit(report: CheckReport, heads: Path, manifest: dict | None, say) -> None:
     # Held to the heads of the backup only: heads published since (a live folder) vouch for later events.
     live = published_heads()[0]
-    with override_settings(MERIDIAN_AUDIT_HEAD_DIR=str(heads)):
-        chain = audit_verify()
+    chain = audit_verify(folder=heads)
     head = chain.published_head
     report.audit = {"events": chain.events_checked, "checkpoints": chain.checkpoints_checked,
                     "unsealed": chain.unsealed, "published_head": head["seq"] if head else None, "ok": chain.ok}

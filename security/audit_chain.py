@@ -122,11 +122,11 @@ class ChainReport:
         return asdict(self)
 
 
-def audit_verify(*, batch: int = 2_000, published: Iterable[Path] = ()) -> ChainReport:
+def audit_verify(*, batch: int = 2_000, published: Iterable[Path] = (), folder: Path | None = None) -> ChainReport:
     """
     Recompute the chain and check every checkpoint, and the heads published outside the database
-    (the configured folder and ``published``, more files or folders), against it; name the first
-    broken link.
+    (``folder``, default the configured one, and ``published``, more files or folders), against it;
+    name the first broken link.
     """
     report = ChainReport()
     key = chain_key()
@@ -162,14 +162,15 @@ def audit_verify(*, batch: int = 2_000, published: Iterable[Path] = ()) -> Chain
         report.missing(last_seq + 1, beyond)
         report.broken(last_seq + 1, None, f"events {last_seq + 1} to {beyond} were removed (truncated): the chain "
                                           f"ends at {last_seq} but a checkpoint vouches for {beyond}")
-    _check_published(report, heads, last_seq, published)
+    _check_published(report, heads, last_seq, published, folder)
     report.unsealed = AuditEvent.objects.filter(seal_seq__isnull=True).count()
     return report
 
 
-def _check_published(report: ChainReport, heads: dict[int, str], last_seq: int, paths: Iterable[Path]) -> None:
+def _check_published(report: ChainReport, heads: dict[int, str], last_seq: int, paths: Iterable[Path],
+                     folder: Path | None = None) -> None:
     """Hold the chain to the heads published outside the database (security.audit_heads)."""
-    published, unreadable = published_heads(paths)
+    published, unreadable = published_heads(paths, folder=folder)
     report.warnings.extend(unreadable)
     agreed, vouched = [], []
     for head in published:

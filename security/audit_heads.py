@@ -72,13 +72,13 @@ def publish_head(*, seq: int, head_hash: str, signed_at: datetime, kid: str, sig
     logger.info(line)
 
 
-def published_heads(paths: Iterable[Path] = ()) -> tuple[list[PublishedHead], list[str]]:
+def published_heads(paths: Iterable[Path] = (), *, folder: Path | None = None) -> tuple[list[PublishedHead], list[str]]:
     """
-    Every head published in the configured folder and in ``paths`` (files or folders), and what
-    could not be read as one: an unreadable file or a line that is not a head.
+    Every head published in ``folder`` (default: the configured one) and in ``paths`` (files or
+    folders), and what could not be read as one: an unreadable file or a line that is not a head.
     """
     files: list[Path] = []
-    for place in [head_dir(), *map(Path, paths)]:
+    for place in [folder or head_dir(), *map(Path, paths)]:
         files.extend(sorted(place.glob("*.jsonl")) if place.is_dir() else [place] if place.exists() else [])
     heads, unreadable = [], []
     for path in files:
