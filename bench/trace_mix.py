@@ -17,17 +17,16 @@ get the same kinds.
 
 Policies, each from the same steady state and the same arrivals:
 
-- ``new``: Meridian's scorer order (``priority.rank``, urgency by tenant class as trace_replay) and
-  its planner with both parts of issue 43 on (``spot_in_headroom``, MERIDIAN_SPOT_IN_HEADROOM, and
-  ``slot_shares``): reserved work keeps out of the headroom, spot work may use it, a GPU cut
-  into slots counts by its free share; on-demand work that finds no room evicts spot work (any
-  spot work when it asks for no more than the headroom, else lower-priority spot), softly: the
-  victim runs on for the grace period, the on-demand work starts when it ends. Reserved work may
-  evict lower-priority spot work, as it may in Meridian. Spot work is an eviction candidate once
-  placed (as the scheduler's index reads it from the database).
-- ``shares``: ``old`` with a cut GPU counted by its free share (spot kept out of the headroom).
-- ``old``: what Meridian runs by default: spot work kept out of the headroom and a cut GPU counted whole
-  (``Planner(spot_in_headroom=False, slot_shares=False)``).
+- ``new``: what Meridian runs by default (``Planner(spot_in_headroom=True)``,
+  MERIDIAN_SPOT_IN_HEADROOM on): Meridian's scorer order (``priority.rank``, urgency by tenant
+  class as trace_replay) and its planner; reserved work keeps out of the headroom, spot work may
+  use it, and GPUs only spot work holds count as headroom; work that finds no room evicts spot
+  work ranked below it, softly: the victim runs on for the grace period, the work starts when it
+  ends. Spot work is an eviction candidate once placed (as the scheduler's index reads it from
+  the database). A cut GPU counts whole.
+- ``shares``: ``old`` with a cut GPU counted by its free share (``slot_shares``).
+- ``old``: the rule before issue 43: spot work kept out of the headroom like reserved work
+  (``Planner(spot_in_headroom=False)``).
 - ``easy``: EASY backfill: arrival order, no headroom, no kinds; the first job that does not fit
   gets the earliest start it can have (durations are known exactly) and is booked there; later
   jobs start now only where they do not delay it (the planner keeps its booked window). One such
@@ -62,7 +61,7 @@ from provisioning.scheduling.priority import DEFAULT_WEIGHTS, rank
 JOBS = int(os.environ.get("BENCH_JOBS", "60000"))
 HEADROOM = float(os.environ.get("BENCH_HEADROOM", "0.10"))
 GRACE_S = float(os.environ.get("BENCH_GRACE_S", "120"))
-POLICIES = os.environ.get("BENCH_POLICIES", "old,new,easy").split(",")
+POLICIES = os.environ.get("BENCH_POLICIES", "old,new,easy").split(",")  # also "shares"
 PIN = os.environ.get("BENCH_PIN_MODELS", "1") != "0"
 ON_DEMAND, RESERVED, SPOT = "on-demand", "reserved", "spot"
 KINDS = {"LS": ON_DEMAND, "Guaranteed": ON_DEMAND, "Burstable": RESERVED, "BE": SPOT}
@@ -107,7 +106,7 @@ class MixSim:
         self.easy = policy == "easy"
         new = policy == "new"
         self.planner = Planner(snapshot, headroom=0.0 if self.easy else HEADROOM, spot_in_headroom=new,
-                               slot_shares=new or policy == "shares")
+                               slot_shares=policy == "shares")
         self.models = models
         self.now = 0.0
         self.events: list = []  # (time, seq, what, run, gen): "done" or "stop" (an evicted run's grace ended)
@@ -128,10 +127,12 @@ class MixSim:
     # Placing
     #
 
+    def shape(self, run: Run) -> tuple[UUID, ...]:
+        return self.pins.get(run.job.idx) or self.models[run.job.gpus_per_unit]
+
     def place(self, run: Run, at: float, priority: float):
         self.tries += 1
-        model_ids = self.pins.get(run.job.idx) or self.models[run.job.gpus_per_unit]
-        placement = self.planner.place(run.request(at, model_ids, priority, self.easy))
+        placement = self.planner.place(run.request(at, self.shape(run), priority, self.easy))
         if placement is None and HEADROOM_REFUSAL in self.planner.last_reason:
             self.refusals += 1
         return placement
@@ -178,7 +179,7 @@ class MixSim:
         entries = [(r.job.idx, r.job.arrival, r.job.urgency, None, 0.0, False, 0.0, 0.0) for r in queue]
         return [(by_id[i], s) for i, s in rank(entries, DEFAULT_WEIGHTS, self.now)]
 
-    def schedule(self, queue: list[Run], candidates: list[Run]) -> set[int]:
+    def schedule(self, candidates: list[Run]) -> set[int]:
         placed = set()
         for run, score in self.ordered(candidates):
             placement = self.place(run, self.now, score)
@@ -227,12 +228,13 @@ class MixSim:
                 raise RuntimeError(f"{len(queue)} jobs wait and nothing will ever free capacity")
             self.now = t
             self.planner.capacity.advance(replay.EPOCH + timedelta(seconds=t))
-            freed, new = False, []
+            freed, new, dirty = False, [], set()
             while self.events and self.events[0][0] <= t:
                 _, _, what, run, gen = heapq.heappop(self.events)
                 if gen != run.gen:
                     continue  # a run cut short by an eviction: its "stop" replaces this
                 self.planner.release(run.placement)
+                dirty.add(self.shape(run))
                 self.spot_score.pop(run.job.rid, None)
                 run.placement = None
                 freed = True
@@ -247,14 +249,28 @@ class MixSim:
                 i += 1
             if self.booked is not None and self.booked.started <= t:
                 self.booked = None  # it has started: the next job that does not fit may be booked
-                freed = True
+                freed, dirty = True, None
             queue.extend(new)
-            candidates = queue if freed else new
+            candidates = self.candidates(queue, new, freed, dirty)
             if candidates:
-                placed = self.schedule(queue, candidates)
+                placed = self.schedule(candidates)
                 if placed:
                     queue = [r for r in queue if r.job.idx not in placed]
         return self.figures(runs, time.perf_counter() - started)
+
+    def candidates(self, queue: list[Run], new: list[Run], freed: bool, dirty: set | None) -> list[Run]:
+        """
+        What a scheduling pass tries: the whole queue when capacity was freed (every job, when each
+        may take any model), else the new arrivals. With one model per job, only the jobs of the
+        models something changed on: the others would meet what they met before (the same decisions
+        as trying all, for less work; the headroom is per model too).
+        """
+        if not freed and not dirty:
+            return new
+        if dirty is None or not self.pins:
+            return queue
+        fresh = {id(r) for r in new}
+        return [r for r in queue if self.shape(r) in dirty or id(r) in fresh]
 
     def figures(self, runs: list[Run], wall: float) -> dict:
         def table(members: list[Run]) -> dict:

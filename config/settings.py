@@ -470,11 +470,11 @@ MERIDIAN_SPOT_GRACE = timedelta(seconds=env.int("MERIDIAN_SPOT_GRACE_SECONDS", d
 MERIDIAN_RESERVATION_ENDING_NOTICE = timedelta(minutes=env.int("MERIDIAN_RESERVATION_ENDING_NOTICE_MINUTES",
                                                                default=30))
 # Share of each region's GPUs of a model (per pool) kept free for on-demand bursts (reserved and
-# spot work may not use it).
+# spot work kept out by MERIDIAN_SPOT_IN_HEADROOM may not use it).
 MERIDIAN_HEADROOM = env.float("MERIDIAN_HEADROOM", default=0.10)
-# Spot work may use the headroom and gives it back by soft eviction (docs/scheduling.md). Off: on
-# the Alibaba mix at 0.9 it shortened spot waits but lengthened on-demand ones (docs/benchmarks.md).
-MERIDIAN_SPOT_IN_HEADROOM = env.bool("MERIDIAN_SPOT_IN_HEADROOM", default=False)
+# Spot work may use the headroom and gives it back by soft eviction to on-demand work ranked above
+# it (docs/scheduling.md); off keeps spot work out of it like reserved work (docs/benchmarks.md).
+MERIDIAN_SPOT_IN_HEADROOM = env.bool("MERIDIAN_SPOT_IN_HEADROOM", default=True)
 # How long the fast path trusts the nodes a recent read of a pool chose (provisioning/free_hint.py):
 # creates within it count only those nodes' free GPUs again, not the whole pool's. 0 turns it off.
 MERIDIAN_FAST_PATH_HINT_SECONDS = env.float("MERIDIAN_FAST_PATH_HINT_SECONDS", default=2.0)

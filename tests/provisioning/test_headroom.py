@@ -1,7 +1,8 @@
 """
 The headroom rule on hand-made fleets (pure, no database): reserved work may not take the last
-share of a region's GPUs of a model; spot work may, and gives it back to on-demand work by soft
-eviction; GPUs cut into slots count by their free share (``slot_shares``; whole by default).
+share of a region's GPUs of a model; spot work may, and gives it back to on-demand work that ranks
+above it by soft eviction, and GPUs only spot work holds count as headroom; GPUs cut into slots
+count by their free share (``slot_shares``; whole by default).
 """
 
 from __future__ import annotations
@@ -73,24 +74,36 @@ def test_spot_work_may_take_the_headroom_gpus():
 
 def test_a_burst_of_on_demand_work_evicts_spot_work_in_the_headroom_after_the_grace_period():
     """
-    Spot work holds the headroom at a higher priority than the burst: on-demand work no larger than
-    the headroom evicts it anyway, softly, and never reserved or on-demand work.
+    Spot work holds the headroom below the burst's priority: the on-demand burst evicts it, softly,
+    and never reserved or on-demand work.
     """
     nodes, gpus = fleet()
-    spot = [occupy(*gpus[k:k + 2], spot=True, priority=0.9) for k in (10, 12, 14)]
+    spot = [occupy(*gpus[k:k + 2], spot=True, priority=0.2) for k in (10, 12, 14)]
     planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True)
     evicted, placed = [], []
     for _ in range(3):
         placement = planner.place(ask(VM, per_unit=2, priority=0.5, eviction_grace=GRACE))
         assert placement.start == NOW + GRACE  # it waits for the grace period
         (eviction,) = placement.evictions
-        assert eviction.at == NOW + GRACE and "taking back the headroom" in eviction.reason
+        assert eviction.at == NOW + GRACE and "priority 0.500 over 0.200" in eviction.reason
         evicted.append(eviction.victim_reservation_id)
         placed.append(placement)
     assert sorted(evicted) == sorted(spot)
     # What is left is reserved work and the burst itself: nothing more to evict.
     assert planner.place(ask(VM, per_unit=2, priority=0.99, eviction_grace=GRACE)) is None
     assert all(not set(gpus_of(p)) & {g.gpu_id for g in gpus[:10]} for p in placed)
+
+
+def test_spot_work_that_outranks_the_on_demand_request_keeps_the_headroom():
+    """
+    Spot work that has come to rank above an on-demand request (it waited long) is not evicted for
+    it, in the headroom or not: evicting it would send the work that waited longest back to wait.
+    """
+    nodes, gpus = fleet()
+    occupy(*gpus[10:], spot=True, priority=0.9)
+    planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True)
+    assert planner.place(ask(VM, per_unit=2, priority=0.5, eviction_grace=GRACE)) is None
+    assert planner.place(ask(VM, per_unit=2, priority=0.95, eviction_grace=GRACE)).evictions
 
 
 def test_on_demand_work_larger_than_the_headroom_evicts_only_lower_priority_spot_work():
@@ -109,6 +122,32 @@ def test_reserved_work_evicts_only_lower_priority_spot_work_and_keeps_out_of_the
     assert planner.place(ask(VM, per_unit=4, priority=0.5, on_demand=False, eviction_grace=GRACE)) is None
     placement = planner.place(ask(VM, per_unit=2, priority=0.5, on_demand=False, eviction_grace=GRACE))
     assert [e.victim_reservation_id for e in placement.evictions] == [low]
+
+
+def test_gpus_only_spot_work_holds_count_as_headroom_for_reserved_work():
+    """
+    With spot work in the headroom, what only spot work holds is on-demand work's for the taking:
+    reserved work is kept out only by what would leave fewer free or spot-held GPUs than the headroom.
+    """
+    nodes, gpus = fleet(busy=8)
+    occupy(*gpus[8:14], spot=True, priority=0.2)  # 2 free, 6 spot-held: 8 count as headroom, 4 are kept
+    planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True)
+    assert planner.place(ask(VM, per_unit=2, on_demand=False, may_preempt=False)) is not None  # leaves 6
+    assert planner.place(ask(VM, per_unit=2, on_demand=False, priority=0.5)).evictions  # leaves exactly 4
+    assert planner.place(ask(VM, per_unit=1, on_demand=False, priority=0.5)) is None
+    assert "free or held by spot work" in planner.last_reason and "kept for on-demand" in planner.last_reason
+    # Counted as busy when spot work is kept out of the headroom: the first already takes it.
+    kept_out = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=False)
+    assert kept_out.place(ask(VM, per_unit=2, on_demand=False, may_preempt=False)) is None
+
+
+def test_a_gpu_spot_work_shares_with_reserved_slots_is_not_headroom():
+    nodes, gpus = fleet(busy=12)
+    slot(gpus[12], 0, spot=True, priority=0.2)
+    slot(gpus[12], 1)  # reserved beside it: on-demand work could not have the whole GPU back
+    planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True)
+    assert planner.capacity.spot_held_at(GROUP, 0) == 0
+    assert planner.place(ask(VM, per_unit=1, on_demand=False, may_preempt=False)) is None  # 3 free, 4 kept
 
 
 def test_spot_kept_out_of_the_headroom_is_not_evicted_to_give_it_back():
@@ -159,7 +198,7 @@ def test_slots_on_cut_gpus_leave_room_for_reserved_whole_gpus_counted_by_share()
 
 def test_an_on_demand_slot_evicts_a_spot_slot_holding_the_headroom():
     nodes, gpus = fleet(busy=15)
-    victims = [slot(gpus[15], k, spot=True, priority=0.9) for k in range(8)]
+    victims = [slot(gpus[15], k, spot=True, priority=0.2) for k in range(8)]
     planner = Planner(snapshot(nodes), headroom=0.25, spot_in_headroom=True, slot_shares=True)
     placement = planner.place(ask(CONTAINER, units=2, per_unit=1, slots_per_gpu=8, eviction_grace=GRACE))
     assert len(placement.evictions) == 2 and {e.victim_reservation_id for e in placement.evictions} <= set(victims)

@@ -14,9 +14,9 @@ Rules it keeps:
     link (one NVLink domain, else one PCIe switch, else one NUMA node: ``topology``);
   - fractional containers take slots of GPUs already cut the same way before starting a GPU;
   - a future window is booked as it is: later work only fits in front of it if it ends first;
-  - reserved work keeps ``headroom`` of each region's GPUs of a model and pool kind free for
-    on-demand work (a GPU cut into slots counting by its free share); spot work may use it, and
-    on-demand work no larger than it may evict spot work of any priority to take it back;
+  - reserved work keeps ``headroom`` of each region's GPUs of a model and pool kind free (or held
+    only by spot work) for on-demand work; spot work may use it, and gives it back by eviction to
+    on-demand work that ranks above it;
   - lower-priority spot work may be evicted (fewest, then lowest-priority victims), never by spot.
 
 Modules: ``state`` (the index and every change to it), ``load`` (the headroom's counts of GPUs in

@@ -9,10 +9,14 @@ preempt, the same order is tried again with lower-priority spot work as possible
 
 The headroom (a share of each region's GPUs of a model and pool kind) is kept for on-demand
 bursts: reserved work may not take it. Spot work may -- it is the capacity spot sells -- and
-gives it back: an on-demand request no larger than the headroom may evict spot work whatever its
-priority (soft, after the grace period, as any eviction); ``spot_in_headroom``, which callers take
-from MERIDIAN_SPOT_IN_HEADROOM. A GPU cut into slots counts whole, or by its free share with
-``slot_shares`` (planner.load), which the trace bench measured and production does not use.
+gives it back as any spot work does, by soft eviction to on-demand work that ranks above it
+(nearly all: spot is sold at low urgency); GPUs only spot work holds still count as headroom,
+so reserved work is kept out only by what on-demand work could not have back. That is
+``spot_in_headroom``, which callers take from MERIDIAN_SPOT_IN_HEADROOM. Evicting spot work of
+any rank to give the headroom back was measured and dropped: it evicted the spot work that had
+waited longest, just started, and tripled spot waits on the trace mix (docs/benchmarks.md). A GPU
+cut into slots counts whole, or by its free share with ``slot_shares`` (planner.load), which the
+trace bench measured and production does not use.
 """
 
 from __future__ import annotations
@@ -38,8 +42,6 @@ from provisioning.scheduling.planner.fit import Fit, Shortfall, gang, slot_units
 from provisioning.scheduling.planner.preempt import gang_evicting, slots_evicting, vm_evicting
 from provisioning.scheduling.planner.reasons import NO_CAPACITY, Wording
 from provisioning.scheduling.planner.state import FOREVER, TICK, Capacity, Entry, Pool
-
-ANY = float("inf")  # the bar of an on-demand request taking the headroom back: every spot priority is below it
 
 # A shape that failed is remembered this many times per (shape, start) before the oldest is dropped.
 FAILURES_PER_SHAPE = 8
@@ -95,12 +97,12 @@ class Planner:
 
     def __init__(self, snapshot: Snapshot | None = None, *, headroom: float = 0.10,
                  model_names: Mapping[UUID, str] | None = None, capacity: Capacity | None = None,
-                 spot_in_headroom: bool = False, slot_shares: bool = False):
+                 spot_in_headroom: bool = True, slot_shares: bool = False):
         # ``capacity``: an index kept from an earlier plan and brought up to date, instead of a snapshot.
-        # Both default to what Meridian runs (MERIDIAN_SPOT_IN_HEADROOM off), so a caller that forgets
+        # Both default to what Meridian runs (MERIDIAN_SPOT_IN_HEADROOM on), so a caller that forgets
         # them gets the production rule. ``spot_in_headroom`` False: spot work is kept out of the
-        # headroom like reserved work (and so never evicted to give it back); ``slot_shares`` False:
-        # a cut GPU counts whole in it.
+        # headroom like reserved work, and what it holds is not headroom; ``slot_shares`` False: a
+        # cut GPU counts whole in it.
         self.capacity = capacity if capacity is not None else Capacity(snapshot, slot_shares=slot_shares)
         self.headroom = headroom
         self.spot_in_headroom = spot_in_headroom
@@ -190,8 +192,7 @@ class Planner:
         """Everything but the units and the end that decides whether a request fits (see Failures)."""
         evicting = None
         if self._may_evict(request):
-            every = len(self.capacity.victim_priority) if self._takes_back(request) else None
-            evicting = (self.capacity.victims_below(request.priority), every, request.eviction_grace)
+            evicting = (self.capacity.victims_below(request.priority), request.eviction_grace)
         return (request.kind, request.gpu_model_ids, request.regions, request.fabric_id, request.gpus_per_unit,
                 request.slots_per_gpu, request.share_class, request.on_demand, request.confidential, s, evicting)
 
@@ -206,21 +207,14 @@ class Planner:
             return False
         return not (request.preemptible and self.spot_in_headroom)
 
-    def _takes_back(self, request: Request) -> bool:
-        """An on-demand request that may evict spot work of any priority where it fits in the headroom."""
-        return request.on_demand and self.spot_in_headroom and self.headroom > 0
-
     def _kept(self, group: tuple) -> float:
         """The headroom of a ``(region, model, pool kind)``, in GPUs (to the millionth: 0.1 x 30 is 3)."""
         return round(self.headroom * self.capacity.group_gpus.get(group, 0), 6)
 
-    def _victim_bar(self, request: Request, group: tuple) -> float:
-        """Spot work strictly below this priority may be evicted for ``request`` in ``group``."""
-        if self._takes_back(request):
-            asked = request.units * request.gpus_per_unit / request.slots_per_gpu
-            if asked <= self._kept(group):
-                return ANY  # the headroom is on-demand work's: spot holding it gives it back
-        return request.priority
+    def _headroom_free(self, group: tuple, t: int) -> float:
+        """What the headroom rule counts as free at ``t``: with spot work in it, also what only spot work holds."""
+        free = self.capacity.free_at(group, t)
+        return free + self.capacity.spot_held_at(group, t) if self.spot_in_headroom else free
 
     def _pools(self, request: Request, region: str, model: UUID) -> list[Pool]:
         """The region's pools of the model and kind, on the request's fabric only when it names one (its VPC's)."""
@@ -269,8 +263,7 @@ class Planner:
 
     def _place_evicting(self, request: Request, s: int, e: int) -> Placement | str:
         """
-        Place by evicting lower-priority spot work (any spot work, for on-demand work taking the
-        headroom back: ``_victim_bar``), in the same region and model order. Soft
+        Place by evicting lower-priority spot work, in the same region and model order. Soft
         eviction (a grace period) ends the victims at now + grace, and the window starts no
         earlier, keeping its length; hard eviction ends them now. For a window that starts later
         than that, the victims run on until it starts: ending them sooner frees nothing it needs.
@@ -283,8 +276,8 @@ class Planner:
         for region in request.regions:
             for model in request.gpu_model_ids:
                 pools = self._pools(request, region, model)
-                bar = self._victim_bar(request, (region, model, self._pool_kind(request)))
-                fits = [f for pool in pools if (f := self._fit_evicting(pool, request, s, e, bar)) and f.victims]
+                fits = [f for pool in pools
+                        if (f := self._fit_evicting(pool, request, s, e, request.priority)) and f.victims]
                 if fits:
                     where = self.wording.where(region, model)
                     outcome = self._commit(request, region, where, min(fits, key=lambda f: f.score), s, e, at)
@@ -329,15 +322,13 @@ class Planner:
         # The headroom is a share of the region's GPUs of this model in this pool, as the fast path sees them.
         group = (region, fit.pool.model, fit.pool.kind)
         kept = self._kept(group)
-        before = cap.free_at(group, s) if guard else 0
+        before = self._headroom_free(group, s) if guard else 0
         mark = len(cap.journal)
         victims = sorted(fit.victims, key=lambda v: (cap.victim_priority[v], str(v)))
         when = "after a grace period" if at > cap.origin else "at once"
         evictions = tuple(
-            Eviction(v, rid, cap.time(at),
-                     f"preempted by reservation {rid} (priority {request.priority:.3f} over "
-                     f"{cap.victim_priority[v]:.3f}), {when}" if cap.victim_priority[v] < request.priority else
-                     f"preempted by on-demand reservation {rid} taking back the headroom, {when}")
+            Eviction(v, rid, cap.time(at), f"preempted by reservation {rid} (priority {request.priority:.3f} over "
+                                           f"{cap.victim_priority[v]:.3f}), {when}")
             for v in victims
         )
         for v in victims:
@@ -345,10 +336,10 @@ class Planner:
         for gpu, lo, hi in fit.picks:
             cap.add(gpu, Entry(s, e, lo, hi, rid, share_class=request.share_class))
         if guard:
-            after = cap.free_at(group, s)
+            after = self._headroom_free(group, s)
             if after < kept and after < before:
                 cap.rollback(mark)
-                return self.wording.headroom(where, s, before, after, kept)
+                return self.wording.headroom(where, s, before, after, kept, spot=self.spot_in_headroom)
         if victims:
             self._failures.clear()  # evictions free capacity: earlier failures may fit now
         return Placement(
@@ -365,7 +356,7 @@ class Planner:
 
 def plan(snapshot: Snapshot | None, queue: Iterable[Request], *, headroom: float = 0.10,
          model_names: Mapping[UUID, str] | None = None, max_placements: int | None = None,
-         capacity: Capacity | None = None, spot_in_headroom: bool = False) -> Plan:
+         capacity: Capacity | None = None, spot_in_headroom: bool = True) -> Plan:
     """
     Place the ranked ``queue`` in its order on ``snapshot``: each request sees the ones before it.
     Every request tried and not placed is in ``unplaced`` with why it waits. Planning stops after

@@ -33,7 +33,7 @@ from typing import NamedTuple
 from uuid import UUID
 
 from provisioning.scheduling.plan_types import Snapshot
-from provisioning.scheduling.planner.load import SHARE_UNITS, Load
+from provisioning.scheduling.planner.load import SHARE_UNITS, Load, slot_share
 from provisioning.scheduling.planner.slots import (
     NO_LAYOUTS,
     Layout,
@@ -541,6 +541,28 @@ class Capacity:
         """
         in_use = self.load.in_use(group, self.pools.get(group, ()), t)
         return self.group_gpus.get(group, 0) - in_use / SHARE_UNITS
+
+    def spot_held_at(self, group: tuple[str, UUID, str], t: int) -> float:
+        """
+        GPUs of a ``(region, GPU model, pool kind)`` that only evictable spot work holds at instant
+        ``t`` (by share, for GPUs cut into slots when the load counts shares): on-demand work can
+        have them back. Walks the spot work's GPUs only.
+        """
+        seen: set[GpuState] = set()
+        units = 0
+        for pool in self.pools.get(group, ()):
+            for victim in pool.victims:
+                for gpu in self.holdings.get(victim, ()):
+                    if gpu.node.pool is not pool or gpu in seen:
+                        continue
+                    seen.add(gpu)
+                    covering = [x for x in gpu.entries if x.start <= t < x.end]
+                    spot = [x for x in covering if x.victim_priority is not None]
+                    if self.load.shares:
+                        units += min(SHARE_UNITS, sum(slot_share(gpu.memory, x.lo, x.hi) for x in spot))
+                    elif spot and len(spot) == len(covering):
+                        units += SHARE_UNITS
+        return units / SHARE_UNITS
 
     def victims_below(self, priority: float) -> int:
         """How many evictable reservations rank below ``priority``: requests alike in it pick alike victims."""
