@@ -211,10 +211,10 @@ class Planner:
         """The headroom of a ``(region, model, pool kind)``, in GPUs (to the millionth: 0.1 x 30 is 3)."""
         return round(self.headroom * self.capacity.group_gpus.get(group, 0), 6)
 
-    def _headroom_free(self, group: tuple, t: int) -> float:
-        """What the headroom rule counts as free at ``t``: with spot work in it, also what only spot work holds."""
+    def _headroom_free(self, group: tuple, t: int, spot: bool) -> float:
+        """What the headroom rule counts as free at ``t``; with ``spot``, also what only spot work holds."""
         free = self.capacity.free_at(group, t)
-        return free + self.capacity.spot_held_at(group, t) if self.spot_in_headroom else free
+        return free + self.capacity.spot_held_at(group, t) if spot else free
 
     def _pools(self, request: Request, region: str, model: UUID) -> list[Pool]:
         """The region's pools of the model and kind, on the request's fabric only when it names one (its VPC's)."""
@@ -322,7 +322,10 @@ class Planner:
         # The headroom is a share of the region's GPUs of this model in this pool, as the fast path sees them.
         group = (region, fit.pool.model, fit.pool.kind)
         kept = self._kept(group)
-        before = self._headroom_free(group, s) if guard else 0
+        # What only spot work holds is counted (a walk of the spot work's GPUs) only when the free
+        # GPUs alone might fall below the headroom: the placement takes at most one per GPU it picks.
+        spot = guard and self.spot_in_headroom and cap.free_at(group, s) - len(fit.picks) < kept
+        before = self._headroom_free(group, s, spot) if guard else 0
         mark = len(cap.journal)
         victims = sorted(fit.victims, key=lambda v: (cap.victim_priority[v], str(v)))
         when = "after a grace period" if at > cap.origin else "at once"
@@ -336,7 +339,7 @@ class Planner:
         for gpu, lo, hi in fit.picks:
             cap.add(gpu, Entry(s, e, lo, hi, rid, share_class=request.share_class))
         if guard:
-            after = self._headroom_free(group, s)
+            after = self._headroom_free(group, s, spot)
             if after < kept and after < before:
                 cap.rollback(mark)
                 return self.wording.headroom(where, s, before, after, kept, spot=self.spot_in_headroom)
