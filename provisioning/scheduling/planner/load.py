@@ -10,6 +10,11 @@ the headroom. An allocation that is no slot of any cut counts whole. Shares are 
 ``SHARE_UNITS`` per GPU (every cut into 2 to 8 slots, and 10, 12, 14 or 15, is a whole number of
 them), so the counts stay exact through any number of changes. ``shares=False`` counts a GPU whole
 while anything is on it (a plain busy count).
+
+``spot_free``: what only spot work that may be evicted holds counts as free -- with spot work in
+the headroom, on-demand work can have it back, so it keeps reserved work out no more than free
+GPUs do. A GPU that spot work shares with other work is in use (whole), or by the other work's
+share (``shares``).
 """
 
 from __future__ import annotations
@@ -36,17 +41,19 @@ def slot_share(memory: int, lo: int, hi: int) -> int:
     return (2 * (hi - lo) * SHARE_UNITS + memory) // (2 * memory)  # rounded: slots of a cut differ by a MiB
 
 
-def used(gpu: GpuState, t: int, shares: bool = True) -> int:
+def used(gpu: GpuState, t: int, shares: bool = True, spot_free: bool = False) -> int:
     """How much of ``gpu`` is in use at instant ``t`` (not before "now"), in SHARE_UNITS."""
     if not gpu.busy_at(t):
         return 0
+    if spot_free and all(x.victim_priority is not None for x in gpu.entries if x.start <= t < x.end):
+        return 0  # only evictable spot work holds it then
     if not shares or not gpu.layouts:  # no slot on it from now on: whatever covers t is whole
         return SHARE_UNITS
     total = 0
     for x in gpu.entries:
         if x.start > t:
             break
-        if x.end > t:
+        if x.end > t and not (spot_free and x.victim_priority is not None):
             total += slot_share(gpu.memory, x.lo, x.hi)
     return min(total, SHARE_UNITS)
 
@@ -66,8 +73,9 @@ def changed_span(old: list[Entry], new: list[Entry]) -> tuple[int, int]:
 class Load:
     """Per group, instant -> SHARE_UNITS in use then, for the instants asked about (at most LOAD_INSTANTS each)."""
 
-    def __init__(self, shares: bool = True):
+    def __init__(self, shares: bool = True, spot_free: bool = False):
         self.shares = shares
+        self.spot_free = spot_free
         self.counts: dict[tuple, dict[int, int]] = {}
 
     def forget(self, group: tuple) -> None:
@@ -89,6 +97,8 @@ class Load:
         return load[t]
 
     def _count(self, pools: Iterable[Pool], t: int) -> int:
+        if self.spot_free:  # whether only spot work holds a GPU is not in the nodes' summaries
+            return sum(used(g, t, self.shares, True) for pool in pools for n in pool.nodes for g in n.gpus)
         units = 0
         for pool in pools:
             # Busy at t is not free for [t, t + 1): the nodes' summaries answer that in O(1) mostly.
@@ -109,10 +119,10 @@ class Load:
         if not load:
             return []
         lo, hi = changed_span(old, new)
-        return [(load, t, used(gpu, t, self.shares)) for t in load if lo <= t < hi]
+        return [(load, t, used(gpu, t, self.shares, self.spot_free)) for t in load if lo <= t < hi]
 
     def after(self, gpu: GpuState, before: list) -> None:
         for load, t, was in before:
-            now = used(gpu, t, self.shares)
+            now = used(gpu, t, self.shares, self.spot_free)
             if now != was:
                 load[t] += now - was

@@ -104,6 +104,7 @@ class Planner:
         # headroom like reserved work, and what it holds is not headroom; ``slot_shares`` False: a
         # cut GPU counts whole in it.
         self.capacity = capacity if capacity is not None else Capacity(snapshot, slot_shares=slot_shares)
+        self.capacity.count_spot_as_free(spot_in_headroom)
         self.headroom = headroom
         self.spot_in_headroom = spot_in_headroom
         self.wording = Wording(self.capacity.now, model_names or {}, origin=self.capacity.origin)
@@ -211,11 +212,6 @@ class Planner:
         """The headroom of a ``(region, model, pool kind)``, in GPUs (to the millionth: 0.1 x 30 is 3)."""
         return round(self.headroom * self.capacity.group_gpus.get(group, 0), 6)
 
-    def _headroom_free(self, group: tuple, t: int, spot: bool) -> float:
-        """What the headroom rule counts as free at ``t``; with ``spot``, also what only spot work holds."""
-        free = self.capacity.free_at(group, t)
-        return free + self.capacity.spot_held_at(group, t) if spot else free
-
     def _pools(self, request: Request, region: str, model: UUID) -> list[Pool]:
         """The region's pools of the model and kind, on the request's fabric only when it names one (its VPC's)."""
         pools = self.capacity.pools.get((region, model, self._pool_kind(request))) or []
@@ -322,10 +318,7 @@ class Planner:
         # The headroom is a share of the region's GPUs of this model in this pool, as the fast path sees them.
         group = (region, fit.pool.model, fit.pool.kind)
         kept = self._kept(group)
-        # What only spot work holds is counted (a walk of the spot work's GPUs) only when the free
-        # GPUs alone might fall below the headroom: the placement takes at most one per GPU it picks.
-        spot = guard and self.spot_in_headroom and cap.free_at(group, s) - len(fit.picks) < kept
-        before = self._headroom_free(group, s, spot) if guard else 0
+        before = cap.free_at(group, s) if guard else 0  # with spot work in the headroom, what only it holds is free
         mark = len(cap.journal)
         victims = sorted(fit.victims, key=lambda v: (cap.victim_priority[v], str(v)))
         when = "after a grace period" if at > cap.origin else "at once"
@@ -339,7 +332,7 @@ class Planner:
         for gpu, lo, hi in fit.picks:
             cap.add(gpu, Entry(s, e, lo, hi, rid, share_class=request.share_class))
         if guard:
-            after = self._headroom_free(group, s, spot)
+            after = cap.free_at(group, s)
             if after < kept and after < before:
                 cap.rollback(mark)
                 return self.wording.headroom(where, s, before, after, kept, spot=self.spot_in_headroom)

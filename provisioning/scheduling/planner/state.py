@@ -33,7 +33,7 @@ from typing import NamedTuple
 from uuid import UUID
 
 from provisioning.scheduling.plan_types import Snapshot
-from provisioning.scheduling.planner.load import SHARE_UNITS, Load, slot_share
+from provisioning.scheduling.planner.load import SHARE_UNITS, Load
 from provisioning.scheduling.planner.slots import (
     NO_LAYOUTS,
     Layout,
@@ -238,8 +238,9 @@ class Pool:
 class Capacity:
     """The whole index over one Snapshot, and the only place that changes it."""
 
-    def __init__(self, snapshot: Snapshot, *, slot_shares: bool = False):
-        # ``slot_shares``: the headroom counts a GPU cut into slots by the share in use (planner.load), else whole.
+    def __init__(self, snapshot: Snapshot, *, slot_shares: bool = False, spot_free: bool = False):
+        # ``slot_shares``: the headroom counts a GPU cut into slots by the share in use (planner.load), else whole;
+        # ``spot_free``: what only evictable spot work holds counts as free in it.
         self.now = snapshot.now
         self.pools: dict[tuple[str, UUID, str], list[Pool]] = {}
         self.gpus: dict[UUID, GpuState] = {}
@@ -251,7 +252,8 @@ class Capacity:
         self.origin = 0  # the tick that is now: 0 at build, later when a kept index is reused
         # Nodes whose GPUs changed since the keeper last caught up (kept indexes track it; None: not tracked).
         self.touched: set[NodeState] | None = None
-        self.load = Load(slot_shares)  # (region, model, pool kind) -> instant -> share of its GPUs in use then
+        # (region, model, pool kind) -> instant -> share of its GPUs in use then
+        self.load = Load(slot_shares, spot_free)
         self._victim_order: list[float] | None = None
         # Where ``_add`` finds a node's pool and leaf: (group, fabric) -> Pool, (group, leaf) -> Leaf.
         self._fabrics: dict[tuple[str, UUID, str, UUID], Pool] = {}
@@ -534,35 +536,19 @@ class Capacity:
     # Questions across a region
     #
 
+    def count_spot_as_free(self, spot_free: bool) -> None:
+        """Whether the headroom's counts take what only spot work holds as free (counted again when next asked)."""
+        if self.load.spot_free != spot_free:
+            self.load = Load(self.load.shares, spot_free)
+
     def free_at(self, group: tuple[str, UUID, str], t: int) -> float:
         """
         GPUs of a ``(region, GPU model, pool kind)`` free at instant ``t``: those with nothing on
-        them, and the free share of those cut into slots (planner.load).
+        them, and the free share of those cut into slots; with ``spot_free``, also what only spot
+        work holds (planner.load).
         """
         in_use = self.load.in_use(group, self.pools.get(group, ()), t)
         return self.group_gpus.get(group, 0) - in_use / SHARE_UNITS
-
-    def spot_held_at(self, group: tuple[str, UUID, str], t: int) -> float:
-        """
-        GPUs of a ``(region, GPU model, pool kind)`` that only evictable spot work holds at instant
-        ``t`` (by share, for GPUs cut into slots when the load counts shares): on-demand work can
-        have them back. Walks the spot work's GPUs only.
-        """
-        seen: set[GpuState] = set()
-        units = 0
-        for pool in self.pools.get(group, ()):
-            for victim in pool.victims:
-                for gpu in self.holdings.get(victim, ()):
-                    if gpu.node.pool is not pool or gpu in seen:
-                        continue
-                    seen.add(gpu)
-                    covering = [x for x in gpu.entries if x.start <= t < x.end]
-                    spot = [x for x in covering if x.victim_priority is not None]
-                    if self.load.shares:
-                        units += min(SHARE_UNITS, sum(slot_share(gpu.memory, x.lo, x.hi) for x in spot))
-                    elif spot and len(spot) == len(covering):
-                        units += SHARE_UNITS
-        return units / SHARE_UNITS
 
     def victims_below(self, priority: float) -> int:
         """How many evictable reservations rank below ``priority``: requests alike in it pick alike victims."""
