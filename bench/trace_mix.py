@@ -61,6 +61,7 @@ from provisioning.scheduling.priority import DEFAULT_WEIGHTS, rank
 JOBS = int(os.environ.get("BENCH_JOBS", "60000"))
 HEADROOM = float(os.environ.get("BENCH_HEADROOM", "0.10"))
 GRACE_S = float(os.environ.get("BENCH_GRACE_S", "120"))
+MAX_WAIT_S = float(os.environ.get("BENCH_HEADROOM_MAX_WAIT_S", "3600"))
 POLICIES = os.environ.get("BENCH_POLICIES", "old,new,easy").split(",")  # also "shares"
 PIN = os.environ.get("BENCH_PIN_MODELS", "1") != "0"
 ON_DEMAND, RESERVED, SPOT = "on-demand", "reserved", "spot"
@@ -86,7 +87,8 @@ class Run:
         self.evictions = 0
         self.score = 0.0
 
-    def request(self, at: float, model_ids: tuple[UUID, ...], priority: float, easy: bool) -> Request:
+    def request(self, at: float, model_ids: tuple[UUID, ...], priority: float, easy: bool,
+                max_wait: float = 0.0) -> Request:
         job = self.job
         start = replay.EPOCH + timedelta(seconds=at)
         spot = self.kind == SPOT and not easy
@@ -94,8 +96,12 @@ class Run:
             reservation_id=job.rid, kind=CONTAINER, gpu_model_ids=model_ids, regions=(replay.REGION,),
             units=job.units, gpus_per_unit=job.gpus_per_unit, start=start,
             end=start + timedelta(seconds=self.remaining), priority=priority, slots_per_gpu=job.slots,
-            on_demand=easy or self.kind == ON_DEMAND, preemptible=spot, may_preempt=not easy and not spot,
+            on_demand=easy or self.kind == ON_DEMAND, preemptible=spot,
+            may_preempt=not easy and not spot,
             eviction_grace=timedelta(seconds=GRACE_S),
+            # As snapshot.headroom_from: reserved work may use the headroom once it has waited max_wait (0: never).
+            headroom_from=(replay.EPOCH + timedelta(seconds=job.arrival + max_wait)
+                           if self.kind == RESERVED and max_wait > 0 else None),
         )
 
 
@@ -105,6 +111,7 @@ class MixSim:
         self.pins = pins or {}
         self.easy = policy == "easy"
         new = policy == "new"
+        self.max_wait = MAX_WAIT_S if new else 0.0
         self.planner = Planner(snapshot, headroom=0.0 if self.easy else HEADROOM, spot_in_headroom=new,
                                slot_shares=policy == "shares")
         self.models = models
@@ -132,7 +139,7 @@ class MixSim:
 
     def place(self, run: Run, at: float, priority: float):
         self.tries += 1
-        placement = self.planner.place(run.request(at, self.shape(run), priority, self.easy))
+        placement = self.planner.place(run.request(at, self.shape(run), priority, self.easy, self.max_wait))
         if placement is None and HEADROOM_REFUSAL in self.planner.last_reason:
             self.refusals += 1
         return placement

@@ -472,6 +472,9 @@ MERIDIAN_RESERVATION_ENDING_NOTICE = timedelta(minutes=env.int("MERIDIAN_RESERVA
 # Share of each region's GPUs of a model (per pool) kept free for on-demand bursts (reserved and
 # spot work kept out by MERIDIAN_SPOT_IN_HEADROOM may not use it).
 MERIDIAN_HEADROOM = env.float("MERIDIAN_HEADROOM", default=0.10)
+# Reserved work that has waited this long for the headroom may use it (0: never): a headroom that
+# on-demand work keeps full holds reserved work back an hour, not for ever (docs/scheduling.md).
+MERIDIAN_HEADROOM_MAX_WAIT = timedelta(seconds=env.int("MERIDIAN_HEADROOM_MAX_WAIT_SECONDS", default=3600))
 # Spot work may use the headroom and gives it back by soft eviction to on-demand work ranked above
 # it (docs/scheduling.md); off keeps spot work out of it like reserved work (docs/benchmarks.md).
 MERIDIAN_SPOT_IN_HEADROOM = env.bool("MERIDIAN_SPOT_IN_HEADROOM", default=True)

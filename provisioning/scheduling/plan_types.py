@@ -101,6 +101,9 @@ class Request:
     slots_per_gpu: int = 1
     preemptible: bool = False  # this request itself is spot
     on_demand: bool = True  # may use the headroom kept for on-demand bursts
+    # Reserved work: it may use the headroom for a window that starts then or later, having waited
+    # MERIDIAN_HEADROOM_MAX_WAIT for it (snapshot.request_for); None: never.
+    headroom_from: datetime | None = None
     may_preempt: bool = True  # may evict lower-priority spot allocations
     # How a spot victim of this request is evicted: soft gives it a grace period first.
     eviction_grace: timedelta = timedelta(0)

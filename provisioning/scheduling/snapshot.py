@@ -267,6 +267,22 @@ def _free_sql(chosen: str, on_nodes: bool = False, places: bool = False) -> str:
     """  # noqa: S608
 
 
+def headroom_from(reservation: Reservation, now: datetime) -> datetime | None:
+    """
+    When reserved work may use the headroom kept for on-demand bursts: once it has waited
+    MERIDIAN_HEADROOM_MAX_WAIT from its submission (or its requested start, if later), so a
+    headroom that on-demand work keeps full holds it back for that long, not for ever. None for
+    other terms (spot work is the planner's: MERIDIAN_SPOT_IN_HEADROOM) or when the wait is 0.
+    """
+    limit = settings.MERIDIAN_HEADROOM_MAX_WAIT
+    if reservation.billing_term != BillingTerm.RESERVED or limit <= timedelta(0):
+        return None
+    since = reservation.submitted_at or now  # not saved yet: it is being submitted
+    if reservation.requested_start and reservation.requested_start > since:
+        since = reservation.requested_start
+    return since + limit
+
+
 def request_for(reservation: Reservation, now: datetime) -> Request:
     """The planner's view of a reservation: where, what, how many, when, and how it may be evicted."""
     offering = reservation.offering
@@ -284,6 +300,7 @@ def request_for(reservation: Reservation, now: datetime) -> Request:
         priority=reservation.score,
         preemptible=reservation.billing_term == BillingTerm.SPOT,
         on_demand=reservation.billing_term == BillingTerm.ON_DEMAND,
+        headroom_from=headroom_from(reservation, now),
         may_preempt=reservation.billing_term != BillingTerm.SPOT,
         eviction_grace=settings.MERIDIAN_SPOT_GRACE,
         fabric_id=reservation.vpc.fabric_id if reservation.vpc_id else None,

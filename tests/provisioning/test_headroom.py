@@ -52,6 +52,18 @@ def test_reserved_work_may_leave_exactly_the_headroom_and_not_one_gpu_less():
     assert len(gpus_of(planner.place(ask(VM, per_unit=4)))) == 4  # on-demand work takes the headroom
 
 
+def test_reserved_work_that_has_waited_for_the_headroom_may_use_it():
+    """``headroom_from``: reserved work may take the headroom for windows from then on, not before."""
+    nodes, _ = fleet()
+    planner = Planner(snapshot(nodes), headroom=0.25)
+    later = NOW + HOUR
+    assert planner.place(ask(VM, per_unit=3, on_demand=False, headroom_from=later)) is None
+    assert "this one may from" in planner.last_reason and later.strftime("%H:%M") in planner.last_reason
+    assert planner.place(ask(VM, per_unit=3, on_demand=False, headroom_from=later, start=later)) is not None
+    assert planner.place(ask(VM, per_unit=3, on_demand=False, headroom_from=NOW)) is not None
+    assert planner.capacity.free_at(GROUP, 0) == 3
+
+
 def test_the_headroom_is_counted_without_rounding_errors():
     """10 % of 30 GPUs is 3, not 3.0000000000000004: leaving exactly 3 free is allowed."""
     nodes = shared(3, gpus=10)

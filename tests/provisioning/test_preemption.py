@@ -4,9 +4,12 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from cloud.models import GPUModel, Offering
 from provisioning.models import Allocation, Reservation
+from provisioning.scheduling.scheduler import run_cycle
+from provisioning.scheduling.snapshot import request_for
 from tests.world import small_fleet
 
 URL = "/api/v1/reservations/"
@@ -73,8 +76,6 @@ def test_on_demand_work_never_evicts_on_demand_work(world, spot_offering):
 
 def test_a_hard_spot_victim_loses_its_gpus_at_once(world, spot_offering):
     """Hard eviction ends the victim's hold now, not after a grace period."""
-    from django.utils import timezone
-
     spot = reserve(world.client("t2_member"), spot_offering, billing_term="spot", spot_max_price="1.50",
                    urgency="low", eviction_policy="hard")
     reserve(world.client("t1_member"), spot_offering, urgency="critical")
@@ -90,3 +91,42 @@ def test_spot_work_takes_the_headroom_only_when_the_operator_says(world, spot_of
     spot = reserve(world.client("t2_member"), spot_offering, billing_term="spot", spot_max_price="1.50",
                    urgency="low")
     assert spot.state == ("scheduled" if spot_in_headroom else "queued")
+
+
+def test_reserved_work_waits_for_the_headroom_only_as_long_as_the_operator_says(world, spot_offering, settings):
+    """
+    With a headroom of a whole host, reserved work waits, and says until when; once it has waited
+    MERIDIAN_HEADROOM_MAX_WAIT the scheduler places it in the headroom. On-demand and spot work
+    have no such moment.
+    """
+    settings.MERIDIAN_HEADROOM = 1.0
+    settings.MERIDIAN_HEADROOM_MAX_WAIT = timedelta(hours=1)
+    reserved = reserve(world.client("t2_member"), spot_offering, billing_term="reserved")
+    assert reserved.state == "queued"
+    may_from = request_for(reserved, timezone.now()).headroom_from
+    assert may_from == reserved.submitted_at + timedelta(hours=1)
+    assert run_cycle().placed == 0
+    reserved.refresh_from_db()
+    assert "may not use the headroom before they have waited for it" in reserved.state_reason
+
+    waited = timezone.now() - timedelta(hours=1, minutes=1)
+    Reservation.objects.filter(pk=reserved.pk).update(submitted_at=waited)
+    assert run_cycle().placed == 1
+    reserved.refresh_from_db()
+    assert reserved.state == "scheduled"
+    on_demand = reserve(world.client("t1_member"), spot_offering)
+    assert request_for(on_demand, timezone.now()).headroom_from is None
+    ahead = timezone.now() + timedelta(days=1)  # an advance reservation waits from its requested start
+    Reservation.objects.filter(pk=reserved.pk).update(requested_start=ahead)
+    reserved.refresh_from_db()
+    assert request_for(reserved, timezone.now()).headroom_from == ahead + timedelta(hours=1)
+
+
+def test_no_wait_lets_reserved_work_into_the_headroom_when_it_is_zero(world, spot_offering, settings):
+    settings.MERIDIAN_HEADROOM = 1.0
+    settings.MERIDIAN_HEADROOM_MAX_WAIT = timedelta(0)
+    reserved = reserve(world.client("t2_member"), spot_offering, billing_term="reserved")
+    assert request_for(reserved, timezone.now()).headroom_from is None
+    waited = timezone.now() - timedelta(days=2)
+    Reservation.objects.filter(pk=reserved.pk).update(submitted_at=waited)
+    assert run_cycle().placed == 0

@@ -195,18 +195,24 @@ class Planner:
         if self._may_evict(request):
             evicting = (self.capacity.victims_below(request.priority), request.eviction_grace)
         return (request.kind, request.gpu_model_ids, request.regions, request.fabric_id, request.gpus_per_unit,
-                request.slots_per_gpu, request.share_class, request.on_demand, request.confidential, s, evicting)
+                request.slots_per_gpu, request.share_class, self._guarded(request, s), request.confidential, s,
+                evicting)
 
     @staticmethod
     def _may_evict(request: Request) -> bool:
         """Spot work never preempts, so two spot requests cannot evict each other in turn."""
         return request.may_preempt and not request.preemptible
 
-    def _guarded(self, request: Request) -> bool:
-        """Whether the headroom is kept from ``request``: reserved work (and spot, unless it may use it)."""
+    def _guarded(self, request: Request, s: int) -> bool:
+        """
+        Whether the headroom is kept from ``request`` for a window from ``s``: reserved work, until
+        it has waited for it (``headroom_from``), and spot work unless it may use it.
+        """
         if self.headroom <= 0 or request.on_demand:
             return False
-        return not (request.preemptible and self.spot_in_headroom)
+        if request.preemptible:
+            return not self.spot_in_headroom
+        return request.headroom_from is None or s < self.capacity.ticks(request.headroom_from)
 
     def _kept(self, group: tuple) -> float:
         """The headroom of a ``(region, model, pool kind)``, in GPUs (to the millionth: 0.1 x 30 is 3)."""
@@ -314,7 +320,7 @@ class Planner:
         cap = self.capacity
         at = cap.origin if at is None else at  # evictions end now unless a grace period says later
         rid = request.reservation_id
-        guard = self._guarded(request)
+        guard = self._guarded(request, s)
         # The headroom is a share of the region's GPUs of this model in this pool, as the fast path sees them.
         group = (region, fit.pool.model, fit.pool.kind)
         kept = self._kept(group)
@@ -335,7 +341,8 @@ class Planner:
             after = cap.free_at(group, s)
             if after < kept and after < before:
                 cap.rollback(mark)
-                return self.wording.headroom(where, s, before, after, kept, spot=self.spot_in_headroom)
+                return self.wording.headroom(where, s, before, after, kept, spot=self.spot_in_headroom,
+                                             until=request.headroom_from)
         if victims:
             self._failures.clear()  # evictions free capacity: earlier failures may fit now
         return Placement(

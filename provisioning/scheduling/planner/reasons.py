@@ -71,13 +71,16 @@ class Wording:
                           f", room for {plural(short.fits, 'unit')} of {request.gpus_per_unit} on single nodes")
         return f"{where}: {offer}"
 
-    def headroom(self, where: str, s: int, before: float, after: float, kept: float, spot: bool = False) -> str:
+    def headroom(self, where: str, s: int, before: float, after: float, kept: float, spot: bool = False,
+                 until: datetime | None = None) -> str:
         # Counts may hold shares of GPUs cut into slots (planner.load): 5.625 GPUs reads "5.62".
-        free = f"{before:.2f}".rstrip("0").rstrip(".")
-        taking = f"{before - after:.2f}".rstrip("0").rstrip(".")
+        free, taking, kept_ = (f"{n:.2f}".rstrip("0").rstrip(".") for n in (before, before - after, kept))
+        waits = ("reserved requests may not use the headroom" if until is None else
+                 f"reserved requests may not use the headroom before they have waited for it: this one may from "
+                 f"{self.clock((until - self.now) // TICK)}")
         return (f"{where}: {free} GPU{'' if free == '1' else 's'} free{' or held by spot work' if spot else ''} "
                 f"{'now' if s == self.origin else 'at ' + self.clock(s)}; taking {taking} would leave fewer than "
-                f"the {kept:.0f} kept for on-demand work (reserved requests may not use the headroom)")
+                f"the {kept_} kept for on-demand work ({waits})")
 
     def reason(self, request: Request, s: int, e: int, situations: list[str]) -> str:
         return "; ".join([self.needs(request, s, e), *situations])
