@@ -5,7 +5,8 @@ and its eviction, through the pure planner in simulated time; against EASY backf
     .venv/bin/python bench/trace_replay.py --workload mix
 
 Environment: BENCH_JOBS (arrivals, 60000), BENCH_LOAD (0.9), BENCH_SEED (1), BENCH_HEADROOM (0.10),
-BENCH_GRACE_S (120, as MERIDIAN_SPOT_GRACE_SECONDS), BENCH_POLICIES (``old,new,easy``),
+BENCH_GRACE_S (120, as MERIDIAN_SPOT_GRACE_SECONDS), BENCH_HEADROOM_MAX_WAIT_S (3600, as
+MERIDIAN_HEADROOM_MAX_WAIT_SECONDS; ``new`` only), BENCH_POLICIES (``old,new,easy``; also ``shares``),
 MERIDIAN_TRACE_DIR. The fleet, the jobs' shapes, the resampling to the offered load and the
 steady state at time 0 are ``bench/trace_replay.py``'s (its module doc).
 
@@ -19,11 +20,11 @@ Policies, each from the same steady state and the same arrivals:
 
 - ``new``: what Meridian runs by default (``Planner(spot_in_headroom=True)``,
   MERIDIAN_SPOT_IN_HEADROOM on): Meridian's scorer order (``priority.rank``, urgency by tenant
-  class as trace_replay) and its planner; reserved work keeps out of the headroom, spot work may
-  use it, and GPUs only spot work holds count as headroom; work that finds no room evicts spot
-  work ranked below it, softly: the victim runs on for the grace period, the work starts when it
-  ends. Spot work is an eviction candidate once placed (as the scheduler's index reads it from
-  the database). A cut GPU counts whole.
+  class as trace_replay) and its planner; reserved work keeps out of the headroom until it has
+  waited an hour since it arrived, spot work may use it, and GPUs only spot work holds count as
+  headroom; work that finds no room evicts spot work ranked below it, softly: the victim runs on
+  for the grace period, the work starts when it ends. Spot work is an eviction candidate once
+  placed (as the scheduler's index reads it from the database). A cut GPU counts whole.
 - ``shares``: ``old`` with a cut GPU counted by its free share (``slot_shares``).
 - ``old``: the rule before issue 43: spot work kept out of the headroom like reserved work
   (``Planner(spot_in_headroom=False)``).
@@ -40,6 +41,13 @@ An evicted job is queued again when its grace period ends, with the time it stil
 (it resumes), keeping its place in age. Its wait is the sum of its times queued. "Lost" is the
 GPU-time its interrupted runs had done (what a job that does not checkpoint would run again).
 Headroom refusals count the place calls refused for the headroom rule.
+
+A pass at an instant tries the new arrivals, and when capacity was freed the waiting jobs of the
+models it was freed on (``MixSim.candidates``): with one model per job the others would meet
+what they met before, the headroom being per model too. That is exact but for one thing: a
+waiting job's rank grows with its age, so it may come to outrank running spot work (or pass its
+``headroom_from``) between two events on its model; it evicts (or uses the headroom) at the
+model's next event instead of the scheduler's next cycle.
 """
 
 from __future__ import annotations
@@ -62,7 +70,7 @@ JOBS = int(os.environ.get("BENCH_JOBS", "60000"))
 HEADROOM = float(os.environ.get("BENCH_HEADROOM", "0.10"))
 GRACE_S = float(os.environ.get("BENCH_GRACE_S", "120"))
 MAX_WAIT_S = float(os.environ.get("BENCH_HEADROOM_MAX_WAIT_S", "3600"))
-POLICIES = os.environ.get("BENCH_POLICIES", "old,new,easy").split(",")  # also "shares"
+POLICIES = os.environ.get("BENCH_POLICIES", "old,new,easy").split(",")
 PIN = os.environ.get("BENCH_PIN_MODELS", "1") != "0"
 ON_DEMAND, RESERVED, SPOT = "on-demand", "reserved", "spot"
 KINDS = {"LS": ON_DEMAND, "Guaranteed": ON_DEMAND, "Burstable": RESERVED, "BE": SPOT}

@@ -524,6 +524,7 @@ def scenarios(draw):
             regions=tuple(draw(st.permutations(regions))), models=tuple(draw(st.permutations([H100, A100]))),
             slots_per_gpu=slots, priority=draw(st.floats(0, 1)), preemptible=draw(st.booleans()),
             on_demand=draw(st.booleans()), may_preempt=draw(st.booleans()),
+            headroom_from=draw(st.sampled_from([None, NOW, NOW + HOUR])),
             eviction_grace=draw(st.sampled_from([timedelta(0), timedelta(minutes=30)])),
         ))
     return snapshot(nodes), requests
@@ -532,13 +533,12 @@ def scenarios(draw):
 def assert_evictions_allowed(snap: Snapshot, placement: Placement, request: Request) -> None:
     """
     Only spot work is evicted, and only by a request that may preempt and is not spot: spot work of
-    lower priority, or any spot work for on-demand work taking the headroom back (planner._victim_bar).
+    lower priority, whatever the headroom.
     """
     for eviction in placement.evictions:
         victim = [b for n in snap.nodes for g in n.gpus for b in g.busy
                   if b.reservation_id == eviction.victim_reservation_id]
-        assert victim and all(b.preemptible and (b.priority < request.priority or request.on_demand)
-                              for b in victim)
+        assert victim and all(b.preemptible and b.priority < request.priority for b in victim)
         assert request.may_preempt and not request.preemptible
 
 
