@@ -33,7 +33,8 @@ Policies, each from the same steady state and the same arrivals:
   jobs start now only where they do not delay it (the planner keeps its booked window). One such
   booking at a time: the next is made when it has started.
 
-Models. Each job asks for one GPU model (``pin_models``; BENCH_PIN_MODELS=0: any model with a node
+Models. Each job asks for one GPU model (``pin_models``: BENCH_PIN_MODELS=arrival, the least
+loaded at its arrival, or window, the least loaded over the window; 0: any model with a node
 large enough, as ``trace_replay.py`` has it -- on which nothing ever waits at 0.9, so the headroom
 never binds).
 
@@ -71,7 +72,7 @@ HEADROOM = float(os.environ.get("BENCH_HEADROOM", "0.10"))
 GRACE_S = float(os.environ.get("BENCH_GRACE_S", "120"))
 MAX_WAIT_S = float(os.environ.get("BENCH_HEADROOM_MAX_WAIT_S", "3600"))
 POLICIES = os.environ.get("BENCH_POLICIES", "old,new,easy").split(",")
-PIN = os.environ.get("BENCH_PIN_MODELS", "1") != "0"
+PIN = os.environ.get("BENCH_PIN_MODELS", "arrival")  # "arrival", "window" or "0" (any model: pin_models)
 ON_DEMAND, RESERVED, SPOT = "on-demand", "reserved", "spot"
 KINDS = {"LS": ON_DEMAND, "Guaranteed": ON_DEMAND, "Burstable": RESERVED, "BE": SPOT}
 HEADROOM_REFUSAL = "kept for on-demand"
@@ -308,26 +309,41 @@ class MixSim:
         }
 
 
-def pin_models(snapshot, models: dict, initial: list, arrivals: list) -> dict[int, tuple[UUID, ...]]:
+def pin_models(snapshot, models: dict, initial: list, arrivals: list,
+               by: str = "arrival") -> dict[int, tuple[UUID, ...]]:
     """
-    One GPU model per job (BENCH_PIN_MODELS=1, the default). The trace names none (``gpu_spec`` is
-    empty), and a job that may take any model with a node large enough never waits at 0.9: the
-    models the large jobs need sit part free, and the rest spills there. A GPU cloud's customer
-    asks for a model, so each job asks for the one, among those that can hold it, least loaded by
-    the jobs before it (the running ones first): GPU-seconds held within the arrivals' window per
-    GPU of the model -- every model then runs near the offered load while the window lasts (a
-    30-day job counts for the window, not for its month).
+    One GPU model per job. The trace names none (``gpu_spec`` is empty), and a job that may take
+    any model with a node large enough never waits at 0.9 (BENCH_PIN_MODELS=0): the models the
+    large jobs need sit part free, and the rest spills there. A GPU cloud's customer asks for a
+    model, so each job asks for one of those that can hold it, the least loaded per GPU:
+
+    - ``arrival`` (BENCH_PIN_MODELS=arrival, the default): at the job's arrival, by the jobs before
+      it that would still run then had each started on arrival (the running ones first) -- what a
+      customer who picks the model with room now does; every model then runs near the offered
+      load all along.
+    - ``window`` (BENCH_PIN_MODELS=window): by GPU-seconds held within the arrivals' window (a
+      30-day job counts for the window, not for its month) -- every model runs near the offered
+      load over the window as a whole, but some run over capacity for hours while others idle.
     """
     gpus: dict[UUID, int] = {}
     for node in snapshot.nodes:
         gpus[node.gpu_model_id] = gpus.get(node.gpu_model_id, 0) + len(node.gpus)
     window = max(arrivals[-1].arrival if arrivals else 0.0, 3600.0)
     load = dict.fromkeys(gpus, 0.0)
+    running: dict[UUID, list[tuple[float, float]]] = {m: [] for m in gpus}  # (end, GPUs), earliest end first
     pins: dict[int, tuple[UUID, ...]] = {}
     for job in [*initial, *arrivals]:
-        held = job.gpu_eq * min(job.duration, max(window - job.arrival, 0.0))
+        if by == "window":
+            held = job.gpu_eq * min(job.duration, max(window - job.arrival, 0.0))
+        else:
+            held = job.gpu_eq
+            for model, ends in running.items():
+                while ends and ends[0][0] <= job.arrival:
+                    load[model] -= heapq.heappop(ends)[1]
         model = min(models[job.gpus_per_unit], key=lambda m: (load[m] + held) / gpus[m])
         load[model] += held
+        if by != "window":
+            heapq.heappush(running[model], (job.arrival + job.duration, held))
         pins[job.idx] = (model,)
     return pins
 
@@ -354,7 +370,7 @@ def main() -> None:
     results, info = {}, {}
     for policy in POLICIES:
         initial, arrivals, info = replay.workload(rows, gaps, fleet_gpus, JOBS, replay.SEED)
-        pins = pin_models(snapshot, models, initial, arrivals) if PIN else None
+        pins = pin_models(snapshot, models, initial, arrivals, PIN) if PIN != "0" else None
         results[policy] = MixSim(snapshot, models, policy, pins).run(initial, arrivals)
         info["offered_load_in_window"] = replay.offered_load(initial, arrivals, fleet_gpus)
         print(line(policy, results[policy]), flush=True)

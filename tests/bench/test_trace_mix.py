@@ -59,16 +59,36 @@ def test_easy_backfill_books_the_head_and_backfills_only_what_ends_before_it():
     assert result["evictions"]["count"] == 0
 
 
-def test_each_job_asks_for_one_model_and_the_models_are_loaded_alike():
+def test_each_job_asks_for_one_model_and_the_models_are_loaded_alike_over_the_window():
     small, large = uuid.UUID(int=6), uuid.UUID(int=7)
     nodes = [NodeCapacity(uuid.uuid4(), trace_replay.REGION, uuid.UUID(int=1), uuid.UUID(int=2), 0, SHARED_POOL, model,
                           [GPUCapacity(uuid.uuid4(), i, 81920) for i in range(size)])
              for model, size, count in ((small, 4, 2), (large, 8, 1)) for _ in range(count)]
     models = {size: (small, large) if size <= 4 else (large,) for size in range(1, 9)}
     arrivals = [job(k, float(k), 100.0, 1 if k % 10 else 8, "LS") for k in range(40)]
-    pins = trace_mix.pin_models(Snapshot(now=trace_replay.EPOCH, nodes=nodes), models, [], arrivals)
+    pins = trace_mix.pin_models(Snapshot(now=trace_replay.EPOCH, nodes=nodes), models, [], arrivals, by="window")
     assert all(len(pins[j.idx]) == 1 for j in arrivals)
     assert all(pins[j.idx] == (large,) for j in arrivals if j.gpus_per_unit == 8)  # only it holds 8
     held = {m: sum(j.gpu_eq * 100.0 for j in arrivals if pins[j.idx] == (m,)) for m in (small, large)}
     assert held[large] >= 4 * 8 * 100.0 and held[small] > 0
     assert abs(held[small] - held[large]) / 8 <= 100.0 / 8  # GPU-seconds per GPU: within one small job's
+
+
+def test_each_job_asks_for_the_model_least_loaded_at_its_arrival():
+    """
+    A customer picks the model with room now: with a long job holding 6 of the large model's 8
+    GPUs, short jobs go to the small model until it is as busy, then alternate; balanced over the
+    window instead, the long job's hour keeps them all off the large model, whatever runs now.
+    """
+    small, large = uuid.UUID(int=6), uuid.UUID(int=7)
+    nodes = [NodeCapacity(uuid.uuid4(), trace_replay.REGION, uuid.UUID(int=1), uuid.UUID(int=2), 0, SHARED_POOL, model,
+                          [GPUCapacity(uuid.uuid4(), i, 81920) for i in range(size)])
+             for model, size, count in ((small, 4, 2), (large, 8, 1)) for _ in range(count)]
+    models = {1: (small, large), 6: (large,)}
+    arrivals = [job(0, 0.0, 10_000.0, 6, "LS")] + [job(k, float(k), 50.0, 1, "LS") for k in range(1, 13)]
+    fleet = Snapshot(now=trace_replay.EPOCH, nodes=nodes)
+    at_arrival = [trace_mix.pin_models(fleet, models, [], arrivals)[j.idx] for j in arrivals[1:]]
+    assert at_arrival[:7] == [(small,)] * 7  # 7 of 8 small GPUs busy: as busy as the large model
+    assert at_arrival[7:] == [(large,), (small,), (large,), (small,), (large,)]  # then they take turns
+    over_window = [trace_mix.pin_models(fleet, models, [], arrivals, by="window")[j.idx] for j in arrivals[1:]]
+    assert over_window == [(small,)] * 12
