@@ -73,6 +73,8 @@ GRACE_S = float(os.environ.get("BENCH_GRACE_S", "120"))
 MAX_WAIT_S = float(os.environ.get("BENCH_HEADROOM_MAX_WAIT_S", "3600"))
 POLICIES = os.environ.get("BENCH_POLICIES", "old,new,easy").split(",")
 PIN = os.environ.get("BENCH_PIN_MODELS", "arrival")  # "arrival", "window" or "0" (any model: pin_models)
+if PIN not in ("arrival", "window", "0"):
+    raise SystemExit(f"BENCH_PIN_MODELS={PIN!r}: say arrival, window or 0 (see bench/trace_mix.py)")
 ON_DEMAND, RESERVED, SPOT = "on-demand", "reserved", "spot"
 KINDS = {"LS": ON_DEMAND, "Guaranteed": ON_DEMAND, "Burstable": RESERVED, "BE": SPOT}
 HEADROOM_REFUSAL = "kept for on-demand"

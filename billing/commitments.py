@@ -4,7 +4,8 @@ offering in a region for 1-36 months at the price book's reserved price of the d
 fixed for the term.
 
 The capacity is held by a *committed reservation* made with the commitment: the scheduler places it
-as reserved work (it preempts spot, keeps the on-demand headroom) for the whole term, beyond the
+as reserved work (it preempts spot, keeps out of the on-demand headroom until it has waited for it)
+for the whole term, beyond the
 usual cap on a reservation's length, and it cannot be cancelled or released on its own. The meter
 rates its allocations at the commitment's rate, term ``committed``: every hour it holds the GPUs is
 billed, whether its instances are busy or idle; an hour the scheduler could not yet place it is not.

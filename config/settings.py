@@ -469,8 +469,9 @@ MERIDIAN_SPOT_GRACE = timedelta(seconds=env.int("MERIDIAN_SPOT_GRACE_SECONDS", d
 # once per reservation and end, by the lifecycle tick).
 MERIDIAN_RESERVATION_ENDING_NOTICE = timedelta(minutes=env.int("MERIDIAN_RESERVATION_ENDING_NOTICE_MINUTES",
                                                                default=30))
-# Share of each region's GPUs of a model (per pool) kept free for on-demand bursts (reserved and
-# spot work kept out by MERIDIAN_SPOT_IN_HEADROOM may not use it).
+# Share of each region's GPUs of a model (per pool) kept free for on-demand bursts: reserved work
+# may not use it until it has waited MERIDIAN_HEADROOM_MAX_WAIT, spot work only with
+# MERIDIAN_SPOT_IN_HEADROOM.
 MERIDIAN_HEADROOM = env.float("MERIDIAN_HEADROOM", default=0.10)
 # Reserved work that has waited this long for the headroom may use it (0: never): a headroom that
 # on-demand work keeps full holds reserved work back an hour, not for ever (docs/scheduling.md).

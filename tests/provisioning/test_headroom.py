@@ -64,6 +64,21 @@ def test_reserved_work_that_has_waited_for_the_headroom_may_use_it():
     assert planner.capacity.free_at(GROUP, 0) == 3
 
 
+def test_a_reserved_request_that_may_use_the_headroom_after_the_grace_is_not_refused_for_one_that_may_not():
+    """
+    Failed requests are remembered by shape: two reserved requests alike but for when they may use
+    the headroom are not alike. The second may use it by the time its eviction's grace ends.
+    """
+    nodes, gpus = fleet()
+    occupy(*gpus[10:], spot=True, priority=0.1)  # 6 GPUs only spot work holds: counted as headroom
+    planner = Planner(snapshot(nodes), headroom=0.25)
+    kept_out = ask(VM, per_unit=4, on_demand=False, eviction_grace=GRACE)
+    assert planner.place(kept_out) is None and "reserved requests may not use the headroom)" in planner.last_reason
+    soon = ask(VM, per_unit=4, on_demand=False, eviction_grace=GRACE, headroom_from=NOW + GRACE / 2)
+    placement = planner.place(soon)
+    assert placement is not None and placement.start == NOW + GRACE and placement.evictions
+
+
 def test_the_headroom_is_counted_without_rounding_errors():
     """10 % of 30 GPUs is 3, not 3.0000000000000004: leaving exactly 3 free is allowed."""
     nodes = shared(3, gpus=10)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,7 @@ from provisioning.scheduling.plan_types import (
     Snapshot,
 )
 from provisioning.scheduling.planner import Planner, plan
+from provisioning.scheduling.planner.load import SHARE_UNITS, used
 
 NOW = datetime(2025, 6, 2, 9, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -629,10 +631,11 @@ def test_a_plan_leaves_its_index_to_be_freed_without_the_cyclic_collector():
     assert result.placements and left == []
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["add", "reload", "remove", "undo"]), st.integers(0, 7),
+@pytest.mark.parametrize("spot_free", [False, True])
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "spot", "reload", "remove", "evict", "undo"]), st.integers(0, 7),
                           st.integers(-3, 12), st.integers(1, 8)), max_size=25))
-def test_busy_counts_kept_for_headroom_match_a_recount_after_any_change(changes):
+def test_busy_counts_kept_for_headroom_match_a_recount_after_any_change(spot_free, changes):
     """
     The index keeps, per region, model and pool, how many GPUs are busy at the instants headroom
     asks about; a change counts again only instants inside an allocation that came or went.
@@ -641,7 +644,7 @@ def test_busy_counts_kept_for_headroom_match_a_recount_after_any_change(changes)
 
     fleet = snapshot(shared(2, gpus=4))
     held = occupy(fleet.nodes[0].gpus[0], fleet.nodes[1].gpus[2], start=NOW - HOUR, end=NOW + 3 * HOUR)
-    capacity = Capacity(fleet)
+    capacity = Capacity(fleet, spot_free=spot_free)  # spot_free: what only spot work holds counts free
     group = (REGION, H100, SHARED_POOL)
     gpus = [capacity.gpus[g.gpu_id] for n in fleet.nodes for g in n.gpus]
     instants = [capacity.ticks(NOW + k * HOUR) for k in range(12)]
@@ -654,12 +657,17 @@ def test_busy_counts_kept_for_headroom_match_a_recount_after_any_change(changes)
             capacity.add(gpu, Entry(s, s + hours * HOUR // TICK, 0, MEM, uuid.uuid4()))
         elif kind == "reload":
             capacity.reload(gpu, [Busy(held, NOW + start_h * HOUR, NOW + (start_h + hours) * HOUR, 0, MEM)])
+        elif kind == "spot":  # spot work read from the database: a victim
+            capacity.reload(gpu, [Busy(uuid.uuid4(), NOW + start_h * HOUR, NOW + (start_h + hours) * HOUR, 0, MEM,
+                                       preemptible=True, priority=0.2)])
+        elif kind == "evict" and capacity.victim_priority:
+            capacity.evict(next(iter(capacity.victim_priority)), capacity.ticks(NOW + start_h * HOUR))
         elif kind == "remove" and gpu.entries:
             capacity.remove_owner(gpu, gpu.entries[0].owner)
         elif kind == "undo" and capacity.journal:
             capacity.journal.pop()()
     for t in instants:
-        busy = sum(g.busy_at(t) for g in gpus)
+        busy = sum(used(g, t, False, spot_free) for g in gpus) / SHARE_UNITS
         assert capacity.free_at(group, t) == len(gpus) - busy
     # The nodes filed by their GPUs free now (a best fit without a scan) are filed right.
     pool = capacity.pools[group][0]

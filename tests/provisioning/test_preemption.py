@@ -122,7 +122,7 @@ def test_reserved_work_waits_for_the_headroom_only_as_long_as_the_operator_says(
     assert request_for(reserved, timezone.now()).headroom_from == ahead + timedelta(hours=1)
 
 
-def test_no_wait_lets_reserved_work_into_the_headroom_when_it_is_zero(world, spot_offering, settings):
+def test_a_zero_wait_keeps_reserved_work_out_of_the_headroom_for_ever(world, spot_offering, settings):
     settings.MERIDIAN_HEADROOM = 1.0
     settings.MERIDIAN_HEADROOM_MAX_WAIT = timedelta(0)
     reserved = reserve(world.client("t2_member"), spot_offering, billing_term="reserved")

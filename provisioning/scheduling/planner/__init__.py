@@ -15,8 +15,8 @@ Rules it keeps:
   - fractional containers take slots of GPUs already cut the same way before starting a GPU;
   - a future window is booked as it is: later work only fits in front of it if it ends first;
   - reserved work keeps ``headroom`` of each region's GPUs of a model and pool kind free (or held
-    only by spot work) for on-demand work; spot work may use it, and gives it back by eviction to
-    on-demand work that ranks above it;
+    only by spot work) for on-demand work, until it has waited for it (``headroom_from``); spot
+    work may use it, and gives it back by eviction to on-demand work that ranks above it;
   - lower-priority spot work may be evicted (fewest, then lowest-priority victims), never by spot.
 
 Modules: ``state`` (the index and every change to it), ``load`` (the headroom's counts of GPUs in

@@ -12,9 +12,9 @@ them), so the counts stay exact through any number of changes. ``shares=False`` 
 while anything is on it (a plain busy count).
 
 ``spot_free``: what only spot work that may be evicted holds counts as free -- with spot work in
-the headroom, on-demand work can have it back, so it keeps reserved work out no more than free
-GPUs do. A GPU that spot work shares with other work is in use (whole), or by the other work's
-share (``shares``).
+the headroom, on-demand work ranked above that spot work (nearly always: spot is sold at low
+urgency) can have it back, so it keeps reserved work out no more than free GPUs do. A GPU that
+spot work shares with other work is in use (whole), or by the other work's share (``shares``).
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ topology wins). Only when no region can hold it without evicting anything, and t
 preempt, the same order is tried again with lower-priority spot work as possible victims.
 
 The headroom (a share of each region's GPUs of a model and pool kind) is kept for on-demand
-bursts: reserved work may not take it. Spot work may -- it is the capacity spot sells -- and
-gives it back as any spot work does, by soft eviction to on-demand work that ranks above it
-(nearly all: spot is sold at low urgency); GPUs only spot work holds still count as headroom,
-so reserved work is kept out only by what on-demand work could not have back. That is
+bursts: reserved work may not take it until it has waited for it (``Request.headroom_from``).
+Spot work may -- it is the capacity spot sells -- and gives it back as any spot work does, by
+soft eviction to on-demand work that ranks above it (nearly always: spot is sold at low
+urgency); GPUs only spot work holds still count as headroom, so reserved work is kept out only
+by what on-demand work would otherwise have to wait for. That is
 ``spot_in_headroom``, which callers take from MERIDIAN_SPOT_IN_HEADROOM. Evicting spot work of
 any rank to give the headroom back was measured and dropped: it evicted the spot work that had
 waited longest, just started, and tripled spot waits on the trace mix (docs/benchmarks.md). A GPU
@@ -194,9 +195,14 @@ class Planner:
         evicting = None
         if self._may_evict(request):
             evicting = (self.capacity.victims_below(request.priority), request.eviction_grace)
+        # When reserved work may use the headroom, as such (its reason names it), unless that is past:
+        # the guard is decided again at the start an eviction moves the window to.
+        waited = request.headroom_from
+        if waited is not None and self.capacity.ticks(waited) <= self.capacity.origin:
+            waited = "waited"
         return (request.kind, request.gpu_model_ids, request.regions, request.fabric_id, request.gpus_per_unit,
-                request.slots_per_gpu, request.share_class, self._guarded(request, s), request.confidential, s,
-                evicting)
+                request.slots_per_gpu, request.share_class, request.on_demand, request.preemptible, waited,
+                request.confidential, s, evicting)
 
     @staticmethod
     def _may_evict(request: Request) -> bool:
