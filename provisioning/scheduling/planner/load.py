@@ -19,7 +19,7 @@ spot work shares with other work is in use (whole), or by the other work's share
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from provisioning.scheduling.planner.slots import slot_layout
@@ -88,17 +88,19 @@ class Load:
             for t in [t for t in load if t < origin]:
                 del load[t]
 
-    def in_use(self, group: tuple, pools: Iterable[Pool], t: int) -> int:
+    def in_use(self, group: tuple, pools: Iterable[Pool], t: int,
+               spot_gpus: Callable[[], Iterable[GpuState]] = tuple) -> int:
+        """``spot_gpus``: the group's GPUs evictable spot work holds, asked for when counting with ``spot_free``."""
         load = self.counts.setdefault(group, {})
         if t not in load:
             if len(load) >= LOAD_INSTANTS:
                 del load[next(iter(load))]
             load[t] = self._count(pools, t)
+            if self.spot_free:  # what only spot work holds is not in the nodes' summaries: taken off here
+                load[t] -= sum(used(g, t, self.shares) - used(g, t, self.shares, True) for g in spot_gpus())
         return load[t]
 
     def _count(self, pools: Iterable[Pool], t: int) -> int:
-        if self.spot_free:  # whether only spot work holds a GPU is not in the nodes' summaries
-            return sum(used(g, t, self.shares, True) for pool in pools for n in pool.nodes for g in n.gpus)
         units = 0
         for pool in pools:
             # Busy at t is not free for [t, t + 1): the nodes' summaries answer that in O(1) mostly.

@@ -547,7 +547,12 @@ class Capacity:
         them, and the free share of those cut into slots; with ``spot_free``, also what only spot
         work holds (planner.load).
         """
-        in_use = self.load.in_use(group, self.pools.get(group, ()), t)
+        pools = self.pools.get(group, ())
+
+        def spot_gpus() -> set[GpuState]:
+            return {g for pool in pools for v in pool.victims for g in self.holdings.get(v, ()) if g.node.pool is pool}
+
+        in_use = self.load.in_use(group, pools, t, spot_gpus)
         return self.group_gpus.get(group, 0) - in_use / SHARE_UNITS
 
     def victims_below(self, priority: float) -> int:
