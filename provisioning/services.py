@@ -40,7 +40,7 @@ from provisioning.lifecycle import steps
 from provisioning.models import Instance, Operation, Reservation
 from provisioning.scheduling.free_hint import FREE_HINT
 from provisioning.scheduling.plan_types import Placement, Request
-from provisioning.scheduling.planner import Planner
+from provisioning.scheduling.planner import Planner, uses_headroom
 from provisioning.scheduling.priority import ScoreInputs, Weights, score
 from provisioning.scheduling.snapshot import load_snapshot, request_for
 from provisioning.scheduling.team_record import team_inputs, team_inputs_recent
@@ -209,15 +209,16 @@ def _fast_path(reservation: Reservation, now: datetime) -> Placement | None:
         return None  # queued work of higher priority wants this capacity: the scheduler decides
     request = request_for(reservation, now)
     # Only the request's pool: five times less to load than the whole region (the fast path is
-    # on every create). The headroom is then a share of that pool's GPUs of the model. On-demand
-    # whole-GPU work (and spot, with MERIDIAN_SPOT_IN_HEADROOM) may use the headroom, so it first
-    # plans on the few nodes that would take it, read with their free GPUs in one statement (the
-    # nodes a recent read chose, free_hint, else the pool's best-fit hosts or preferred leaves'
-    # whole-free nodes); only when that does not settle it does it load the pool with what holds
-    # it (and may evict spot work). Fractional slots need the shared GPUs to pack onto; work kept
+    # on every create). The headroom is then a share of that pool's GPUs of the model. Whole-GPU
+    # work that may use the headroom (uses_headroom: on-demand, spot with MERIDIAN_SPOT_IN_HEADROOM,
+    # reserved work that has waited for it) need not count it, so it first plans on the few nodes
+    # that would take it, read with their free GPUs in one statement (the nodes a recent read
+    # chose, free_hint, else the pool's best-fit hosts or preferred leaves' whole-free nodes); only
+    # when that does not settle it does it load the pool with what holds it (and may evict spot
+    # work). Fractional slots need the shared GPUs to pack onto; work kept
     # out of the headroom, the whole pool to count it on.
     placement = None
-    in_headroom = request.on_demand or (request.preemptible and settings.MERIDIAN_SPOT_IN_HEADROOM)
+    in_headroom = uses_headroom(request, request.start, spot_in_headroom=settings.MERIDIAN_SPOT_IN_HEADROOM)
     if in_headroom and request.slots_per_gpu == 1:
         placement = _place_on_free(request, now)
     if placement is None:

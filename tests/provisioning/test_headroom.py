@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from provisioning.scheduling.plan_types import CONTAINER, SHARED_POOL, VM, Busy
-from provisioning.scheduling.planner import Planner
+from provisioning.scheduling.planner import Planner, uses_headroom
 from provisioning.scheduling.planner.load import SHARE_UNITS, used
 from provisioning.scheduling.planner.state import TICK, Capacity, Entry
 from tests.provisioning.test_planner import H100, HOUR, MEM, NOW, REGION, ask, gpus_of, occupy, shared, snapshot
@@ -77,6 +77,17 @@ def test_a_reserved_request_that_may_use_the_headroom_after_the_grace_is_not_ref
     soon = ask(VM, per_unit=4, on_demand=False, eviction_grace=GRACE, headroom_from=NOW + GRACE / 2)
     placement = planner.place(soon)
     assert placement is not None and placement.start == NOW + GRACE and placement.evictions
+
+
+def test_who_may_use_the_headroom():
+    """One rule for the planner and the create fast path (provisioning.services)."""
+    assert uses_headroom(ask(VM), NOW, spot_in_headroom=False)
+    spot = ask(VM, on_demand=False, preemptible=True)
+    assert uses_headroom(spot, NOW, spot_in_headroom=True) and not uses_headroom(spot, NOW, spot_in_headroom=False)
+    waits = ask(VM, on_demand=False, headroom_from=NOW + HOUR)
+    assert not uses_headroom(waits, NOW, spot_in_headroom=True)
+    assert uses_headroom(waits, NOW + HOUR, spot_in_headroom=True)
+    assert not uses_headroom(ask(VM, on_demand=False), NOW + 1000 * HOUR, spot_in_headroom=True)
 
 
 def test_the_headroom_is_counted_without_rounding_errors():

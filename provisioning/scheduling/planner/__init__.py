@@ -25,6 +25,6 @@ node a unit takes), ``preempt`` (where it fits by evicting), ``reasons`` (why it
 ``planning`` (the order of trial, and recording decisions).
 """
 
-from provisioning.scheduling.planner.planning import Planner, plan
+from provisioning.scheduling.planner.planning import Planner, plan, uses_headroom
 
-__all__ = ["Planner", "plan"]
+__all__ = ["Planner", "plan", "uses_headroom"]

@@ -23,6 +23,7 @@ trace bench measured and production does not use.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from uuid import UUID
 
 from provisioning.scheduling.plan_types import (
@@ -73,6 +74,18 @@ class Failures:
 
     def clear(self) -> None:
         self._seen.clear()
+
+
+def uses_headroom(request: Request, at: datetime, *, spot_in_headroom: bool) -> bool:
+    """
+    Whether ``request`` may take the headroom for a window from ``at``: on-demand work; spot work
+    when ``spot_in_headroom``; reserved work from its ``headroom_from`` (it has waited for it).
+    """
+    if request.on_demand:
+        return True
+    if request.preemptible:
+        return spot_in_headroom
+    return request.headroom_from is not None and at >= request.headroom_from
 
 
 def invalid(request: Request) -> str | None:
@@ -210,15 +223,9 @@ class Planner:
         return request.may_preempt and not request.preemptible
 
     def _guarded(self, request: Request, s: int) -> bool:
-        """
-        Whether the headroom is kept from ``request`` for a window from ``s``: reserved work, until
-        it has waited for it (``headroom_from``), and spot work unless it may use it.
-        """
-        if self.headroom <= 0 or request.on_demand:
-            return False
-        if request.preemptible:
-            return not self.spot_in_headroom
-        return request.headroom_from is None or s < self.capacity.ticks(request.headroom_from)
+        """Whether the headroom is kept from ``request`` for a window from ``s`` (``uses_headroom``)."""
+        return self.headroom > 0 and not uses_headroom(request, self.capacity.time(s),
+                                                       spot_in_headroom=self.spot_in_headroom)
 
     def _kept(self, group: tuple) -> float:
         """The headroom of a ``(region, model, pool kind)``, in GPUs (to the millionth: 0.1 x 30 is 3)."""
